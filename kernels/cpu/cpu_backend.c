@@ -1,0 +1,91 @@
+/* cpu_backend.c: the CPU backend's memory and op table. Device memory is
+ * host memory; upload and download are copies. */
+#include "cpu_ops.h"
+#include "kernels/cpu/cpu_backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void *cpu_alloc(kernels_backend *be, size_t bytes)
+{
+    /* 64-byte aligned for vector loads; zero-filled as the contract says. */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (p)
+        memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+static void cpu_free(kernels_backend *be, void *ptr)
+{
+    free(ptr);
+}
+
+static shoal_err cpu_copy(kernels_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memmove(dst, src, bytes);
+    return SHOAL_OK;
+}
+
+static shoal_err cpu_sync(kernels_backend *be)
+{
+    return SHOAL_OK;
+}
+
+static void cpu_close(kernels_backend *be)
+{
+    cpu_state *st = cpu_of(be);
+    if (st)
+        common_pool_close(st->pool);
+    free(st);
+    free(be);
+}
+
+shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
+{
+    *out = NULL;
+    kernels_backend *be = calloc(1, sizeof *be);
+    cpu_state *st = calloc(1, sizeof *st);
+    if (!be || !st) {
+        free(be);
+        free(st);
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "cpu backend: no memory");
+    }
+    be->impl = st;
+    shoal_err err = common_pool_open(threads, &st->pool);
+    if (err) {
+        cpu_close(be);
+        return shoal_diag_set(diag, err, "cpu backend: cannot start %d threads: %s", threads,
+                              shoal_strerror(err));
+    }
+    __builtin_cpu_init();
+    st->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl");
+    if (getenv("SHOAL_CPU_NO_AVX512"))
+        st->avx512 = false;
+    be->name = "cpu";
+    be->act_dtype = SHOAL_DTYPE_F32;
+    be->host_memory = true;
+    be->close = cpu_close;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload = cpu_copy;
+    be->download = cpu_copy;
+    be->sync = cpu_sync;
+    be->embed = cpu_embed;
+    be->rmsnorm = cpu_rmsnorm;
+    be->matmul = cpu_matmul;
+    be->qk_norm_rope = cpu_qk_norm_rope;
+    be->kv_write = cpu_kv_write;
+    be->attention = cpu_attention;
+    be->swiglu = cpu_swiglu;
+    be->gather = cpu_gather;
+    *out = be;
+    return SHOAL_OK;
+}
+
+int cpu_backend_threads(kernels_backend *be)
+{
+    return common_pool_threads(cpu_of(be)->pool);
+}

@@ -1,0 +1,45 @@
+/* cpu_ops.h: the CPU backend's ops, one file each, shared by its op table.
+ *
+ * Private to kernels/cpu/. Signatures follow kernels_backend.h; activations
+ * are F32. Each op splits its work into tasks on the backend's thread pool. */
+#ifndef SHOAL_KERNELS_CPU_OPS_H
+#define SHOAL_KERNELS_CPU_OPS_H
+
+#include "common/common_pool.h"
+#include "kernels/kernels_backend.h"
+
+/* The CPU backend's state (be->impl). */
+typedef struct cpu_state {
+    common_pool *pool;
+    bool avx512; /* AVX-512 F/BW/VL present: the matmul uses it */
+} cpu_state;
+
+static inline cpu_state *cpu_of(kernels_backend *be)
+{
+    return (cpu_state *)be->impl;
+}
+
+void cpu_embed(kernels_backend *be, void *out, const void *table, shoal_dtype wdtype,
+               const int32_t *ids, int rows, int dim);
+void cpu_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
+                 const float *weight, int rows, int dim, float eps);
+void cpu_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const void *in,
+                const void *w, shoal_dtype wdtype, int rows, int n, int k);
+void cpu_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int head_dim,
+                      int row_stride, const float *norm_weight, float eps,
+                      const int32_t *positions, const float *inv_freq);
+void cpu_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
+                  const kernels_batch *batch, int layer, const void *k, const void *v);
+void cpu_attention(kernels_backend *be, void *out, const void *q, int heads, const void *arena,
+                   const kernels_kv_layout *layout, const kernels_batch *batch, int layer,
+                   float scale);
+void cpu_swiglu(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
+                int dim);
+void cpu_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
+                int dim);
+
+/* Squared-sum of n floats, in a fixed lane order so results do not depend on
+ * how a caller splits work. */
+float cpu_sum_squares(const float *x, int n);
+
+#endif

@@ -1,0 +1,136 @@
+/* kernels_backend.h: the one interface between the model and a compute device.
+ *
+ * A backend is an op table plus its state. The CPU backend (kernels/cpu/) is
+ * the reference: every op of the CUDA backend (kernels/cuda/) has a CPU twin
+ * with the same signature, and contract tests compare the two.
+ *
+ * Memory: pointers marked (device) come from be->alloc and live on the
+ * backend's device (host memory for the CPU backend). Activations are of
+ * be->act_dtype (F32 on the CPU backend); logits are always F32. Weights
+ * are F32, F16 or BF16 as the model file has them.
+ *
+ * Ops are asynchronous on devices that queue work: results are visible to
+ * the host after download() or sync(). One thread drives a backend. */
+#ifndef SHOAL_KERNELS_BACKEND_H
+#define SHOAL_KERNELS_BACKEND_H
+
+#include "common/common_dtype.h"
+#include "common/common_error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Where the KV of (page, layer, k|v, kv_head, token-in-page, dim) sits in the
+ * arena. A page holds page_tokens tokens of every layer, contiguously, so a
+ * page moves as one block (peer copy, spill, restore):
+ *   page * page_bytes + ((((layer * 2 + kv) * kv_heads + head) * page_tokens
+ *                        + token) * head_dim + dim) * elem_bytes            */
+typedef struct kernels_kv_layout {
+    int layers;
+    int kv_heads;
+    int head_dim;
+    int page_tokens;
+    shoal_dtype dtype; /* BF16 */
+    size_t page_bytes;
+} kernels_kv_layout;
+
+/* Fills page_bytes from the other fields. */
+void kernels_kv_layout_init(kernels_kv_layout *layout, int layers, int kv_heads, int head_dim,
+                            int page_tokens, shoal_dtype dtype);
+
+/* One forward pass's rows: ragged token rows of several streams. Row r
+ * belongs to stream row_stream[r] at absolute position positions[r]; it
+ * attends to positions [0, positions[r]] of its stream (causal), whose KV
+ * sits in pages page_table[stream * page_table_stride + pos / page_tokens].
+ * All arrays are (device). */
+typedef struct kernels_batch {
+    int rows;
+    int streams;
+    int page_table_stride;
+    const int32_t *row_stream; /* [rows] */
+    const int32_t *positions;  /* [rows] */
+    const int32_t *page_table; /* [streams * page_table_stride] */
+} kernels_batch;
+
+typedef struct kernels_backend kernels_backend;
+
+struct kernels_backend {
+    const char *name;
+    shoal_dtype act_dtype;
+    bool host_memory; /* device pointers are host pointers (the CPU backend):
+                         weights can be used where they are mapped */
+    void *impl; /* the backend's own state */
+
+    /* Frees the backend and everything its alloc() returned that is still
+     * held. Idempotent through kernels_backend_close. */
+    void (*close)(kernels_backend *be);
+
+    /* Device memory, zero-filled; NULL when out of memory. */
+    void *(*alloc)(kernels_backend *be, size_t bytes);
+    void (*free)(kernels_backend *be, void *ptr);
+    shoal_err (*upload)(kernels_backend *be, void *dst, const void *src, size_t bytes);
+    shoal_err (*download)(kernels_backend *be, void *dst, const void *src, size_t bytes);
+    shoal_err (*sync)(kernels_backend *be);
+
+    /* out[r] = table[ids[r]] for r < rows; table is [vocab][dim] of wdtype. */
+    void (*embed)(kernels_backend *be, void *out, const void *table, shoal_dtype wdtype,
+                  const int32_t *ids, int rows, int dim);
+
+    /* With residual: x += residual first (x is updated in place). Then
+     * out = x / rms(x) * weight, per row of dim. weight is F32. */
+    void (*rmsnorm)(kernels_backend *be, void *out, void *x, const void *residual,
+                    const float *weight, int rows, int dim, float eps);
+
+    /* out[rows][n] = in[rows][k] x w[n][k]^T (an nn.Linear without bias).
+     * out_dtype is F32 for logits, else act_dtype. */
+    void (*matmul)(kernels_backend *be, void *out, shoal_dtype out_dtype, const void *in,
+                   const void *w, shoal_dtype wdtype, int rows, int n, int k);
+
+    /* For each row and each of `heads` heads of head_dim at x + row*row_stride:
+     * optional RMSNorm over the head (norm_weight F32 [head_dim], NULL for
+     * none), then rotary embedding (halves rotated, as HF's rotate_half) at
+     * positions[row] with inv_freq [head_dim / 2]. In place. */
+    void (*qk_norm_rope)(kernels_backend *be, void *x, int rows, int heads, int head_dim,
+                         int row_stride, const float *norm_weight, float eps,
+                         const int32_t *positions, const float *inv_freq);
+
+    /* Writes each row's K and V ([rows][kv_heads * head_dim], act_dtype) of
+     * `layer` into its page slot. */
+    void (*kv_write)(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
+                     const kernels_batch *batch, int layer, const void *k, const void *v);
+
+    /* out[rows][heads * head_dim] = softmax(q k^T * scale) v over each row's
+     * causal context in the pages of `layer`. GQA: query head h reads KV
+     * head h / (heads / kv_heads). */
+    void (*attention)(kernels_backend *be, void *out, const void *q, int heads,
+                      const void *arena, const kernels_kv_layout *layout,
+                      const kernels_batch *batch, int layer, float scale);
+
+    /* out[r][i] = silu(gate[r][i]) * up[r][i], rows of dim. */
+    void (*swiglu)(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
+                   int dim);
+
+    /* out[i] = in[idx[i]] for rows of dim (act_dtype). */
+    void (*gather)(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
+                   int dim);
+};
+
+typedef struct kernels_backend_options {
+    const char *device; /* "cpu", or a CUDA device index "0", "1", ... */
+    int threads;        /* CPU backend: threads (0 = one per processor) */
+} kernels_backend_options;
+
+/* Opens the backend that opt->device names. *out is the caller's until
+ * kernels_backend_close. SHOAL_ERR_UNSUPPORTED when the backend was not
+ * built; diag says which and why. */
+shoal_err kernels_backend_open(const kernels_backend_options *opt, kernels_backend **out,
+                               shoal_diag *diag);
+
+/* Closes be; NULL is allowed. */
+void kernels_backend_close(kernels_backend *be);
+
+/* Bytes of one activation element. */
+size_t kernels_act_bytes(const kernels_backend *be);
+
+#endif

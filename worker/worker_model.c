@@ -1,0 +1,444 @@
+#include "worker_model.h"
+
+#include "common/common_assert.h"
+#include "common/common_limits.h"
+#include "worker/worker_weights.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A weight matrix on the backend. */
+typedef struct model_matrix {
+    const void *data; /* (device) */
+    shoal_dtype dtype;
+} model_matrix;
+
+typedef struct model_layer {
+    model_matrix q, k, v, o, gate, up, down;
+    float *attn_norm, *mlp_norm; /* (device) F32 [hidden] */
+    float *q_norm, *k_norm;      /* (device) F32 [head_dim], Qwen3 only */
+} model_layer;
+
+struct worker_model {
+    worker_model_options opt;
+    worker_config cfg;
+    kernels_backend *be;
+    worker_weights *weights;
+
+    model_matrix embed, lm_head;
+    float *final_norm;
+    float *inv_freq;
+    model_layer *layers;
+
+    /* Device allocations to free at close (weights uploaded, norms, buffers). */
+    void **owned;
+    int owned_count, owned_cap;
+
+    kernels_kv_layout kv;
+    void *arena;
+
+    /* activations (device), sized for opt.max_rows rows */
+    void *x, *h, *q, *k, *v, *att, *pend, *gate, *up, *sel;
+    float *logits;
+    /* batch description (device) */
+    int32_t *ids, *positions, *row_stream, *page_table, *logit_rows;
+};
+
+void worker_model_options_default(worker_model_options *opt)
+{
+    memset(opt, 0, sizeof *opt);
+    opt->device = "cpu";
+    opt->page_tokens = 16;
+    opt->kv_pages = 256;
+    opt->max_rows = 2048;
+    opt->max_logit_rows = 64;
+    opt->max_streams = 64;
+    opt->max_pages_per_stream = 2048;
+    opt->dummy_seed = 0x5110a1ull;
+}
+
+static void *dev_alloc(worker_model *m, size_t bytes)
+{
+    if (m->owned_count == m->owned_cap) {
+        int cap = m->owned_cap ? m->owned_cap * 2 : 64;
+        void **p = realloc(m->owned, (size_t)cap * sizeof *p);
+        if (!p)
+            return NULL;
+        m->owned = p;
+        m->owned_cap = cap;
+    }
+    void *ptr = m->be->alloc(m->be, bytes);
+    if (ptr)
+        m->owned[m->owned_count++] = ptr;
+    return ptr;
+}
+
+/* Device copy of host bytes (or the host bytes themselves on a backend
+ * that reads host memory and when in_place allows it). */
+static shoal_err dev_place(worker_model *m, const void *src, size_t bytes, bool in_place,
+                           const void **out)
+{
+    if (in_place && m->be->host_memory) {
+        *out = src;
+        return SHOAL_OK;
+    }
+    void *dst = dev_alloc(m, bytes);
+    if (!dst)
+        return SHOAL_ERR_NOMEM;
+    *out = dst;
+    return m->be->upload(m->be, dst, src, bytes);
+}
+
+static shoal_err load_matrix(worker_model *m, const char *name, int64_t rows, int64_t cols,
+                             model_matrix *out, shoal_diag *diag)
+{
+    int64_t shape[2] = {rows, cols};
+    worker_tensor_ref t;
+    shoal_err err = worker_weights_get(m->weights, name, 2, shape, &t, diag);
+    if (err)
+        return err;
+    out->dtype = t.dtype;
+    err = dev_place(m, t.data, (size_t)t.bytes, true, &out->data);
+    if (err)
+        return shoal_diag_set(diag, err, "tensor '%s': cannot place %llu bytes on the device",
+                              name, (unsigned long long)t.bytes);
+    return SHOAL_OK;
+}
+
+/* Norm weights are small: always kept as F32 on the device. */
+static shoal_err load_vector(worker_model *m, const char *name, int64_t n, float **out,
+                             shoal_diag *diag)
+{
+    worker_tensor_ref t;
+    shoal_err err = worker_weights_get(m->weights, name, 1, &n, &t, diag);
+    if (err)
+        return err;
+    float *host = malloc((size_t)n * sizeof *host);
+    if (!host)
+        return SHOAL_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++)
+        host[i] = shoal_load_f32(t.data, t.dtype, (size_t)i);
+    const void *dev = NULL;
+    err = dev_place(m, host, (size_t)n * sizeof *host, false, &dev);
+    free(host);
+    *out = (float *)dev;
+    return err ? shoal_diag_set(diag, err, "tensor '%s': cannot place it on the device", name)
+               : SHOAL_OK;
+}
+
+static shoal_err load_layer(worker_model *m, int i, shoal_diag *diag)
+{
+    const worker_config *c = &m->cfg;
+    model_layer *L = &m->layers[i];
+    char name[SHOAL_TENSOR_NAME_BYTES_MAX];
+    shoal_err err;
+    int64_t q_out = (int64_t)c->heads * c->head_dim, kv_out = (int64_t)c->kv_heads * c->head_dim;
+#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), name)
+    if ((err = load_matrix(m, NAME("self_attn.q_proj.weight"), q_out, c->hidden, &L->q, diag)) ||
+        (err = load_matrix(m, NAME("self_attn.k_proj.weight"), kv_out, c->hidden, &L->k, diag)) ||
+        (err = load_matrix(m, NAME("self_attn.v_proj.weight"), kv_out, c->hidden, &L->v, diag)) ||
+        (err = load_matrix(m, NAME("self_attn.o_proj.weight"), c->hidden, q_out, &L->o, diag)) ||
+        (err = load_matrix(m, NAME("mlp.gate_proj.weight"), c->intermediate, c->hidden, &L->gate,
+                           diag)) ||
+        (err = load_matrix(m, NAME("mlp.up_proj.weight"), c->intermediate, c->hidden, &L->up,
+                           diag)) ||
+        (err = load_matrix(m, NAME("mlp.down_proj.weight"), c->hidden, c->intermediate, &L->down,
+                           diag)) ||
+        (err = load_vector(m, NAME("input_layernorm.weight"), c->hidden, &L->attn_norm, diag)) ||
+        (err = load_vector(m, NAME("post_attention_layernorm.weight"), c->hidden, &L->mlp_norm,
+                           diag)))
+        return err;
+    if (c->qk_norm &&
+        ((err = load_vector(m, NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm, diag)) ||
+         (err = load_vector(m, NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm, diag))))
+        return err;
+#undef NAME
+    return SHOAL_OK;
+}
+
+static shoal_err check_options(const worker_model_options *o, shoal_diag *diag)
+{
+    if (o->page_tokens < SHOAL_PAGE_TOKENS_MIN || o->page_tokens > SHOAL_PAGE_TOKENS_MAX ||
+        (o->page_tokens & (o->page_tokens - 1)) != 0)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "page tokens %d: must be a power of two in [%d, %d]",
+                              o->page_tokens, SHOAL_PAGE_TOKENS_MIN, SHOAL_PAGE_TOKENS_MAX);
+    if (o->max_rows < 1 || o->max_rows > SHOAL_BATCH_ROWS_MAX)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "max rows %d: must be in [1, %d]",
+                              o->max_rows, SHOAL_BATCH_ROWS_MAX);
+    if (o->max_streams < 1 || o->max_streams > SHOAL_BATCH_STREAMS_MAX)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "max streams %d: must be in [1, %d]",
+                              o->max_streams, SHOAL_BATCH_STREAMS_MAX);
+    if (o->max_logit_rows < 1 || o->max_logit_rows > o->max_rows)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "max logit rows %d: must be in [1, max rows %d]", o->max_logit_rows,
+                              o->max_rows);
+    if (o->kv_pages < 1 || o->max_pages_per_stream < 1 ||
+        (int64_t)o->max_pages_per_stream * o->page_tokens > SHOAL_CONTEXT_TOKENS_MAX)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "kv pages %d, pages per stream %d: need at least one page and at "
+                              "most %d tokens per stream",
+                              o->kv_pages, o->max_pages_per_stream, SHOAL_CONTEXT_TOKENS_MAX);
+    return SHOAL_OK;
+}
+
+static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
+{
+    const worker_config *c = &m->cfg;
+    size_t a = kernels_act_bytes(m->be);
+    size_t rows = (size_t)m->opt.max_rows;
+    size_t q_w = (size_t)c->heads * (size_t)c->head_dim;
+    size_t kv_w = (size_t)c->kv_heads * (size_t)c->head_dim;
+    size_t hid = (size_t)c->hidden, inter = (size_t)c->intermediate;
+    size_t wide = hid > q_w ? hid : q_w;
+    size_t arena_bytes = (size_t)m->opt.kv_pages * m->kv.page_bytes;
+    if (!(m->arena = dev_alloc(m, arena_bytes)))
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                              "no memory for %d KV pages of %zu bytes (%.1f MiB); lower --kv-pages",
+                              m->opt.kv_pages, m->kv.page_bytes, (double)arena_bytes / 1048576.0);
+    bool ok = (m->x = dev_alloc(m, rows * hid * a)) && (m->h = dev_alloc(m, rows * hid * a)) &&
+              (m->q = dev_alloc(m, rows * q_w * a)) && (m->k = dev_alloc(m, rows * kv_w * a)) &&
+              (m->v = dev_alloc(m, rows * kv_w * a)) && (m->att = dev_alloc(m, rows * q_w * a)) &&
+              (m->pend = dev_alloc(m, rows * wide * a)) &&
+              (m->gate = dev_alloc(m, rows * inter * a)) &&
+              (m->up = dev_alloc(m, rows * inter * a)) &&
+              (m->sel = dev_alloc(m, (size_t)m->opt.max_logit_rows * hid * a)) &&
+              (m->logits = dev_alloc(m, (size_t)m->opt.max_logit_rows * (size_t)c->vocab * 4)) &&
+              (m->ids = dev_alloc(m, rows * 4)) && (m->positions = dev_alloc(m, rows * 4)) &&
+              (m->row_stream = dev_alloc(m, rows * 4)) &&
+              (m->logit_rows = dev_alloc(m, (size_t)m->opt.max_logit_rows * 4)) &&
+              (m->page_table = dev_alloc(m, (size_t)m->opt.max_streams *
+                                                (size_t)m->opt.max_pages_per_stream * 4));
+    return ok ? SHOAL_OK
+              : shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                               "no memory for activations of %d rows; lower the batch size",
+                               m->opt.max_rows);
+}
+
+shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
+                            shoal_diag *diag)
+{
+    shoal_err err;
+    *out = NULL;
+    if ((err = check_options(opt, diag)))
+        return err;
+    worker_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return SHOAL_ERR_NOMEM;
+    m->opt = *opt;
+    if ((err = worker_config_load(opt->model_dir, &m->cfg, diag)))
+        goto out_close;
+    const worker_config *c = &m->cfg;
+    kernels_backend_options bo = {.device = opt->device, .threads = opt->threads};
+    if ((err = kernels_backend_open(&bo, &m->be, diag)))
+        goto out_close;
+    err = opt->load_format == WORKER_LOAD_DUMMY
+              ? worker_weights_open_dummy(opt->dummy_seed, &m->weights)
+              : worker_weights_open(opt->model_dir, &m->weights, diag);
+    if (err)
+        goto out_close;
+    m->layers = calloc((size_t)c->layers, sizeof *m->layers);
+    if (!m->layers) {
+        err = SHOAL_ERR_NOMEM;
+        goto out_close;
+    }
+    if ((err = load_matrix(m, "model.embed_tokens.weight", c->vocab, c->hidden, &m->embed, diag)))
+        goto out_close;
+    /* A tied checkpoint may still carry lm_head.weight; the embedding is
+     * what transformers uses when tie_word_embeddings is set. */
+    if (c->tie_embeddings)
+        m->lm_head = m->embed;
+    else if ((err = load_matrix(m, "lm_head.weight", c->vocab, c->hidden, &m->lm_head, diag)))
+        goto out_close;
+    if ((err = load_vector(m, "model.norm.weight", c->hidden, &m->final_norm, diag)))
+        goto out_close;
+    for (int i = 0; i < c->layers; i++)
+        if ((err = load_layer(m, i, diag)))
+            goto out_close;
+    float inv[SHOAL_MODEL_HEAD_DIM_MAX / 2];
+    worker_config_rope_inv_freq(c, inv);
+    const void *inv_dev;
+    if ((err = dev_place(m, inv, (size_t)(c->head_dim / 2) * sizeof(float), false, &inv_dev)))
+        goto out_close;
+    m->inv_freq = (float *)inv_dev;
+    kernels_kv_layout_init(&m->kv, c->layers, c->kv_heads, c->head_dim, opt->page_tokens,
+                           SHOAL_DTYPE_BF16);
+    if ((err = alloc_buffers(m, diag)))
+        goto out_close;
+    *out = m;
+    return SHOAL_OK;
+out_close:
+    worker_model_close(m);
+    return err;
+}
+
+void worker_model_close(worker_model *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->owned_count; i++)
+        m->be->free(m->be, m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    worker_weights_close(m->weights);
+    kernels_backend_close(m->be);
+    free(m);
+}
+
+const worker_config *worker_model_config(const worker_model *m)
+{
+    return &m->cfg;
+}
+
+const kernels_kv_layout *worker_model_kv_layout(const worker_model *m)
+{
+    return &m->kv;
+}
+
+int worker_model_kv_pages(const worker_model *m)
+{
+    return m->opt.kv_pages;
+}
+
+int worker_model_max_rows(const worker_model *m)
+{
+    return m->opt.max_rows;
+}
+
+kernels_backend *worker_model_backend(worker_model *m)
+{
+    return m->be;
+}
+
+/* Everything a pass reads from the caller is checked here, before any op
+ * runs: a bad id or page would otherwise read or write outside a buffer. */
+static shoal_err check_forward(const worker_model *m, const worker_forward *f, shoal_diag *diag)
+{
+    const worker_model_options *o = &m->opt;
+    if (f->rows < 1 || f->rows > o->max_rows)
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "forward: %d rows, must be in [1, %d]",
+                              f->rows, o->max_rows);
+    if (f->streams < 1 || f->streams > o->max_streams)
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "forward: %d streams, must be in [1, %d]",
+                              f->streams, o->max_streams);
+    if (f->page_table_stride < 1 || f->page_table_stride > o->max_pages_per_stream)
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT,
+                              "forward: page table stride %d, must be in [1, %d]",
+                              f->page_table_stride, o->max_pages_per_stream);
+    if (f->logit_count < 0 || f->logit_count > o->max_logit_rows)
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "forward: %d logit rows, must be in [0, %d]",
+                              f->logit_count, o->max_logit_rows);
+    int32_t last_pos[SHOAL_BATCH_STREAMS_MAX];
+    for (int s = 0; s < f->streams; s++)
+        last_pos[s] = -1;
+    int64_t capacity = (int64_t)f->page_table_stride * o->page_tokens;
+    for (int r = 0; r < f->rows; r++) {
+        if (f->token_ids[r] < 0 || f->token_ids[r] >= m->cfg.vocab)
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "forward: row %d: token id %d outside the vocabulary of %d", r,
+                                  f->token_ids[r], m->cfg.vocab);
+        if (f->row_stream[r] < 0 || f->row_stream[r] >= f->streams)
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID, "forward: row %d: stream %d of %d", r,
+                                  f->row_stream[r], f->streams);
+        if (f->positions[r] < 0 || f->positions[r] >= capacity)
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "forward: row %d: position %d outside its %lld page slots", r,
+                                  f->positions[r], (long long)capacity);
+        if (f->positions[r] > last_pos[f->row_stream[r]])
+            last_pos[f->row_stream[r]] = f->positions[r];
+    }
+    for (int s = 0; s < f->streams; s++) {
+        int used = last_pos[s] < 0 ? 0 : last_pos[s] / o->page_tokens + 1;
+        for (int p = 0; p < used; p++) {
+            int32_t page = f->page_table[(size_t)s * (size_t)f->page_table_stride + (size_t)p];
+            if (page < 0 || page >= o->kv_pages)
+                return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                      "forward: stream %d: page %d is %d, outside [0, %d)", s, p,
+                                      page, o->kv_pages);
+        }
+    }
+    for (int i = 0; i < f->logit_count; i++)
+        if (f->logit_rows[i] < 0 || f->logit_rows[i] >= f->rows)
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "forward: logit row %d is %d, outside [0, %d)", i,
+                                  f->logit_rows[i], f->rows);
+    return SHOAL_OK;
+}
+
+static shoal_err upload_batch(worker_model *m, const worker_forward *f)
+{
+    kernels_backend *be = m->be;
+    size_t rows = (size_t)f->rows * 4;
+    shoal_err err;
+    if ((err = be->upload(be, m->ids, f->token_ids, rows)) ||
+        (err = be->upload(be, m->positions, f->positions, rows)) ||
+        (err = be->upload(be, m->row_stream, f->row_stream, rows)) ||
+        (err = be->upload(be, m->page_table, f->page_table,
+                          (size_t)f->streams * (size_t)f->page_table_stride * 4)))
+        return err;
+    if (f->logit_count > 0)
+        err = be->upload(be, m->logit_rows, f->logit_rows, (size_t)f->logit_count * 4);
+    return err;
+}
+
+shoal_err worker_model_forward(worker_model *m, const worker_forward *f, float *logits,
+                               shoal_diag *diag)
+{
+    shoal_err err = check_forward(m, f, diag);
+    if (err)
+        return err;
+    if ((err = upload_batch(m, f)))
+        return shoal_diag_set(diag, err, "forward: cannot upload the batch");
+    kernels_backend *be = m->be;
+    const worker_config *c = &m->cfg;
+    int rows = f->rows;
+    int q_w = c->heads * c->head_dim, kv_w = c->kv_heads * c->head_dim;
+    float scale = 1.0f / sqrtf((float)c->head_dim);
+    kernels_batch batch = {
+        .rows = rows,
+        .streams = f->streams,
+        .page_table_stride = f->page_table_stride,
+        .row_stream = m->row_stream,
+        .positions = m->positions,
+        .page_table = m->page_table,
+    };
+
+    be->embed(be, m->x, m->embed.data, m->embed.dtype, m->ids, rows, c->hidden);
+    const void *pending = NULL; /* the last block's output, still to add to x */
+    for (int l = 0; l < c->layers; l++) {
+        const model_layer *L = &m->layers[l];
+        be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
+        be->matmul(be, m->q, be->act_dtype, m->h, L->q.data, L->q.dtype, rows, q_w, c->hidden);
+        be->matmul(be, m->k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
+        be->matmul(be, m->v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
+        be->qk_norm_rope(be, m->q, rows, c->heads, c->head_dim, q_w, L->q_norm, c->rms_eps,
+                         m->positions, m->inv_freq);
+        be->qk_norm_rope(be, m->k, rows, c->kv_heads, c->head_dim, kv_w, L->k_norm, c->rms_eps,
+                         m->positions, m->inv_freq);
+        be->kv_write(be, m->arena, &m->kv, &batch, l, m->k, m->v);
+        be->attention(be, m->att, m->q, c->heads, m->arena, &m->kv, &batch, l, scale);
+        be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
+                   q_w);
+        be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
+        be->matmul(be, m->gate, be->act_dtype, m->h, L->gate.data, L->gate.dtype, rows,
+                   c->intermediate, c->hidden);
+        be->matmul(be, m->up, be->act_dtype, m->h, L->up.data, L->up.dtype, rows,
+                   c->intermediate, c->hidden);
+        be->swiglu(be, m->gate, m->gate, m->up, rows, c->intermediate);
+        be->matmul(be, m->pend, be->act_dtype, m->gate, L->down.data, L->down.dtype, rows,
+                   c->hidden, c->intermediate);
+        pending = m->pend;
+    }
+    if (f->logit_count == 0)
+        return be->sync(be);
+    /* Only the rows whose logits are wanted go through the vocabulary
+     * projection, the largest matmul of a decode step. */
+    be->rmsnorm(be, m->h, m->x, pending, m->final_norm, rows, c->hidden, c->rms_eps);
+    be->gather(be, m->sel, m->h, m->logit_rows, f->logit_count, c->hidden);
+    be->matmul(be, m->logits, SHOAL_DTYPE_F32, m->sel, m->lm_head.data, m->lm_head.dtype,
+               f->logit_count, c->vocab, c->hidden);
+    err = be->download(be, logits, m->logits, (size_t)f->logit_count * (size_t)c->vocab * 4);
+    return err ? shoal_diag_set(diag, err, "forward: cannot download logits") : SHOAL_OK;
+}

@@ -1,0 +1,75 @@
+/* worker_model.h: a loaded model and its forward pass over paged KV.
+ *
+ * The model owns its backend buffers: weights (in place where the backend
+ * reads host memory, else uploaded once), the KV page arena, and activation
+ * buffers sized at open for max_rows rows. Nothing is allocated per forward
+ * pass. One thread drives a model. */
+#ifndef SHOAL_WORKER_MODEL_H
+#define SHOAL_WORKER_MODEL_H
+
+#include "common/common_error.h"
+#include "kernels/kernels_backend.h"
+#include "worker/worker_config.h"
+
+#include <stdint.h>
+
+typedef enum worker_load_format {
+    WORKER_LOAD_AUTO = 0, /* read the safetensors of the model directory */
+    WORKER_LOAD_DUMMY,    /* read config.json only; random weights at the real shapes */
+} worker_load_format;
+
+typedef struct worker_model_options {
+    const char *model_dir;
+    worker_load_format load_format;
+    const char *device;  /* "cpu" or a GPU index */
+    int threads;         /* CPU backend threads, 0 = one per processor */
+    int page_tokens;     /* tokens per KV page */
+    int kv_pages;        /* pages in the arena */
+    int max_rows;        /* rows of one forward pass */
+    int max_logit_rows;  /* rows whose logits one pass can return */
+    int max_streams;     /* streams in one pass */
+    int max_pages_per_stream;
+    uint64_t dummy_seed;
+} worker_model_options;
+
+/* Sensible defaults: cpu, 16-token pages, 2048 rows, 64 logit rows... */
+void worker_model_options_default(worker_model_options *opt);
+
+typedef struct worker_model worker_model;
+
+/* One forward pass, in host memory. Rows as in kernels_batch; page_table
+ * is [streams][page_table_stride]; logit_rows lists which rows' logits to
+ * return, in order. */
+typedef struct worker_forward {
+    int rows;
+    const int32_t *token_ids;
+    const int32_t *positions;
+    const int32_t *row_stream;
+    int streams;
+    int page_table_stride;
+    const int32_t *page_table;
+    int logit_count;
+    const int32_t *logit_rows;
+} worker_forward;
+
+/* Loads the model. Errors name the file, tensor and what was expected. */
+shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
+                            shoal_diag *diag);
+
+/* Frees everything; NULL allowed. */
+void worker_model_close(worker_model *m);
+
+const worker_config *worker_model_config(const worker_model *m);
+const kernels_kv_layout *worker_model_kv_layout(const worker_model *m);
+int worker_model_kv_pages(const worker_model *m);
+int worker_model_max_rows(const worker_model *m);
+kernels_backend *worker_model_backend(worker_model *m);
+
+/* Runs one pass: writes the KV of every row into its page slot and fills
+ * logits (host, [logit_count][vocab] F32). Input is checked against the
+ * bounds given at open (rows, streams, pages, token ids, positions) and
+ * refused with SHOAL_ERR_INVALID or SHOAL_ERR_LIMIT before any work. */
+shoal_err worker_model_forward(worker_model *m, const worker_forward *f, float *logits,
+                               shoal_diag *diag);
+
+#endif

@@ -1,0 +1,48 @@
+/* worker_weights.h: the tensors of a Hugging Face model directory.
+ *
+ * A directory holds model.safetensors, or shards listed by
+ * model.safetensors.index.json. Files are memory-mapped, never read whole.
+ * With the dummy source (--load-format dummy) no file is read: each tensor
+ * asked for is made at the asked shape with deterministic random values. */
+#ifndef SHOAL_WORKER_WEIGHTS_H
+#define SHOAL_WORKER_WEIGHTS_H
+
+#include "common/common_dtype.h"
+#include "common/common_error.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct worker_weights worker_weights;
+
+/* A tensor's bytes and dtype. data lives as long as the worker_weights. */
+typedef struct worker_tensor_ref {
+    const void *data;
+    shoal_dtype dtype;
+    uint64_t bytes;
+} worker_tensor_ref;
+
+/* Opens the safetensors of dir. Errors name the file and what is wrong. */
+shoal_err worker_weights_open(const char *dir, worker_weights **out, shoal_diag *diag);
+
+/* A source of random tensors (bf16 for matrices, values near one for
+ * vectors, as norms have), the same for the same seed. */
+shoal_err worker_weights_open_dummy(uint64_t seed, worker_weights **out);
+
+/* Closes; NULL allowed. Pointers from get() die with it. */
+void worker_weights_close(worker_weights *w);
+
+/* Finds `name`, which must have exactly the given shape and be F32, F16 or
+ * BF16. SHOAL_ERR_NOT_FOUND when absent; SHOAL_ERR_FORMAT for a wrong
+ * shape; SHOAL_ERR_UNSUPPORTED for another dtype. diag names the file, the
+ * tensor and what was expected. data is aligned to its element size. */
+shoal_err worker_weights_get(worker_weights *w, const char *name, int dims, const int64_t *shape,
+                             worker_tensor_ref *out, shoal_diag *diag);
+
+/* True when the model files hold `name` (always false for dummy). */
+bool worker_weights_has(const worker_weights *w, const char *name);
+
+/* True for the dummy source. */
+bool worker_weights_is_dummy(const worker_weights *w);
+
+#endif
