@@ -1,0 +1,54 @@
+/* test.h: the harness of shoal's C tests.
+ *
+ * A test file defines functions named after the behaviour they prove and
+ * lists them in main with TEST_RUN. A failed CHECK prints where and why and
+ * marks the test failed; main returns non-zero if any test failed, which
+ * CTest counts. */
+#ifndef SHOAL_TEST_H
+#define SHOAL_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int test_failed_total;
+static int test_failed_now;
+
+#define CHECK(cond)                                                                              \
+    do {                                                                                         \
+        if (!(cond)) {                                                                           \
+            fprintf(stderr, "  FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                    \
+            test_failed_now = 1;                                                                 \
+        }                                                                                        \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                                     \
+    do {                                                                                         \
+        if (!(cond)) {                                                                           \
+            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                    \
+            fprintf(stderr, __VA_ARGS__);                                                        \
+            fputc('\n', stderr);                                                                 \
+            test_failed_now = 1;                                                                 \
+        }                                                                                        \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                                       \
+    CHECK_MSG((long long)(a) == (long long)(b), "%lld != %lld", (long long)(a), (long long)(b))
+
+/* The diag message must contain every given fragment. */
+#define CHECK_HAS(text, fragment)                                                                \
+    CHECK_MSG(strstr((text), (fragment)) != NULL, "'%s' lacks '%s'", (text), (fragment))
+
+#define TEST_RUN(fn)                                                                             \
+    do {                                                                                         \
+        test_failed_now = 0;                                                                     \
+        fn();                                                                                    \
+        printf("%s %s\n", test_failed_now ? "FAIL" : "ok", #fn);                                 \
+        fflush(stdout);                                                                          \
+        test_failed_total += test_failed_now;                                                    \
+    } while (0)
+
+#define TEST_EXIT() (test_failed_total ? 1 : 0)
+
+#endif
