@@ -1,0 +1,349 @@
+/* Loading a model directory: configs in both transformers spellings, and
+ * every kind of broken directory refused with a message that names the
+ * file, the tensor and what was expected. */
+#include "common/common_file.h"
+#include "tests/test.h"
+#include "worker/worker_config.h"
+#include "worker/worker_generate.h"
+#include "worker/worker_safetensors.h"
+
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SRC SHOAL_FIXTURES "/parity/qwen3-tied-bf16"
+
+static char tmp_root[64];
+
+static void write_file(const char *dir, const char *name, const char *text, size_t bytes)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f) {
+        CHECK(fwrite(text, 1, bytes, f) == bytes);
+        fclose(f);
+    }
+}
+
+/* A fresh directory holding the fixture's config.json. */
+static void fresh_dir(char *dir, size_t size, const char *name)
+{
+    snprintf(dir, size, "%s/%s", tmp_root, name);
+    mkdir(dir, 0755);
+    char *text;
+    size_t bytes;
+    CHECK(common_file_read(SRC "/config.json", 1 << 20, &text, &bytes, NULL) == SHOAL_OK);
+    write_file(dir, "config.json", text, bytes);
+    free(text);
+}
+
+/* Writes dir/model.safetensors with the fixture's tensors, except that
+ * `drop` is left out and `change` gets a wrong shape or dtype. */
+static void write_weights(const char *dir, const char *file, const char *drop, const char *change,
+                          shoal_dtype new_dtype)
+{
+    worker_safetensors st;
+    shoal_diag diag;
+    CHECK(worker_safetensors_open(SRC "/model.safetensors", &st, &diag) == SHOAL_OK);
+    worker_tensor_out *out = calloc((size_t)st.tensors, sizeof *out);
+    int n = 0;
+    for (int i = 0; i < st.tensors; i++) {
+        const worker_tensor_info *t = &st.info[i];
+        if (drop && strcmp(t->name, drop) == 0)
+            continue;
+        worker_tensor_out *o = &out[n++];
+        o->name = t->name;
+        o->dtype = t->dtype;
+        o->dims = t->dims;
+        memcpy(o->shape, t->shape, sizeof o->shape);
+        o->data = st.data + t->begin;
+        if (change && strcmp(t->name, change) == 0) {
+            if (new_dtype != SHOAL_DTYPE_INVALID) {
+                o->dtype = new_dtype; /* same bytes: BF16 -> I16 */
+            } else {
+                o->shape[0] /= 2; /* half the rows */
+            }
+        }
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    CHECK(worker_safetensors_write(path, out, n, &diag) == SHOAL_OK);
+    free(out);
+    worker_safetensors_close(&st);
+}
+
+static shoal_err open_model(const char *dir, worker_load_format fmt, shoal_diag *diag,
+                            worker_model **out)
+{
+    worker_model_options mo;
+    worker_model_options_default(&mo);
+    mo.model_dir = dir;
+    mo.load_format = fmt;
+    mo.kv_pages = 8;
+    mo.max_rows = 32;
+    mo.max_logit_rows = 4;
+    mo.threads = 1;
+    shoal_diag_clear(diag);
+    worker_model *m = NULL;
+    shoal_err err = worker_model_open(&mo, &m, diag);
+    if (out)
+        *out = m;
+    else
+        worker_model_close(m);
+    return err;
+}
+
+static void missing_tensor_is_named(void)
+{
+    char dir[256];
+    fresh_dir(dir, sizeof dir, "missing");
+    write_weights(dir, "model.safetensors", "model.layers.1.mlp.up_proj.weight", NULL, 0);
+    shoal_diag diag;
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_NOT_FOUND);
+    CHECK_HAS(diag.msg, "model.layers.1.mlp.up_proj.weight");
+}
+
+static void wrong_shape_names_file_tensor_and_expected_shape(void)
+{
+    char dir[256];
+    fresh_dir(dir, sizeof dir, "shape");
+    write_weights(dir, "model.safetensors", NULL, "model.layers.2.self_attn.k_proj.weight", 0);
+    shoal_diag diag;
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_FORMAT);
+    CHECK_HAS(diag.msg, "model.safetensors");
+    CHECK_HAS(diag.msg, "model.layers.2.self_attn.k_proj.weight");
+    CHECK_HAS(diag.msg, "has shape [24, 80], expected [48, 80]");
+}
+
+static void unsupported_dtype_is_refused(void)
+{
+    char dir[256];
+    fresh_dir(dir, sizeof dir, "dtype");
+    write_weights(dir, "model.safetensors", NULL, "model.norm.weight", SHOAL_DTYPE_I16);
+    shoal_diag diag;
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_UNSUPPORTED);
+    CHECK_HAS(diag.msg, "'model.norm.weight' is I16");
+}
+
+static void truncated_file_is_refused(void)
+{
+    char dir[256];
+    fresh_dir(dir, sizeof dir, "truncated");
+    char *text;
+    size_t bytes;
+    CHECK(common_file_read(SRC "/model.safetensors", 1 << 24, &text, &bytes, NULL) == SHOAL_OK);
+    write_file(dir, "model.safetensors", text, bytes - 1000);
+    free(text);
+    shoal_diag diag;
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_FORMAT);
+    CHECK_HAS(diag.msg, "truncated");
+    CHECK_HAS(diag.msg, "model.safetensors");
+}
+
+static void sharded_index_is_checked(void)
+{
+    char dir[256];
+    shoal_diag diag;
+    fresh_dir(dir, sizeof dir, "index-escape");
+    const char *escape = "{\"weight_map\":{\"model.norm.weight\":\"../model.safetensors\"}}";
+    write_file(dir, "model.safetensors.index.json", escape, strlen(escape));
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_FORMAT);
+    CHECK_HAS(diag.msg, "not a file name");
+
+    fresh_dir(dir, sizeof dir, "index-missing");
+    const char *missing = "{\"weight_map\":{\"model.norm.weight\":\"model-00002-of-00002.safetensors\"}}";
+    write_file(dir, "model.safetensors.index.json", missing, strlen(missing));
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_NOT_FOUND);
+    CHECK_HAS(diag.msg, "model-00002-of-00002.safetensors");
+
+    fresh_dir(dir, sizeof dir, "index-bad");
+    write_file(dir, "model.safetensors.index.json", "{\"weight_map\":", 14);
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_FORMAT);
+    CHECK_HAS(diag.msg, "weight_map");
+
+    fresh_dir(dir, sizeof dir, "no-weights");
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_NOT_FOUND);
+    CHECK_HAS(diag.msg, "--load-format dummy");
+}
+
+static void missing_or_bad_config_is_refused(void)
+{
+    char dir[256];
+    shoal_diag diag;
+    snprintf(dir, sizeof dir, "%s/empty", tmp_root);
+    mkdir(dir, 0755);
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_NOT_FOUND);
+    CHECK_HAS(diag.msg, "no config.json");
+    write_file(dir, "config.json", "{\"architectures\":", 17);
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_FORMAT);
+    CHECK_HAS(diag.msg, "config.json: not a JSON object");
+}
+
+static void config_fields_are_validated(void)
+{
+    static const struct {
+        const char *json;
+        shoal_err err;
+        const char *says;
+    } cases[] = {
+        {"{\"architectures\":[\"MistralForCausalLM\"]}", SHOAL_ERR_UNSUPPORTED,
+         "architecture 'MistralForCausalLM' is not supported"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10}", SHOAL_ERR_FORMAT,
+         "missing field 'hidden_size'"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":-3}",
+         SHOAL_ERR_FORMAT, "'hidden_size' must be an integer"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,"
+         "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+         "\"num_key_value_heads\":3}",
+         SHOAL_ERR_FORMAT, "not a multiple"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,"
+         "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+         "\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}",
+         SHOAL_ERR_UNSUPPORTED, "rope type 'yarn'"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,"
+         "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+         "\"hidden_act\":\"gelu\"}",
+         SHOAL_ERR_UNSUPPORTED, "silu"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,"
+         "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+         "\"eos_token_id\":[1,99]}",
+         SHOAL_ERR_FORMAT, "eos_token_id"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        worker_config cfg;
+        shoal_diag diag = {{0}};
+        shoal_err err = worker_config_parse(cases[i].json, "c.json", &cfg, &diag);
+        CHECK_MSG(err == cases[i].err, "case %zu: %s (%s)", i, shoal_strerror(err), diag.msg);
+        CHECK_HAS(diag.msg, cases[i].says);
+        CHECK_HAS(diag.msg, "c.json");
+    }
+}
+
+static void transformers_4_spelling_gives_the_same_rope(void)
+{
+    /* Llama 3.2's config as transformers 4 writes it. */
+    const char *v4 =
+        "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":128256,\"hidden_size\":2048,"
+        "\"intermediate_size\":8192,\"num_hidden_layers\":16,\"num_attention_heads\":32,"
+        "\"num_key_value_heads\":8,\"head_dim\":64,\"rope_theta\":500000.0,\"rope_scaling\":{"
+        "\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
+        "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},"
+        "\"torch_dtype\":\"bfloat16\",\"tie_word_embeddings\":true,"
+        "\"eos_token_id\":[128001,128008,128009]}";
+    const char *v5 =
+        "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":128256,\"hidden_size\":2048,"
+        "\"intermediate_size\":8192,\"num_hidden_layers\":16,\"num_attention_heads\":32,"
+        "\"num_key_value_heads\":8,\"head_dim\":64,\"rope_parameters\":{\"rope_theta\":500000.0,"
+        "\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
+        "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},"
+        "\"dtype\":\"bfloat16\",\"tie_word_embeddings\":true,\"eos_token_id\":128001}";
+    worker_config a, b;
+    shoal_diag diag = {{0}};
+    CHECK(worker_config_parse(v4, "v4", &a, &diag) == SHOAL_OK);
+    CHECK(worker_config_parse(v5, "v5", &b, &diag) == SHOAL_OK);
+    CHECK(a.rope_llama3 && b.rope_llama3 && a.dtype == SHOAL_DTYPE_BF16 && b.dtype == a.dtype);
+    CHECK(a.tie_embeddings && a.eos_count == 3 && a.eos_ids[2] == 128009 && b.eos_count == 1);
+    float fa[32], fb[32];
+    worker_config_rope_inv_freq(&a, fa);
+    worker_config_rope_inv_freq(&b, fb);
+    CHECK(memcmp(fa, fb, sizeof fa) == 0);
+    /* the three bands: kept (highest), smoothed, and divided by the factor */
+    CHECK(fa[0] == 1.0f);
+    CHECK(fabsf(fa[31] - powf(500000.0f, -62.0f / 64.0f) / 32.0f) < 1e-12f);
+    int smoothed = 0;
+    for (int i = 0; i < 32; i++) {
+        float raw = powf(500000.0f, -(float)(2 * i) / 64.0f);
+        smoothed += fa[i] < raw && fa[i] > raw / 32.0f;
+    }
+    CHECK(smoothed > 0);
+}
+
+static void generation_config_overrides_eos(void)
+{
+    worker_config cfg;
+    shoal_diag diag = {{0}};
+    CHECK(worker_config_load(SHOAL_FIXTURES "/parity/qwen3-untied-f16-sharded", &cfg, &diag) ==
+          SHOAL_OK);
+    CHECK(cfg.eos_count == 2 && cfg.eos_ids[0] == 3 && cfg.eos_ids[1] == 7);
+    CHECK(cfg.dtype == SHOAL_DTYPE_F16 && cfg.head_dim == 32 && !cfg.tie_embeddings);
+}
+
+static void dummy_weights_need_only_config(void)
+{
+    char dir[256];
+    fresh_dir(dir, sizeof dir, "dummy");
+    shoal_diag diag;
+    worker_model *m = NULL;
+    CHECK(open_model(dir, WORKER_LOAD_DUMMY, &diag, &m) == SHOAL_OK);
+    if (!m)
+        return;
+    int32_t prompt[5] = {1, 2, 3, 4, 5};
+    int tokens = 0;
+    worker_generate_stats st;
+    CHECK(worker_generate_greedy(m, prompt, 5, 4, false, NULL, NULL, &st, &diag) == SHOAL_OK);
+    tokens = st.generated_tokens;
+    CHECK_EQ_INT(tokens, 4);
+    /* more tokens than the arena holds: a clear refusal, not an overrun */
+    CHECK(worker_generate_greedy(m, prompt, 5, 500, false, NULL, NULL, &st, &diag) ==
+          SHOAL_ERR_LIMIT);
+    CHECK_HAS(diag.msg, "--kv-pages");
+    worker_model_close(m);
+}
+
+static void forward_refuses_bad_rows(void)
+{
+    shoal_diag diag;
+    worker_model *m = NULL;
+    CHECK(open_model(SRC, WORKER_LOAD_AUTO, &diag, &m) == SHOAL_OK);
+    if (!m)
+        return;
+    float logits[397];
+    int32_t ids[2] = {1, 2}, pos[2] = {0, 1}, stream[2] = {0, 0}, table[2] = {0, 1}, lr = 1;
+    worker_forward f = {2, ids, pos, stream, 1, 2, table, 1, &lr};
+    CHECK(worker_model_forward(m, &f, logits, &diag) == SHOAL_OK);
+    ids[1] = 397;
+    CHECK(worker_model_forward(m, &f, logits, &diag) == SHOAL_ERR_INVALID);
+    CHECK_HAS(diag.msg, "token id 397");
+    ids[1] = 2;
+    pos[1] = 32; /* past two pages of 16 */
+    CHECK(worker_model_forward(m, &f, logits, &diag) == SHOAL_ERR_INVALID);
+    CHECK_HAS(diag.msg, "position 32");
+    pos[1] = 17;
+    table[1] = 8; /* arena has pages 0..7 */
+    CHECK(worker_model_forward(m, &f, logits, &diag) == SHOAL_ERR_INVALID);
+    CHECK_HAS(diag.msg, "page 1 is 8");
+    table[1] = 1;
+    stream[0] = 1;
+    CHECK(worker_model_forward(m, &f, logits, &diag) == SHOAL_ERR_INVALID);
+    stream[0] = 0;
+    lr = 2;
+    CHECK(worker_model_forward(m, &f, logits, &diag) == SHOAL_ERR_INVALID);
+    f.rows = 33;
+    CHECK(worker_model_forward(m, &f, logits, &diag) == SHOAL_ERR_LIMIT);
+    worker_model_close(m);
+}
+
+int main(void)
+{
+    snprintf(tmp_root, sizeof tmp_root, "/tmp/shoal-load-XXXXXX");
+    if (!mkdtemp(tmp_root))
+        return 1;
+    TEST_RUN(missing_tensor_is_named);
+    TEST_RUN(wrong_shape_names_file_tensor_and_expected_shape);
+    TEST_RUN(unsupported_dtype_is_refused);
+    TEST_RUN(truncated_file_is_refused);
+    TEST_RUN(sharded_index_is_checked);
+    TEST_RUN(missing_or_bad_config_is_refused);
+    TEST_RUN(config_fields_are_validated);
+    TEST_RUN(transformers_4_spelling_gives_the_same_rope);
+    TEST_RUN(generation_config_overrides_eos);
+    TEST_RUN(dummy_weights_need_only_config);
+    TEST_RUN(forward_refuses_bad_rows);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
+    if (system(cmd) != 0)
+        return 1;
+    return TEST_EXIT();
+}
