@@ -93,8 +93,37 @@ AVX512 static void tile_avx512(const struct matmul_job *j, int r, int rn, int c,
                 _mm512_reduce_add_ps(acc[a][b]);
 }
 
+/* One input row: the decode case. Weight rows are read one after another,
+ * so memory is read in one linear stream the prefetcher follows; the dot
+ * product keeps the lane order of the 4 x 4 tile, so a row gives the same
+ * bits here as inside a batch. */
+enum { PREFETCH_BYTES = 1024 };
+
+AVX512 static void row_avx512(const struct matmul_job *j, int r, int c0, int c1)
+{
+    const float *x = j->in + (size_t)r * (size_t)j->k;
+    size_t esize = shoal_dtype_bytes(j->wdtype);
+    for (int c = c0; c < c1; c++) {
+        size_t wb = (size_t)c * (size_t)j->k;
+        const char *row = (const char *)j->w + wb * esize;
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < j->k; i += 16) {
+            __mmask16 m =
+                j->k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (j->k - i)) - 1u);
+            _mm_prefetch(row + (size_t)i * esize + PREFETCH_BYTES, _MM_HINT_T0);
+            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i),
+                                  load_w(j->w, j->wdtype, wb + (size_t)i, m), acc);
+        }
+        j->out[(size_t)r * (size_t)j->n + (size_t)c] = _mm512_reduce_add_ps(acc);
+    }
+}
+
 AVX512 static void block_avx512(const struct matmul_job *j, int r0, int r1, int n0, int n1)
 {
+    if (r1 - r0 == 1) {
+        row_avx512(j, r0, n0, n1);
+        return;
+    }
     for (int c = n0; c < n1; c += NR)
         for (int r = r0; r < r1; r += MR)
             tile_avx512(j, r, r1 - r < MR ? r1 - r : MR, c, n1 - c < NR ? n1 - c : NR);
