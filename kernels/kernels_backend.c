@@ -5,17 +5,22 @@
 #include "kernels/cuda/cuda_backend.h"
 #endif
 
+#include "common/common_assert.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 void kernels_kv_layout_init(kernels_kv_layout *layout, int layers, int kv_heads, int head_dim,
                             int page_tokens, shoal_dtype dtype)
 {
+    SHOAL_ASSERT(dtype == SHOAL_DTYPE_BF16 || dtype == SHOAL_DTYPE_F8_E4M3);
     layout->layers = layers;
     layout->kv_heads = kv_heads;
     layout->head_dim = head_dim;
     layout->page_tokens = page_tokens;
     layout->dtype = dtype;
+    layout->k_scale = NULL;
+    layout->v_scale = NULL;
     layout->page_bytes = (size_t)layers * 2 * (size_t)kv_heads * (size_t)page_tokens *
                          (size_t)head_dim * shoal_dtype_bytes(dtype);
 }
@@ -32,7 +37,7 @@ shoal_err kernels_backend_open(const kernels_backend_options *opt, kernels_backe
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
                               "device '%s': expected 'cpu' or a GPU index such as 0", opt->device);
 #ifdef SHOAL_HAVE_CUDA
-    return cuda_backend_open((int)index, out, diag);
+    return cuda_backend_open((int)index, opt->act_dtype, out, diag);
 #else
     return shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
                           "device '%s': this build of shoal has no CUDA backend (rebuild with "

@@ -6,7 +6,8 @@
  *
  * Memory: pointers marked (device) come from be->alloc and live on the
  * backend's device (host memory for the CPU backend). Activations are of
- * be->act_dtype (F32 on the CPU backend); logits are always F32. Weights
+ * be->act_dtype (F32 on the CPU backend; BF16 by default on the CUDA
+ * backend, or F32 there for exact work); logits are always F32. Weights
  * are F32, F16 or BF16 as the model file has them.
  *
  * Ops are asynchronous on devices that queue work: results are visible to
@@ -16,6 +17,7 @@
 
 #include "common/common_dtype.h"
 #include "common/common_error.h"
+#include "kernels/kernels_sample.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,19 +25,32 @@
 
 /* Where the KV of (page, layer, k|v, kv_head, token-in-page, dim) sits in the
  * arena. A page holds page_tokens tokens of every layer, contiguously, so a
- * page moves as one block (peer copy, spill, restore):
+ * page moves (peer copy, spill, restore) as one block:
  *   page * page_bytes + ((((layer * 2 + kv) * kv_heads + head) * page_tokens
- *                        + token) * head_dim + dim) * elem_bytes            */
+ *                        + token) * head_dim + dim) * elem_bytes
+ *
+ * dtype is BF16 or F8_E4M3. An fp8 element holds e4m3(x / scale), rounded
+ * to nearest even and saturated to +-448, and reads back as e4m3 * scale,
+ * with one scale per (layer, KV head) for K and one for V. Without
+ * calibration every scale is 1.0, as in vLLM: e4m3 then keeps about two
+ * significant decimal digits of values in [2^-6, 448] and flushes
+ * magnitudes under 2^-10 to zero, which post-norm K and V of real models
+ * stay well inside. */
 typedef struct kernels_kv_layout {
     int layers;
     int kv_heads;
     int head_dim;
     int page_tokens;
-    shoal_dtype dtype; /* BF16 */
+    shoal_dtype dtype; /* BF16 or F8_E4M3 */
     size_t page_bytes;
+    /* F8_E4M3 only: scales [layers][kv_heads] (device) of K and of V; NULL
+     * means 1.0 for every layer and head. Ignored for BF16. */
+    const float *k_scale;
+    const float *v_scale;
 } kernels_kv_layout;
 
-/* Fills page_bytes from the other fields. */
+/* Fills page_bytes from the other fields and sets no scales (1.0). dtype
+ * must be BF16 or F8_E4M3. */
 void kernels_kv_layout_init(kernels_kv_layout *layout, int layers, int kv_heads, int head_dim,
                             int page_tokens, shoal_dtype dtype);
 
@@ -114,11 +129,35 @@ struct kernels_backend {
     /* out[i] = in[idx[i]] for rows of dim (act_dtype). */
     void (*gather)(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                    int dim);
+
+    /* Samples one token per row of logits ([rows][vocab] F32, device), with
+     * params[rows], the penalty lists and results[rows] also (device). The
+     * semantics, the same on every backend to the bit for the chosen token,
+     * are in kernels_sample.h. Row r's penalty entries are
+     * penalty_tokens/penalty_counts[penalty_offsets[r] .. penalty_offsets[r + 1])
+     * (CSR: offsets has rows + 1 entries; all three NULL for no penalties),
+     * tokens in [0, vocab), strictly ascending within a row. */
+    void (*sample)(kernels_backend *be, kernels_sample_result *results, const float *logits,
+                   int rows, int vocab, const kernels_sample_params *params,
+                   const int32_t *penalty_offsets, const int32_t *penalty_tokens,
+                   const int32_t *penalty_counts);
+
+    /* Optional (NULL where a backend lacks it). Fills n BF16 elements at
+     * dst (device) with the numbers of the host generator of dummy
+     * weights: element i is bf16(base + scale * u_i), where u_i is what
+     * common_rng_uniform returns on its (i + 1)-th call from `state`. So a
+     * dummy model is the same on every backend, and made where it lives. */
+    void (*fill_random)(kernels_backend *be, void *dst, size_t n, uint64_t state, float base,
+                        float scale);
 };
 
 typedef struct kernels_backend_options {
     const char *device; /* "cpu", or a CUDA device index "0", "1", ... */
     int threads;        /* CPU backend: threads (0 = one per processor) */
+    /* CUDA backend: activation dtype, BF16 or F32; INVALID (0) takes the
+     * environment's SHOAL_CUDA_ACT_DTYPE ("bf16" or "f32") and else BF16.
+     * The CPU backend always computes in F32. */
+    shoal_dtype act_dtype;
 } kernels_backend_options;
 
 /* Opens the backend that opt->device names. *out is the caller's until

@@ -57,6 +57,7 @@ void worker_model_options_default(worker_model_options *opt)
     opt->max_streams = 64;
     opt->max_pages_per_stream = 2048;
     opt->dummy_seed = 0x5110a1ull;
+    opt->kv_dtype = SHOAL_DTYPE_BF16;
 }
 
 static void *dev_alloc(worker_model *m, size_t bytes)
@@ -94,6 +95,22 @@ static shoal_err dev_place(worker_model *m, const void *src, size_t bytes, bool 
 static shoal_err load_matrix(worker_model *m, const char *name, int64_t rows, int64_t cols,
                              model_matrix *out, shoal_diag *diag)
 {
+    if (worker_weights_is_dummy(m->weights) && m->be->fill_random) {
+        /* made on the device: no host copy, no upload (an 8B model in
+         * seconds, not minutes) */
+        uint64_t state;
+        float base, scale;
+        worker_weights_dummy_recipe(m->weights, name, 2, &state, &base, &scale);
+        size_t n = (size_t)rows * (size_t)cols;
+        void *dst = dev_alloc(m, n * 2);
+        if (!dst)
+            return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                                  "tensor '%s': cannot place %zu bytes on the device", name, n * 2);
+        m->be->fill_random(m->be, dst, n, state, base, scale);
+        out->data = dst;
+        out->dtype = SHOAL_DTYPE_BF16;
+        return SHOAL_OK;
+    }
     int64_t shape[2] = {rows, cols};
     worker_tensor_ref t;
     shoal_err err = worker_weights_get(m->weights, name, 2, shape, &t, diag);
@@ -175,6 +192,9 @@ static shoal_err check_options(const worker_model_options *o, shoal_diag *diag)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
                               "max logit rows %d: must be in [1, max rows %d]", o->max_logit_rows,
                               o->max_rows);
+    if (o->kv_dtype != SHOAL_DTYPE_BF16 && o->kv_dtype != SHOAL_DTYPE_F8_E4M3)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "kv dtype %s: must be BF16 or F8_E4M3",
+                              shoal_dtype_name(o->kv_dtype));
     if (o->kv_pages < 1 || o->max_pages_per_stream < 1 ||
         (int64_t)o->max_pages_per_stream * o->page_tokens > SHOAL_CONTEXT_TOKENS_MAX)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
@@ -231,7 +251,8 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
     if ((err = worker_config_load(opt->model_dir, &m->cfg, diag)))
         goto out_close;
     const worker_config *c = &m->cfg;
-    kernels_backend_options bo = {.device = opt->device, .threads = opt->threads};
+    kernels_backend_options bo = {
+        .device = opt->device, .threads = opt->threads, .act_dtype = opt->act_dtype};
     if ((err = kernels_backend_open(&bo, &m->be, diag)))
         goto out_close;
     err = opt->load_format == WORKER_LOAD_DUMMY
@@ -264,7 +285,7 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
         goto out_close;
     m->inv_freq = (float *)inv_dev;
     kernels_kv_layout_init(&m->kv, c->layers, c->kv_heads, c->head_dim, opt->page_tokens,
-                           SHOAL_DTYPE_BF16);
+                           opt->kv_dtype);
     if ((err = alloc_buffers(m, diag)))
         goto out_close;
     *out = m;

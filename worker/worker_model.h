@@ -30,6 +30,8 @@ typedef struct worker_model_options {
     int max_streams;     /* streams in one pass */
     int max_pages_per_stream;
     uint64_t dummy_seed;
+    shoal_dtype act_dtype; /* backend activations; INVALID = the backend's default */
+    shoal_dtype kv_dtype;  /* KV pages: BF16 (default) or F8_E4M3 (scales 1.0) */
 } worker_model_options;
 
 /* Sensible defaults: cpu, 16-token pages, 2048 rows, 64 logit rows... */

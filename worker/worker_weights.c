@@ -200,6 +200,20 @@ static void shape_text(char *buf, size_t bytes, int dims, const int64_t *shape)
         snprintf(buf + n, bytes - n, "]");
 }
 
+void worker_weights_dummy_recipe(const worker_weights *w, const char *name, int dims,
+                                 uint64_t *state, float *base, float *scale)
+{
+    /* Seed from the name so a tensor's values do not depend on load order. */
+    uint64_t st = w->seed;
+    for (const char *c = name; *c; c++)
+        st = st * 1099511628211ull ^ (unsigned char)*c;
+    *state = st;
+    /* Vectors are norm weights: near one. Matrices: uniform at a scale that
+     * keeps activations finite through many layers. */
+    *scale = dims == 1 ? 0.1f : 0.02f;
+    *base = dims == 1 ? 1.0f : 0.0f;
+}
+
 static shoal_err get_dummy(worker_weights *w, const char *name, int dims, const int64_t *shape,
                            worker_tensor_ref *out)
 {
@@ -209,14 +223,9 @@ static shoal_err get_dummy(worker_weights *w, const char *name, int dims, const 
     uint16_t *data = own(w, n * 2);
     if (!data)
         return SHOAL_ERR_NOMEM;
-    /* Seed from the name so a tensor's values do not depend on load order. */
-    uint64_t state = w->seed;
-    for (const char *c = name; *c; c++)
-        state = state * 1099511628211ull ^ (unsigned char)*c;
-    /* Vectors are norm weights: near one. Matrices: uniform at a scale that
-     * keeps activations finite through many layers. */
-    float scale = dims == 1 ? 0.1f : 0.02f;
-    float base = dims == 1 ? 1.0f : 0.0f;
+    uint64_t state;
+    float base, scale;
+    worker_weights_dummy_recipe(w, name, dims, &state, &base, &scale);
     for (uint64_t i = 0; i < n; i++)
         data[i] = shoal_f32_to_bf16(base + scale * common_rng_uniform(&state));
     out->data = data;

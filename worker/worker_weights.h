@@ -29,6 +29,13 @@ shoal_err worker_weights_open(const char *dir, worker_weights **out, shoal_diag 
  * vectors, as norms have), the same for the same seed. */
 shoal_err worker_weights_open_dummy(uint64_t seed, worker_weights **out);
 
+/* How the dummy source makes `name` (a tensor of `dims` dimensions):
+ * element i is bf16(base + scale * u_i), u_i the (i + 1)-th
+ * common_rng_uniform from *state. A backend's fill_random makes the same
+ * numbers where the tensor lives, without get() and its host copy. */
+void worker_weights_dummy_recipe(const worker_weights *w, const char *name, int dims,
+                                 uint64_t *state, float *base, float *scale);
+
 /* Closes; NULL allowed. Pointers from get() die with it. */
 void worker_weights_close(worker_weights *w);
 

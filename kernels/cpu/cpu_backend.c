@@ -81,6 +81,8 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->attention = cpu_attention;
     be->swiglu = cpu_swiglu;
     be->gather = cpu_gather;
+    be->sample = cpu_sample;
+    be->fill_random = cpu_fill_random;
     *out = be;
     return SHOAL_OK;
 }

@@ -37,6 +37,11 @@ void cpu_swiglu(kernels_backend *be, void *out, const void *gate, const void *up
                 int dim);
 void cpu_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                 int dim);
+void cpu_sample(kernels_backend *be, kernels_sample_result *results, const float *logits, int rows,
+                int vocab, const kernels_sample_params *params, const int32_t *penalty_offsets,
+                const int32_t *penalty_tokens, const int32_t *penalty_counts);
+void cpu_fill_random(kernels_backend *be, void *dst, size_t n, uint64_t state, float base,
+                     float scale);
 
 /* Squared-sum of n floats, in a fixed lane order so results do not depend on
  * how a caller splits work. */

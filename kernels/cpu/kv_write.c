@@ -1,6 +1,7 @@
 #include "cpu_ops.h"
 
 #include "common/common_assert.h"
+#include "kernels/kernels_fp8.h"
 
 struct kv_write_job {
     unsigned char *arena;
@@ -21,15 +22,30 @@ static void kv_write_task(void *ctx, int r, int thread)
                                     (size_t)(pos / L->page_tokens)];
     int slot = pos % L->page_tokens;
     size_t width = (size_t)L->kv_heads * (size_t)L->head_dim;
+    bool fp8 = L->dtype == SHOAL_DTYPE_F8_E4M3;
+    size_t elem = fp8 ? 1 : 2;
     for (int kv = 0; kv < 2; kv++) {
         const float *src = (kv ? j->v : j->k) + (size_t)r * width;
+        const float *scales = kv ? L->v_scale : L->k_scale;
         for (int h = 0; h < L->kv_heads; h++) {
-            uint16_t *dst = (uint16_t *)(j->arena + (size_t)page * L->page_bytes) +
-                            ((((size_t)j->layer * 2 + (size_t)kv) * (size_t)L->kv_heads +
-                              (size_t)h) * (size_t)L->page_tokens + (size_t)slot) *
-                                (size_t)L->head_dim;
-            for (int d = 0; d < L->head_dim; d++)
-                dst[d] = shoal_f32_to_bf16(src[(size_t)h * (size_t)L->head_dim + (size_t)d]);
+            size_t at = ((((size_t)j->layer * 2 + (size_t)kv) * (size_t)L->kv_heads + (size_t)h) *
+                             (size_t)L->page_tokens +
+                         (size_t)slot) *
+                        (size_t)L->head_dim * elem;
+            unsigned char *dst = j->arena + (size_t)page * L->page_bytes + at;
+            const float *x = src + (size_t)h * (size_t)L->head_dim;
+            if (fp8) {
+                /* x / scale, as vLLM quantises: a division, not a multiply
+                 * by the reciprocal, so both backends round alike */
+                float scale = scales ? scales[(size_t)j->layer * (size_t)L->kv_heads + (size_t)h]
+                                     : 1.0f;
+                for (int d = 0; d < L->head_dim; d++)
+                    dst[d] = kernels_f32_to_e4m3(x[d] / scale);
+            } else {
+                uint16_t *dst16 = (uint16_t *)dst;
+                for (int d = 0; d < L->head_dim; d++)
+                    dst16[d] = shoal_f32_to_bf16(x[d]);
+            }
         }
     }
 }
@@ -37,7 +53,7 @@ static void kv_write_task(void *ctx, int r, int thread)
 void cpu_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
                   const kernels_batch *batch, int layer, const void *k, const void *v)
 {
-    SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16);
+    SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16 || layout->dtype == SHOAL_DTYPE_F8_E4M3);
     struct kv_write_job j = {arena, layout, batch, layer, k, v};
     common_pool_run(cpu_of(be)->pool, batch->rows, kv_write_task, &j);
 }

@@ -1,15 +1,212 @@
 /* cuda_backend.cu: the CUDA backend's device, memory and op table.
  *
- * The ops themselves (one per file, each the twin of kernels/cpu/<op>.c)
- * are not written yet; until they are, opening the backend reports that
- * plainly rather than running a model half on the GPU. */
-#include "cuda_backend.h"
+ * One stream carries every op, upload and download, so ops run in the order
+ * they are called and a download sees every op before it. Everything the
+ * backend itself needs (cuBLAS workspace, attention scratch) is allocated
+ * here at open; ops never allocate. */
+#include "cuda_ops.h"
 
-#include <cuda_runtime.h>
+extern "C" {
+#include "common/common_log.h"
+}
 
-extern "C" shoal_err cuda_backend_open(int device, kernels_backend **out, shoal_diag *diag)
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cuda_fail(kernels_backend *be, const char *what, cudaError_t e)
+{
+    cuda_state *st = cuda_of(be);
+    if (st->err != SHOAL_OK)
+        return;
+    st->err = SHOAL_ERR_DEVICE;
+    snprintf(st->err_msg, sizeof st->err_msg, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+             cudaGetErrorName(e));
+    LOG_ERROR("%s; the GPU backend is unusable from here on", st->err_msg);
+}
+
+void cuda_fail_cublas(kernels_backend *be, const char *what, cublasStatus_t s)
+{
+    cuda_state *st = cuda_of(be);
+    if (st->err != SHOAL_OK)
+        return;
+    st->err = SHOAL_ERR_DEVICE;
+    snprintf(st->err_msg, sizeof st->err_msg, "cublas: %s: %s", what, cublasGetStatusString(s));
+    LOG_ERROR("%s; the GPU backend is unusable from here on", st->err_msg);
+}
+
+static bool check(kernels_backend *be, const char *what, cudaError_t e)
+{
+    if (e != cudaSuccess)
+        cuda_fail(be, what, e);
+    return cuda_of(be)->err == SHOAL_OK;
+}
+
+static void *cuda_alloc(kernels_backend *be, size_t bytes)
+{
+    cuda_state *st = cuda_of(be);
+    if (st->err)
+        return NULL;
+    cuda_alloc_list *l = &st->allocs;
+    if (l->count == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 256;
+        void **p = (void **)realloc(l->ptr, (size_t)cap * sizeof *p);
+        if (!p)
+            return NULL;
+        l->ptr = p;
+        l->cap = cap;
+    }
+    void *ptr = NULL;
+    /* An out-of-memory answer is the caller's to report; it does not
+     * poison the context, so it is not recorded as a device error. */
+    if (cudaMalloc(&ptr, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    /* zero-filled, as the contract says; done before anything can use it */
+    if (!check(be, "cudaMemsetAsync", cudaMemsetAsync(ptr, 0, bytes, st->stream)) ||
+        !check(be, "cudaStreamSynchronize", cudaStreamSynchronize(st->stream))) {
+        cudaFree(ptr);
+        return NULL;
+    }
+    l->ptr[l->count++] = ptr;
+    return ptr;
+}
+
+static void cuda_free(kernels_backend *be, void *ptr)
+{
+    if (!ptr)
+        return;
+    cuda_alloc_list *l = &cuda_of(be)->allocs;
+    for (int i = l->count - 1; i >= 0; i--) {
+        if (l->ptr[i] == ptr) {
+            l->ptr[i] = l->ptr[--l->count];
+            cudaFree(ptr);
+            return;
+        }
+    }
+    SHOAL_ASSERT(!"cuda free: pointer not from this backend's alloc");
+}
+
+static shoal_err cuda_upload(kernels_backend *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_state *st = cuda_of(be);
+    if (st->err || bytes == 0)
+        return st->err;
+    /* From pageable memory the call returns once src has been staged, so
+     * the caller may reuse src at once. */
+    check(be, "upload", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream));
+    return st->err;
+}
+
+static shoal_err cuda_download(kernels_backend *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_state *st = cuda_of(be);
+    if (st->err)
+        return st->err;
+    if (bytes)
+        check(be, "download",
+              cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->stream));
+    if (!st->err)
+        check(be, "download: synchronize", cudaStreamSynchronize(st->stream));
+    return st->err;
+}
+
+static shoal_err cuda_sync(kernels_backend *be)
+{
+    cuda_state *st = cuda_of(be);
+    if (!st->err)
+        check(be, "synchronize", cudaStreamSynchronize(st->stream));
+    return st->err;
+}
+
+static void cuda_close(kernels_backend *be)
+{
+    cuda_state *st = cuda_of(be);
+    if (st) {
+        if (st->stream)
+            cudaStreamSynchronize(st->stream);
+        for (int i = 0; i < st->allocs.count; i++)
+            cudaFree(st->allocs.ptr[i]);
+        free(st->allocs.ptr);
+        cudaFree(st->attn_scratch);
+        cudaFree(st->cublas_workspace);
+        if (st->cublas)
+            cublasDestroy(st->cublas);
+        if (st->stream)
+            cudaStreamDestroy(st->stream);
+        free(st);
+    }
+    free(be);
+}
+
+extern "C" int cuda_backend_device_count(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
+static shoal_err alloc_attn_scratch(kernels_backend *be, int rows, shoal_diag *diag)
+{
+    cuda_state *st = cuda_of(be);
+    cudaFree(st->attn_scratch);
+    st->attn_scratch = NULL;
+    size_t bytes = (size_t)rows * CUDA_ATTN_ROW_SCRATCH_BYTES;
+    if (cudaMalloc(&st->attn_scratch, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        st->attn_scratch = NULL;
+        st->attn_slice_rows = 0;
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                              "cuda: no memory for %zu bytes of attention scratch", bytes);
+    }
+    st->attn_slice_rows = rows;
+    return SHOAL_OK;
+}
+
+extern "C" shoal_err cuda_backend_set_attention_slice_rows(kernels_backend *be, int rows)
+{
+    SHOAL_ASSERT(rows > 0);
+    cudaStreamSynchronize(cuda_of(be)->stream);
+    return alloc_attn_scratch(be, rows, NULL);
+}
+
+extern "C" void cuda_backend_set_attention_fault(kernels_backend *be, kernels_attn_fault fault)
+{
+    cuda_of(be)->attn_fault = fault;
+}
+
+static shoal_err pick_act_dtype(shoal_dtype asked, shoal_dtype *out, shoal_diag *diag)
+{
+    if (asked == SHOAL_DTYPE_INVALID) {
+        const char *env = getenv("SHOAL_CUDA_ACT_DTYPE");
+        if (!env || !*env || strcmp(env, "bf16") == 0)
+            asked = SHOAL_DTYPE_BF16;
+        else if (strcmp(env, "f32") == 0)
+            asked = SHOAL_DTYPE_F32;
+        else
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "SHOAL_CUDA_ACT_DTYPE '%s': expected bf16 or f32", env);
+    }
+    if (asked != SHOAL_DTYPE_BF16 && asked != SHOAL_DTYPE_F32)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "cuda: activations must be BF16 or F32, not %s",
+                              shoal_dtype_name(asked));
+    *out = asked;
+    return SHOAL_OK;
+}
+
+extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernels_backend **out,
+                                       shoal_diag *diag)
 {
     *out = NULL;
+    shoal_dtype act;
+    shoal_err err = pick_act_dtype(act_dtype, &act, diag);
+    if (err)
+        return err;
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess)
@@ -18,6 +215,63 @@ extern "C" shoal_err cuda_backend_open(int device, kernels_backend **out, shoal_
     if (device >= count)
         return shoal_diag_set(diag, SHOAL_ERR_DEVICE, "cuda: GPU %d requested, %d present", device,
                               count);
-    return shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
-                          "cuda: the CUDA ops are not built yet; use --device cpu");
+    kernels_backend *be = (kernels_backend *)calloc(1, sizeof *be);
+    cuda_state *st = (cuda_state *)calloc(1, sizeof *st);
+    if (!be || !st) {
+        free(be);
+        free(st);
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "cuda backend: no memory");
+    }
+    be->impl = st;
+    st->device = device;
+    cublasStatus_t cs;
+    if ((e = cudaSetDevice(device)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        err = shoal_diag_set(diag, SHOAL_ERR_DEVICE, "cuda: GPU %d: %s", device,
+                             cudaGetErrorString(e));
+        goto out_close;
+    }
+    if ((e = cudaMalloc(&st->cublas_workspace, CUDA_CUBLAS_WORKSPACE_BYTES)) != cudaSuccess) {
+        err = shoal_diag_set(diag, SHOAL_ERR_NOMEM, "cuda: GPU %d: no memory for cuBLAS: %s",
+                             device, cudaGetErrorString(e));
+        goto out_close;
+    }
+    if ((cs = cublasCreate(&st->cublas)) != CUBLAS_STATUS_SUCCESS ||
+        (cs = cublasSetStream(st->cublas, st->stream)) != CUBLAS_STATUS_SUCCESS ||
+        (cs = cublasSetWorkspace(st->cublas, st->cublas_workspace,
+                                 CUDA_CUBLAS_WORKSPACE_BYTES)) != CUBLAS_STATUS_SUCCESS) {
+        err = shoal_diag_set(diag, SHOAL_ERR_DEVICE, "cublas: GPU %d: %s", device,
+                             cublasGetStatusString(cs));
+        goto out_close;
+    }
+    if ((err = alloc_attn_scratch(be, KERNELS_ATTN_SLICE_ROWS, diag)) ||
+        (err = cuda_attention_init(be))) {
+        if (err == SHOAL_ERR_DEVICE)
+            shoal_diag_set(diag, err, "%s", st->err_msg);
+        goto out_close;
+    }
+    be->name = "cuda";
+    be->act_dtype = act;
+    be->host_memory = false;
+    be->close = cuda_close;
+    be->alloc = cuda_alloc;
+    be->free = cuda_free;
+    be->upload = cuda_upload;
+    be->download = cuda_download;
+    be->sync = cuda_sync;
+    be->embed = cuda_embed;
+    be->rmsnorm = cuda_rmsnorm;
+    be->matmul = cuda_matmul;
+    be->qk_norm_rope = cuda_qk_norm_rope;
+    be->kv_write = cuda_kv_write;
+    be->attention = cuda_attention;
+    be->swiglu = cuda_swiglu;
+    be->gather = cuda_gather;
+    be->sample = cuda_sample;
+    be->fill_random = cuda_fill_random;
+    *out = be;
+    return SHOAL_OK;
+out_close:
+    cuda_close(be);
+    return err;
 }

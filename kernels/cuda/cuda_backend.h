@@ -7,11 +7,24 @@
 extern "C" {
 #endif
 
+#include "kernels/kernels_attention_slices.h"
 #include "kernels/kernels_backend.h"
 
-/* Opens the backend on GPU `device`. SHOAL_ERR_DEVICE when there is no such
- * GPU or the driver fails; diag names the CUDA error. */
-shoal_err cuda_backend_open(int device, kernels_backend **out, shoal_diag *diag);
+/* Opens the backend on GPU `device` with activations of act_dtype (BF16 or
+ * F32; INVALID reads SHOAL_CUDA_ACT_DTYPE, "bf16" or "f32", and else takes
+ * BF16). SHOAL_ERR_DEVICE when there is no such GPU or the driver fails;
+ * diag names the CUDA error. SHOAL_ERR_INVALID for another act_dtype. */
+shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernels_backend **out,
+                            shoal_diag *diag);
+
+/* GPUs this process can use; 0 without a driver or a GPU. */
+int cuda_backend_device_count(void);
+
+/* Tests only, on a backend with no model running: the rows of the
+ * attention partial scratch (reallocated), so a test can compare a round
+ * cut in slices with one launch; and a planted slicing fault. */
+shoal_err cuda_backend_set_attention_slice_rows(kernels_backend *be, int rows);
+void cuda_backend_set_attention_fault(kernels_backend *be, kernels_attn_fault fault);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,210 @@
+/* cuda_ops.h: the CUDA backend's state and its ops, one file each, shared
+ * by its op table. Private to kernels/cuda/.
+ *
+ * Every op is a launcher (host) that asserts its shapes, dtypes and
+ * alignment, launches on the backend's stream and checks the launch error,
+ * plus its kernels, templated on the activation type (float or bf16) and,
+ * where they differ, the weight or KV type: one template, no copies. */
+#ifndef SHOAL_KERNELS_CUDA_OPS_H
+#define SHOAL_KERNELS_CUDA_OPS_H
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_backend.h"
+
+extern "C" {
+#include "common/common_assert.h"
+#include "kernels/kernels_attention_slices.h"
+}
+
+#include <stdint.h>
+
+/* Bytes of cuBLAS workspace, given to it at open so that it never
+ * allocates during a GEMM (32 MiB is what cuBLAS asks for on Hopper). */
+#define CUDA_CUBLAS_WORKSPACE_BYTES (32u << 20)
+
+/* Attention partial scratch per row: one (max, sum, acc[head_dim]) F32
+ * record per query head and split. 512 KiB a row holds 32 query heads of
+ * 128 dims in 31 splits; the split count is capped to fit (and at
+ * CUDA_ATTN_SPLITS_MAX), from the model's shape alone, so a launch's
+ * results never depend on how many rows the scratch has. */
+#define CUDA_ATTN_ROW_SCRATCH_BYTES (512u << 10)
+#define CUDA_ATTN_SPLITS_MAX 16
+/* A split covers at least this many tokens of context before another
+ * split pays for its partial's write and merge. */
+#define CUDA_ATTN_SPLIT_TOKENS_MIN 256
+
+typedef struct cuda_alloc_list {
+    void **ptr;
+    int count, cap;
+} cuda_alloc_list;
+
+/* The backend's state (be->impl). */
+typedef struct cuda_state {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *cublas_workspace;
+    float *attn_scratch; /* attn_slice_rows * CUDA_ATTN_ROW_SCRATCH_BYTES */
+    int attn_slice_rows;
+    kernels_attn_fault attn_fault; /* tests only */
+    cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
+    /* The first CUDA error. An error leaves the context unusable (a fault
+     * in a kernel poisons it), so every later call fails fast with it. */
+    shoal_err err;
+    char err_msg[256];
+} cuda_state;
+
+static inline cuda_state *cuda_of(kernels_backend *be)
+{
+    return (cuda_state *)be->impl;
+}
+
+/* Records the first error of `what` (a CUDA call or launch) and logs it. */
+void cuda_fail(kernels_backend *be, const char *what, cudaError_t e);
+void cuda_fail_cublas(kernels_backend *be, const char *what, cublasStatus_t s);
+
+/* After a launch: the launch's own error (bad configuration, no kernel
+ * image) is recorded; true when the backend is still usable. */
+static inline bool cuda_launched(kernels_backend *be, const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        cuda_fail(be, what, e);
+    return cuda_of(be)->err == SHOAL_OK;
+}
+
+/* Ops do nothing once the backend is broken: their results could not be
+ * trusted, and the next sync or download reports the first error. */
+static inline bool cuda_usable(kernels_backend *be)
+{
+    return cuda_of(be)->err == SHOAL_OK;
+}
+
+#define CUDA_ASSERT_ALIGNED(p, bytes) SHOAL_ASSERT(((uintptr_t)(p) % (bytes)) == 0)
+
+/* ---- element types ---- */
+
+typedef __nv_bfloat16 bf16;
+
+static __device__ __forceinline__ float to_f32(float x)
+{
+    return x;
+}
+static __device__ __forceinline__ float to_f32(bf16 x)
+{
+    return __bfloat162float(x);
+}
+static __device__ __forceinline__ float to_f32(__half x)
+{
+    return __half2float(x);
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x)
+{
+    return x;
+}
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+
+/* Calls f with a value of the C++ type of an activation dtype. */
+template <typename F> static void cuda_dispatch_act(shoal_dtype dt, F f)
+{
+    if (dt == SHOAL_DTYPE_BF16)
+        f(bf16());
+    else if (dt == SHOAL_DTYPE_F32)
+        f(float());
+    else
+        SHOAL_ASSERT(!"activation dtype is BF16 or F32");
+}
+
+/* Same for a weight dtype. */
+template <typename F> static void cuda_dispatch_weight(shoal_dtype dt, F f)
+{
+    if (dt == SHOAL_DTYPE_BF16)
+        f(bf16());
+    else if (dt == SHOAL_DTYPE_F16)
+        f(__half());
+    else if (dt == SHOAL_DTYPE_F32)
+        f(float());
+    else
+        SHOAL_ASSERT(!"weight dtype is BF16, F16 or F32");
+}
+
+/* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
+
+template <typename T, typename Op>
+static __device__ __forceinline__ T warp_reduce(T v, Op op)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Every thread gets the result. `shared` holds 32 T. */
+template <typename T, typename Op>
+static __device__ __forceinline__ T block_reduce(T v, Op op, T *shared)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_reduce(v, op);
+    __syncthreads(); /* shared may still be read from a previous reduction */
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    T r = shared[0];
+    for (int w = 1; w < warps; w++)
+        r = op(r, shared[w]);
+    return r;
+}
+
+struct op_add {
+    template <typename T> __device__ __forceinline__ T operator()(T a, T b) const
+    {
+        return a + b;
+    }
+};
+struct op_max {
+    template <typename T> __device__ __forceinline__ T operator()(T a, T b) const
+    {
+        return a > b ? a : b;
+    }
+};
+
+/* ---- the ops (kernels_backend.h has their contracts) ---- */
+
+void cuda_embed(kernels_backend *be, void *out, const void *table, shoal_dtype wdtype,
+                const int32_t *ids, int rows, int dim);
+void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
+                  const float *weight, int rows, int dim, float eps);
+void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const void *in,
+                 const void *w, shoal_dtype wdtype, int rows, int n, int k);
+void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int head_dim,
+                       int row_stride, const float *norm_weight, float eps,
+                       const int32_t *positions, const float *inv_freq);
+void cuda_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
+                   const kernels_batch *batch, int layer, const void *k, const void *v);
+void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, const void *arena,
+                    const kernels_kv_layout *layout, const kernels_batch *batch, int layer,
+                    float scale);
+void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
+                 int dim);
+void cuda_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
+                 int dim);
+void cuda_sample(kernels_backend *be, kernels_sample_result *results, const float *logits,
+                 int rows, int vocab, const kernels_sample_params *params,
+                 const int32_t *penalty_offsets, const int32_t *penalty_tokens,
+                 const int32_t *penalty_counts);
+void cuda_fill_random(kernels_backend *be, void *dst, size_t n, uint64_t state, float base,
+                      float scale);
+
+/* attention.cu: raises the kernels' shared-memory limits; once, at open. */
+shoal_err cuda_attention_init(kernels_backend *be);
+
+#endif

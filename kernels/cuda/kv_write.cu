@@ -1,0 +1,65 @@
+/* KV write into pages: the twin of kernels/cpu/kv_write.c. One block per
+ * row; K and V of all KV heads. fp8 goes through the hardware e4m3
+ * conversion (round to nearest even, saturating), which the contract test
+ * holds to the bytes of the CPU encoder. */
+#include "cuda_ops.h"
+
+static __device__ __forceinline__ void kv_store(bf16 *dst, float x, float scale)
+{
+    *dst = __float2bfloat16_rn(x);
+}
+
+static __device__ __forceinline__ void kv_store(__nv_fp8_storage_t *dst, float x, float scale)
+{
+    /* a division, as vLLM quantises and as the CPU twin does */
+    *dst = __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
+}
+
+template <typename T, typename KV>
+static __global__ void kv_write_kernel(unsigned char *arena, kernels_kv_layout L,
+                                       kernels_batch B, int layer, const T *k, const T *v)
+{
+    int r = blockIdx.x;
+    int pos = B.positions[r];
+    int stream = B.row_stream[r];
+    int page = B.page_table[(size_t)stream * (size_t)B.page_table_stride +
+                            (size_t)(pos / L.page_tokens)];
+    int slot = pos % L.page_tokens;
+    int width = L.kv_heads * L.head_dim;
+    KV *base = (KV *)(arena + (size_t)page * L.page_bytes);
+    for (int e = threadIdx.x; e < 2 * width; e += blockDim.x) {
+        int kv = e / width, rem = e % width;
+        int h = rem / L.head_dim, d = rem % L.head_dim;
+        float x = to_f32((kv ? v : k)[(size_t)r * (size_t)width + (size_t)rem]);
+        const float *scales = kv ? L.v_scale : L.k_scale;
+        float scale = scales ? scales[layer * L.kv_heads + h] : 1.0f;
+        size_t at = ((((size_t)layer * 2 + (size_t)kv) * (size_t)L.kv_heads + (size_t)h) *
+                         (size_t)L.page_tokens +
+                     (size_t)slot) *
+                        (size_t)L.head_dim +
+                    (size_t)d;
+        kv_store(base + at, x, scale);
+    }
+}
+
+void cuda_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
+                   const kernels_batch *batch, int layer, const void *k, const void *v)
+{
+    SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16 || layout->dtype == SHOAL_DTYPE_F8_E4M3);
+    SHOAL_ASSERT(layer >= 0 && layer < layout->layers && batch->rows >= 0);
+    CUDA_ASSERT_ALIGNED(arena, 16);
+    CUDA_ASSERT_ALIGNED(k, shoal_dtype_bytes(be->act_dtype));
+    CUDA_ASSERT_ALIGNED(v, shoal_dtype_bytes(be->act_dtype));
+    if (batch->rows == 0 || !cuda_usable(be))
+        return;
+    cuda_dispatch_act(be->act_dtype, [&](auto act) {
+        using T = decltype(act);
+        if (layout->dtype == SHOAL_DTYPE_BF16)
+            kv_write_kernel<T, bf16><<<batch->rows, 256, 0, cuda_of(be)->stream>>>(
+                (unsigned char *)arena, *layout, *batch, layer, (const T *)k, (const T *)v);
+        else
+            kv_write_kernel<T, __nv_fp8_storage_t><<<batch->rows, 256, 0, cuda_of(be)->stream>>>(
+                (unsigned char *)arena, *layout, *batch, layer, (const T *)k, (const T *)v);
+    });
+    cuda_launched(be, "kv_write");
+}

@@ -1,0 +1,105 @@
+/* out[rows][n] = in[rows][k] x w[n][k]^T: the twin of kernels/cpu/matmul.c.
+ *
+ * Where cuBLAS takes the operands as they are (bf16 activations with bf16
+ * weights, f32 with f32) it runs the GEMM, F32 accumulation. Mixed pairs
+ * (bf16 or f32 activations with f16 weights, and the like) take a tiled
+ * SIMT kernel of ours with F32 accumulation; checkpoints in the activation
+ * dtype, the usual case, never do. */
+#include "cuda_ops.h"
+
+enum { MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_THREADS = 256 };
+
+/* A 64 x 64 tile of out per block, 4 x 4 per thread, k in steps of 16
+ * through shared memory, summed in ascending k. */
+template <typename A, typename W, typename O>
+static __global__ void __launch_bounds__(MM_THREADS)
+    matmul_simt(O *out, const A *in, const W *w, int rows, int n, int k)
+{
+    __shared__ float as[MM_BK][MM_BM + 4];
+    __shared__ float ws[MM_BK][MM_BN + 4];
+    int r0 = blockIdx.y * MM_BM, c0 = blockIdx.x * MM_BN;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < k; k0 += MM_BK) {
+        for (int e = threadIdx.x; e < MM_BM * MM_BK; e += MM_THREADS) {
+            int rr = e / MM_BK, kk = e % MM_BK;
+            int r = r0 + rr, c = c0 + rr, kx = k0 + kk;
+            as[kk][rr] = r < rows && kx < k ? to_f32(in[(size_t)r * k + kx]) : 0.0f;
+            ws[kk][rr] = c < n && kx < k ? to_f32(w[(size_t)c * k + kx]) : 0.0f;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < MM_BK; kk++) {
+            float a[4], b[4];
+            for (int i = 0; i < 4; i++) {
+                a[i] = as[kk][ty * 4 + i];
+                b[i] = ws[kk][tx * 4 + i];
+            }
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; i++) {
+        int r = r0 + ty * 4 + i;
+        for (int j = 0; j < 4; j++) {
+            int c = c0 + tx * 4 + j;
+            if (r < rows && c < n)
+                out[(size_t)r * n + c] = from_f32<O>(acc[i][j]);
+        }
+    }
+}
+
+static cudaDataType_t cuda_type(shoal_dtype dt)
+{
+    switch (dt) {
+    case SHOAL_DTYPE_BF16: return CUDA_R_16BF;
+    case SHOAL_DTYPE_F16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+    }
+}
+
+void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const void *in,
+                 const void *w, shoal_dtype wdtype, int rows, int n, int k)
+{
+    shoal_dtype act = be->act_dtype;
+    SHOAL_ASSERT(out_dtype == act || out_dtype == SHOAL_DTYPE_F32);
+    SHOAL_ASSERT(wdtype == SHOAL_DTYPE_BF16 || wdtype == SHOAL_DTYPE_F16 ||
+                 wdtype == SHOAL_DTYPE_F32);
+    SHOAL_ASSERT(rows >= 0 && n > 0 && k > 0);
+    CUDA_ASSERT_ALIGNED(out, shoal_dtype_bytes(out_dtype));
+    CUDA_ASSERT_ALIGNED(in, shoal_dtype_bytes(act));
+    CUDA_ASSERT_ALIGNED(w, shoal_dtype_bytes(wdtype));
+    if (rows == 0 || !cuda_usable(be))
+        return;
+    cuda_state *st = cuda_of(be);
+    if (wdtype == act) {
+        /* Row-major out = in w^T is column-major out^T = w^T(op T) in: the
+         * weight is A (k x n, transposed), the input B (k x rows). */
+        const float alpha = 1.0f, beta = 0.0f;
+        cublasComputeType_t compute =
+            act == SHOAL_DTYPE_F32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+        cublasStatus_t s = cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha,
+                                        w, cuda_type(wdtype), k, in, cuda_type(act), k, &beta,
+                                        out, cuda_type(out_dtype), n, compute,
+                                        CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            cuda_fail_cublas(be, "matmul", s);
+        cuda_launched(be, "matmul (cublas)");
+        return;
+    }
+    dim3 grid((unsigned)((n + MM_BN - 1) / MM_BN), (unsigned)((rows + MM_BM - 1) / MM_BM));
+    cuda_dispatch_act(act, [&](auto a_tag) {
+        using A = decltype(a_tag);
+        cuda_dispatch_weight(wdtype, [&](auto w_tag) {
+            using W = decltype(w_tag);
+            if (out_dtype == SHOAL_DTYPE_F32)
+                matmul_simt<A, W, float><<<grid, MM_THREADS, 0, st->stream>>>(
+                    (float *)out, (const A *)in, (const W *)w, rows, n, k);
+            else
+                matmul_simt<A, W, A><<<grid, MM_THREADS, 0, st->stream>>>(
+                    (A *)out, (const A *)in, (const W *)w, rows, n, k);
+        });
+    });
+    cuda_launched(be, "matmul (simt)");
+}

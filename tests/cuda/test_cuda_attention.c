@@ -1,0 +1,257 @@
+/* Paged attention on the GPU: split-K partials plus merge, in slices of the
+ * scratch's 128 rows. For one stream of 127 to 4,096 prompt rows, two-stream
+ * rounds whose slices cross from one stream to the next, and a decode round
+ * of more streams than the scratch has rows, with bf16 and fp8 pages:
+ *   - the sliced launches equal one unsliced launch (scratch for every row)
+ *     byte for byte;
+ *   - both equal the CPU reference within the tolerance of the dtype;
+ *   - a planted fault (slices that leave the row tables at row 0) is red. */
+#include "tests/cuda/cuda_test.h"
+
+static kernels_backend *cpu, *gpu;
+static shoal_dtype act;
+static int cases_run, faults_seen, faults_planted;
+
+typedef struct shape {
+    int heads, kv_heads, head_dim, page_tokens;
+} shape;
+
+enum { LAYERS = 2, LAYER = 1, STREAMS_MAX = 512 };
+
+/* One round: stream s has rows[s] consecutive rows ending its context, at
+ * positions past[s] .. past[s] + rows[s] - 1, streams one after another. */
+static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int streams,
+                     const int *rows_of, const int *past)
+{
+    int rows = 0, max_ctx = 0;
+    for (int s = 0; s < streams; s++) {
+        rows += rows_of[s];
+        max_ctx = past[s] + rows_of[s] > max_ctx ? past[s] + rows_of[s] : max_ctx;
+    }
+    int pt = sh.page_tokens, stride = (max_ctx + pt - 1) / pt;
+    int pages = stride * streams;
+    kernels_kv_layout L;
+    kernels_kv_layout_init(&L, LAYERS, sh.kv_heads, sh.head_dim, pt, kv_dtype);
+    size_t arena_bytes = (size_t)pages * L.page_bytes;
+
+    /* every stream's pages, shuffled over the arena */
+    int32_t *table = xmalloc((size_t)pages * 4);
+    for (int p = 0; p < pages; p++)
+        table[p] = p;
+    for (int p = pages - 1; p > 0; p--) {
+        int q = (int)rnd_below((uint32_t)p + 1), t = table[p];
+        table[p] = table[q];
+        table[q] = t;
+    }
+    float scales[2 * LAYERS * 64];
+    for (int i = 0; i < 2 * LAYERS * sh.kv_heads; i++)
+        scales[i] = 1.0f + 0.5f * rnd_uniform();
+    kernels_kv_layout Lc = L;
+    if (kv_dtype == SHOAL_DTYPE_F8_E4M3) {
+        Lc.k_scale = scales;
+        Lc.v_scale = scales + LAYERS * sh.kv_heads;
+    }
+
+    /* the whole context's K and V, written by the CPU twin */
+    int kv_rows = 0;
+    for (int s = 0; s < streams; s++)
+        kv_rows += past[s] + rows_of[s];
+    int32_t *kv_stream = xmalloc((size_t)kv_rows * 4), *kv_pos = xmalloc((size_t)kv_rows * 4);
+    for (int s = 0, i = 0; s < streams; s++)
+        for (int t = 0; t < past[s] + rows_of[s]; t++, i++) {
+            kv_stream[i] = s;
+            kv_pos[i] = t;
+        }
+    size_t kvw = (size_t)kv_rows * sh.kv_heads * sh.head_dim;
+    float *k = xmalloc(kvw * 4), *v = xmalloc(kvw * 4);
+    fill_uniform(k, kvw, 2.0f, act);
+    fill_uniform(v, kvw, 2.0f, act);
+    unsigned char *arena = calloc(1, arena_bytes);
+    kernels_batch kb = {kv_rows, streams, stride, kv_stream, kv_pos, table};
+    cpu->kv_write(cpu, arena, &Lc, &kb, LAYER, k, v);
+
+    /* the round */
+    int32_t *row_stream = xmalloc((size_t)rows * 4), *positions = xmalloc((size_t)rows * 4);
+    for (int s = 0, r = 0; s < streams; s++)
+        for (int i = 0; i < rows_of[s]; i++, r++) {
+            row_stream[r] = s;
+            positions[r] = past[s] + i;
+        }
+    size_t qn = (size_t)rows * sh.heads * sh.head_dim;
+    float *q = xmalloc(qn * 4), *ref = xmalloc(qn * 4), *got = xmalloc(qn * 4);
+    float *unsliced = xmalloc(qn * 4), *faulty = xmalloc(qn * 4);
+    fill_uniform(q, qn, 1.0f, act);
+    kernels_batch cb = {rows, streams, stride, row_stream, positions, table};
+    float scale = 1.0f / sqrtf((float)sh.head_dim);
+    cpu->attention(cpu, ref, q, sh.heads, arena, &Lc, &cb, LAYER, scale);
+
+    void *darena = dev_copy(gpu, arena, arena_bytes);
+    void *dscales = dev_from_f32(gpu, scales, (size_t)2 * LAYERS * sh.kv_heads, SHOAL_DTYPE_F32);
+    kernels_kv_layout Lg = L;
+    if (kv_dtype == SHOAL_DTYPE_F8_E4M3) {
+        Lg.k_scale = dscales;
+        Lg.v_scale = (float *)dscales + LAYERS * sh.kv_heads;
+    }
+    void *dq = dev_from_f32(gpu, q, qn, act);
+    void *drs = dev_copy(gpu, row_stream, (size_t)rows * 4);
+    void *dpos = dev_copy(gpu, positions, (size_t)rows * 4);
+    void *dtable = dev_copy(gpu, table, (size_t)pages * 4);
+    size_t out_bytes = qn * shoal_dtype_bytes(act);
+    void *dout = dev_alloc(gpu, out_bytes);
+    kernels_batch gb = {rows, streams, stride, drs, dpos, dtable};
+
+    dev_poison(gpu, dout, out_bytes);
+    gpu->attention(gpu, dout, dq, sh.heads, darena, &Lg, &gb, LAYER, scale);
+    f32_from_dev(gpu, got, dout, qn, act);
+
+    if (test_dry) { /* the CPU backend has no slices to compare */
+        memcpy(unsliced, got, qn * 4);
+        memcpy(faulty, got, qn * 4);
+    } else {
+        /* one launch over every row, with scratch for all of them */
+        CHECK(cuda_backend_set_attention_slice_rows(gpu, rows) == SHOAL_OK);
+        dev_poison(gpu, dout, out_bytes);
+        gpu->attention(gpu, dout, dq, sh.heads, darena, &Lg, &gb, LAYER, scale);
+        f32_from_dev(gpu, unsliced, dout, qn, act);
+        CHECK(cuda_backend_set_attention_slice_rows(gpu, KERNELS_ATTN_SLICE_ROWS) == SHOAL_OK);
+
+        /* the planted fault: slices that leave the row tables at row 0 */
+        cuda_backend_set_attention_fault(gpu, KERNELS_ATTN_FAULT_ROW_TABLES_AT_ROW_0);
+        dev_poison(gpu, dout, out_bytes);
+        gpu->attention(gpu, dout, dq, sh.heads, darena, &Lg, &gb, LAYER, scale);
+        f32_from_dev(gpu, faulty, dout, qn, act);
+        cuda_backend_set_attention_fault(gpu, KERNELS_ATTN_FAULT_NONE);
+    }
+
+    double tol = act == SHOAL_DTYPE_BF16 ? 6e-3 : 1e-5;
+    double err = rel_err(got, ref, qn), err_fault = rel_err(faulty, ref, qn);
+    size_t differ = count_differing(got, unsliced, qn);
+    printf("  %-34s %-7s %5d rows, %3d streams: error %.2e, sliced vs one launch %zu "
+           "differ, planted fault %.2e%s\n",
+           label, shoal_dtype_name(kv_dtype), rows, streams, err, differ, err_fault,
+           rows > KERNELS_ATTN_SLICE_ROWS ? (err_fault > tol ? " (red)" : " (UNSEEN)") : "");
+    CHECK_MSG(err <= tol, "%s: error %.3e over %.1e", label, err, tol);
+    CHECK_MSG(differ == 0, "%s: sliced and unsliced differ in %zu elements", label, differ);
+    if (rows > KERNELS_ATTN_SLICE_ROWS && !test_dry) {
+        faults_planted++;
+        faults_seen += err_fault > tol;
+        CHECK_MSG(err_fault > tol, "%s: the planted fault went unseen", label);
+    } else {
+        CHECK_MSG(count_differing(faulty, got, qn) == 0, "%s: one slice has nothing to shift",
+                  label);
+    }
+    cases_run++;
+
+    gpu->free(gpu, darena);
+    gpu->free(gpu, dscales);
+    gpu->free(gpu, dq);
+    gpu->free(gpu, drs);
+    gpu->free(gpu, dpos);
+    gpu->free(gpu, dtable);
+    gpu->free(gpu, dout);
+    free(table);
+    free(kv_stream);
+    free(kv_pos);
+    free(k);
+    free(v);
+    free(arena);
+    free(row_stream);
+    free(positions);
+    free(q);
+    free(ref);
+    free(got);
+    free(unsliced);
+    free(faulty);
+}
+
+static const shape main_shape = {8, 2, 64, 16};  /* GQA 4 */
+static const shape odd_shape = {6, 3, 24, 1};    /* GQA 2, one-token pages */
+static const shape wide_shape = {32, 8, 128, 16}; /* an 8B model's layer */
+
+static void one_stream_at_every_slice_edge(shoal_dtype kvdt)
+{
+    static const int lens[] = {127, 128, 129, 255, 256, 257, 4096};
+    int n = test_sanitize ? 2 : 7;
+    for (int i = 0; i < n; i++) {
+        int len = test_sanitize ? (i ? 257 : 129) : lens[i];
+        int past = 0;
+        char label[64];
+        snprintf(label, sizeof label, "one stream, %d prompt rows", len);
+        run_case(label, main_shape, kvdt, 1, &len, &past);
+        if (len <= 257 && !test_sanitize) {
+            snprintf(label, sizeof label, "one stream, %d rows, odd shape", len);
+            run_case(label, odd_shape, kvdt, 1, &len, &past);
+        }
+    }
+    if (!test_sanitize) {
+        int len = 257, past = 700;
+        run_case("one stream, 257 rows after 700", wide_shape, kvdt, 1, &len, &past);
+    }
+}
+
+static void two_streams_whose_slices_cross(shoal_dtype kvdt)
+{
+    static const int pairs[][4] = {
+        /* rows0, rows1, past0, past1 */
+        {100, 27, 0, 37}, {127, 2, 5, 300}, {60, 197, 0, 0}, {200, 56, 17, 1},
+        {1000, 1000, 0, 333}, {3000, 1096, 0, 0},
+    };
+    int n = test_sanitize ? 1 : 6;
+    for (int i = 0; i < n; i++) {
+        const int *p = pairs[test_sanitize ? 2 : i];
+        int rows[2] = {p[0], p[1]}, past[2] = {p[2], p[3]};
+        char label[64];
+        snprintf(label, sizeof label, "two streams, %d + %d rows", rows[0], rows[1]);
+        run_case(label, main_shape, kvdt, 2, rows, past);
+    }
+}
+
+static void a_decode_round_of_more_streams_than_scratch_rows(shoal_dtype kvdt)
+{
+    int streams = test_sanitize ? 130 : 300;
+    int rows[STREAMS_MAX], past[STREAMS_MAX];
+    for (int s = 0; s < streams; s++) {
+        rows[s] = 1;
+        past[s] = (int)rnd_below(test_sanitize ? 300 : 2000);
+    }
+    char label[64];
+    snprintf(label, sizeof label, "decode round, %d streams", streams);
+    run_case(label, main_shape, kvdt, streams, rows, past);
+}
+
+static void bf16_pages(void)
+{
+    one_stream_at_every_slice_edge(SHOAL_DTYPE_BF16);
+    two_streams_whose_slices_cross(SHOAL_DTYPE_BF16);
+    a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_BF16);
+}
+
+static void fp8_pages_with_scales(void)
+{
+    one_stream_at_every_slice_edge(SHOAL_DTYPE_F8_E4M3);
+    two_streams_whose_slices_cross(SHOAL_DTYPE_F8_E4M3);
+    a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_F8_E4M3);
+}
+
+int main(int argc, char **argv)
+{
+    cuda_test_start("test_cuda_attention", argc, argv);
+    cpu = open_backend("cpu", SHOAL_DTYPE_INVALID);
+    static const shoal_dtype acts[] = {SHOAL_DTYPE_F32, SHOAL_DTYPE_BF16};
+    for (int a = 0; a < (test_sanitize ? 1 : 2); a++) {
+        act = acts[a];
+        gpu = open_backend(test_gpu, act);
+        if (gpu->act_dtype != act) { /* a dry run: the CPU computes in f32 alone */
+            kernels_backend_close(gpu);
+            continue;
+        }
+        printf("-- activations %s\n", act_name(act));
+        TEST_RUN(bf16_pages);
+        TEST_RUN(fp8_pages_with_scales);
+        CHECK(gpu->sync(gpu) == SHOAL_OK);
+        kernels_backend_close(gpu);
+    }
+    printf("%d cases; planted faults seen %d of %d\n", cases_run, faults_seen, faults_planted);
+    kernels_backend_close(cpu);
+    return TEST_EXIT();
+}

@@ -1,0 +1,402 @@
+/* The whole model on the GPU against HF transformers and the CPU backend, on
+ * the parity fixtures of tests/fixtures/parity (float64 HF references of
+ * tiny random Qwen3 and Llama models), and fp8 KV measured against bf16 KV.
+ *
+ *   f32 activations: logits within the CPU backend's tolerance of HF, and
+ *     greedy tokens equal to HF's and the CPU backend's, teacher-forced at
+ *     every kept position and free-running for 8 tokens after 257.
+ *   bf16 activations (the default): logits within a bf16 tolerance of HF;
+ *     greedy agreement with HF measured, and required where HF's top-two
+ *     margin is beyond bf16's reach.
+ *   fp8 KV (scales 1.0): greedy agreement and logit error against bf16 KV,
+ *     on this GPU in both activation dtypes and on the CPU backend; printed
+ *     as the table in docs/BENCHMARKS.md.
+ * With --sanitize: one forward pass of each KV dtype, for compute-sanitizer. */
+#include "tests/cuda/cuda_test.h"
+#include "worker/worker_generate.h"
+#include "worker/worker_safetensors.h"
+
+static const char *const models[] = {
+    "qwen3-tied-bf16",
+    "qwen3-untied-f16-sharded",
+    "llama3-scaled-bf16",
+    "llama-tied-f32",
+};
+enum { MODELS = 4 };
+static const int prompt_lens[] = {1, 16, 17, 128, 129, 257};
+enum { PROMPTS = 6, STEPS = 8, ROWS_MAX = 512 };
+
+/* The CPU backend's tolerance of HF (tests/unit/test_parity.c), and bf16's:
+ * activations rounded to 2^-9 at every op boundary, through every layer. */
+#define TOL_ABS 4e-3f
+#define TOL_REL 4e-3f
+#define BF16_TOL_ABS 4e-2f
+#define BF16_TOL_REL 2e-2f
+#define CLEAR_MARGIN 1e-2f      /* HF's top-two margin where greedy must agree (f32) */
+#define BF16_CLEAR_MARGIN 5e-2f /* ... with bf16 activations */
+
+typedef struct config {
+    const char *device;
+    shoal_dtype act, kv;
+    int page_tokens, max_rows;
+} config;
+
+/* Logits of every compared row of one fixture, in a fixed order: each
+ * prompt's kept positions, then its decode steps 1..7 (teacher-forced). */
+typedef struct rowset {
+    int rows, vocab;
+    float *logits; /* [rows][vocab] */
+    const float *ref[ROWS_MAX];
+} rowset;
+
+static const void *tensor(worker_safetensors *st, const char *name, int64_t *count)
+{
+    const worker_tensor_info *t = worker_safetensors_find(st, name);
+    if (!t)
+        return NULL;
+    if (count)
+        *count = (int64_t)worker_tensor_elements(t);
+    return st->data + t->begin;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+static float margin(const float *x, int n)
+{
+    float a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (x[i] > a) {
+            b = a;
+            a = x[i];
+        } else if (x[i] > b) {
+            b = x[i];
+        }
+    }
+    return a - b;
+}
+
+static worker_model *open_model(const char *name, const config *c, int kv_pages)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/parity/%s", SHOAL_FIXTURES, name);
+    worker_model_options mo;
+    worker_model_options_default(&mo);
+    mo.model_dir = dir;
+    mo.device = c->device;
+    mo.act_dtype = c->act;
+    mo.kv_dtype = c->kv;
+    mo.page_tokens = c->page_tokens;
+    mo.max_rows = c->max_rows;
+    mo.max_logit_rows = c->max_rows;
+    mo.kv_pages = kv_pages;
+    mo.max_pages_per_stream = kv_pages;
+    worker_model *m = NULL;
+    shoal_diag diag = {{0}};
+    shoal_err err = worker_model_open(&mo, &m, &diag);
+    CHECK_MSG(err == SHOAL_OK, "%s on %s: %s", name, c->device, diag.msg);
+    return err ? NULL : m;
+}
+
+static bool run_fixture(const char *name, const config *c, worker_safetensors *fx, rowset *out)
+{
+    int pt = c->page_tokens, pages = (257 + STEPS + pt - 1) / pt;
+    worker_model *m = open_model(name, c, pages);
+    if (!m)
+        return false;
+    int vocab = worker_model_config(m)->vocab;
+    out->vocab = vocab;
+    out->rows = 0;
+    out->logits = xmalloc((size_t)ROWS_MAX * vocab * 4);
+    float *buf = xmalloc((size_t)c->max_rows * vocab * 4);
+    int32_t *table = xmalloc((size_t)pages * 4), *pos = xmalloc((size_t)c->max_rows * 4);
+    int32_t *zero = calloc((size_t)c->max_rows, 4), *lrows = xmalloc((size_t)c->max_rows * 4);
+    for (int p = 0; p < pages; p++)
+        table[p] = pages - 1 - p;
+    shoal_diag diag = {{0}};
+    bool ok = true;
+    for (int pi = 0; pi < PROMPTS && ok; pi++) {
+        int n = prompt_lens[pi];
+        char key[64];
+        int64_t kept = 0;
+        snprintf(key, sizeof key, "prompt%d.ids", n);
+        const int32_t *ids = tensor(fx, key, NULL);
+        snprintf(key, sizeof key, "prompt%d.positions", n);
+        const int32_t *keep = tensor(fx, key, &kept);
+        snprintf(key, sizeof key, "prompt%d.logits", n);
+        const float *ref = tensor(fx, key, NULL);
+        snprintf(key, sizeof key, "prompt%d.greedy_ids", n);
+        const int32_t *greedy = tensor(fx, key, NULL);
+        snprintf(key, sizeof key, "prompt%d.greedy_logits", n);
+        const float *greedy_ref = tensor(fx, key, NULL);
+        if (!ids || !keep || !ref || !greedy || !greedy_ref) {
+            CHECK_MSG(0, "%s: fixture lacks prompt %d", name, n);
+            ok = false;
+            break;
+        }
+        int k = 0;
+        for (int done = 0; done < n && ok;) {
+            int rows = n - done < c->max_rows ? n - done : c->max_rows, lc = 0;
+            for (int r = 0; r < rows; r++) {
+                pos[r] = done + r;
+                if (k + lc < kept && keep[k + lc] == done + r)
+                    lrows[lc++] = r;
+            }
+            worker_forward f = {rows, ids + done, pos, zero, 1, pages, table, lc, lrows};
+            ok = worker_model_forward(m, &f, buf, &diag) == SHOAL_OK;
+            CHECK_MSG(ok, "%s: %s", name, diag.msg);
+            for (int i = 0; ok && i < lc && out->rows < ROWS_MAX; i++, out->rows++) {
+                memcpy(out->logits + (size_t)out->rows * vocab, buf + (size_t)i * vocab,
+                       (size_t)vocab * 4);
+                out->ref[out->rows] = ref + (size_t)(k + i) * vocab;
+            }
+            k += lc;
+            done += rows;
+        }
+        for (int s = 1; s < STEPS && ok && out->rows < ROWS_MAX; s++, out->rows++) {
+            int32_t tok = greedy[s - 1], p = n + s - 1, row0 = 0;
+            worker_forward f = {1, &tok, &p, zero, 1, pages, table, 1, &row0};
+            ok = worker_model_forward(m, &f, out->logits + (size_t)out->rows * vocab, &diag) ==
+                 SHOAL_OK;
+            CHECK_MSG(ok, "%s: %s", name, diag.msg);
+            out->ref[out->rows] = greedy_ref + (size_t)s * vocab;
+        }
+    }
+    free(buf);
+    free(table);
+    free(pos);
+    free(zero);
+    free(lrows);
+    worker_model_close(m);
+    return ok;
+}
+
+typedef struct versus {
+    float worst_norm; /* worst |a - b| / (abs + rel * scale(b)) */
+    float max_abs;
+    double rel_rms; /* ||a - b|| / ||b|| over all rows */
+    int agree, compared;
+} versus;
+
+/* a against b, row by row; argmax compared where b's margin >= min_margin. */
+static versus compare(const rowset *a, const rowset *b_or_null, float tol_abs, float tol_rel,
+                      float min_margin)
+{
+    versus v = {0};
+    double num = 0, den = 0;
+    for (int r = 0; r < a->rows; r++) {
+        const float *x = a->logits + (size_t)r * a->vocab;
+        const float *y = b_or_null ? b_or_null->logits + (size_t)r * a->vocab : a->ref[r];
+        float scale = 0;
+        for (int i = 0; i < a->vocab; i++)
+            scale = fabsf(y[i]) > scale ? fabsf(y[i]) : scale;
+        for (int i = 0; i < a->vocab; i++) {
+            float e = fabsf(x[i] - y[i]);
+            if (isnan(x[i]))
+                e = INFINITY;
+            v.max_abs = e > v.max_abs ? e : v.max_abs;
+            float nrm = e / (tol_abs + tol_rel * scale);
+            v.worst_norm = nrm > v.worst_norm ? nrm : v.worst_norm;
+            num += (double)e * e;
+            den += (double)y[i] * y[i];
+        }
+        if (margin(y, a->vocab) >= min_margin) {
+            v.compared++;
+            v.agree += argmax(x, a->vocab) == argmax(y, a->vocab);
+        }
+    }
+    v.rel_rms = sqrt(num / (den > 0 ? den : 1));
+    return v;
+}
+
+static void free_rowset(rowset *r)
+{
+    free(r->logits);
+    r->logits = NULL;
+}
+
+static bool keep_token(void *ctx, int index, int token, float logprob)
+{
+    ((int32_t *)ctx)[index] = token;
+    return true;
+}
+
+/* Free-running greedy generation after the 257-token prompt. */
+static bool generate(const char *name, const config *c, const int32_t *prompt, int32_t *toks)
+{
+    worker_model *m = open_model(name, c, (257 + STEPS + c->page_tokens - 1) / c->page_tokens);
+    if (!m)
+        return false;
+    shoal_diag diag = {{0}};
+    shoal_err err =
+        worker_generate_greedy(m, prompt, 257, STEPS, false, keep_token, toks, NULL, &diag);
+    CHECK_MSG(err == SHOAL_OK, "%s: %s", name, diag.msg);
+    worker_model_close(m);
+    return err == SHOAL_OK;
+}
+
+static void gpu_matches_hf_and_cpu_and_measures_fp8(void)
+{
+    config cpu_bf16kv = {"cpu", SHOAL_DTYPE_INVALID, SHOAL_DTYPE_BF16, 16, 64};
+    config cpu_fp8kv = {"cpu", SHOAL_DTYPE_INVALID, SHOAL_DTYPE_F8_E4M3, 16, 64};
+    /* chunks of 64 rows: the 257-row prompt takes five passes, 129 three */
+    config g32 = {test_gpu, SHOAL_DTYPE_F32, SHOAL_DTYPE_BF16, 16, 64};
+    config g32_fp8 = {test_gpu, SHOAL_DTYPE_F32, SHOAL_DTYPE_F8_E4M3, 16, 64};
+    config g16 = {test_gpu, SHOAL_DTYPE_BF16, SHOAL_DTYPE_BF16, 16, 64};
+    config g16_fp8 = {test_gpu, SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3, 16, 64};
+    /* one pass of 512 rows with one-token pages: more slices, more pages */
+    config g32_wide = {test_gpu, SHOAL_DTYPE_F32, SHOAL_DTYPE_BF16, 1, 512};
+    printf("  %-26s %-22s %8s %9s %8s %9s\n", "model", "run", "vs HF", "max abs", "greedy",
+           "vs CPU");
+    int fp8_agree[3] = {0}, fp8_compared[3] = {0};
+    float fp8_max_abs[3] = {0};
+    double fp8_rms[3] = {0};
+    for (int mi = 0; mi < MODELS; mi++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/parity/%s/expected.safetensors", SHOAL_FIXTURES,
+                 models[mi]);
+        worker_safetensors fx;
+        shoal_diag diag = {{0}};
+        if (worker_safetensors_open(path, &fx, &diag) != SHOAL_OK) {
+            CHECK_MSG(0, "%s", diag.msg);
+            continue;
+        }
+        rowset cpu = {0}, cpu8 = {0}, a = {0}, a8 = {0}, b = {0}, b8 = {0}, w = {0};
+        bool ok = run_fixture(models[mi], &cpu_bf16kv, &fx, &cpu) &&
+                  run_fixture(models[mi], &cpu_fp8kv, &fx, &cpu8) &&
+                  run_fixture(models[mi], &g32, &fx, &a) &&
+                  run_fixture(models[mi], &g32_fp8, &fx, &a8) &&
+                  run_fixture(models[mi], &g16, &fx, &b) &&
+                  run_fixture(models[mi], &g16_fp8, &fx, &b8) &&
+                  run_fixture(models[mi], &g32_wide, &fx, &w);
+        if (ok) {
+            versus hf = compare(&a, NULL, TOL_ABS, TOL_REL, CLEAR_MARGIN);
+            versus vc = compare(&a, &cpu, TOL_ABS, TOL_REL, 1e-4f);
+            printf("  %-26s %-22s %8.3f %9.2e %4d/%-4d %4d/%-4d\n", models[mi],
+                   "gpu f32 act, bf16 KV", hf.worst_norm, hf.max_abs, hf.agree, hf.compared,
+                   vc.agree, vc.compared);
+            CHECK_MSG(hf.worst_norm <= 1.0f, "%s f32: logits %.2fx the tolerance of HF",
+                      models[mi], hf.worst_norm);
+            CHECK_MSG(hf.agree == hf.compared, "%s f32: greedy differs from HF", models[mi]);
+            CHECK_MSG(vc.agree == vc.compared, "%s f32: greedy differs from the CPU backend",
+                      models[mi]);
+            versus hw = compare(&w, NULL, TOL_ABS, TOL_REL, CLEAR_MARGIN);
+            printf("  %-26s %-22s %8.3f %9.2e %4d/%-4d\n", "", "  1-token pages, 512 rows",
+                   hw.worst_norm, hw.max_abs, hw.agree, hw.compared);
+            CHECK_MSG(hw.worst_norm <= 1.0f && hw.agree == hw.compared,
+                      "%s f32, one-token pages: off HF", models[mi]);
+
+            versus hb = compare(&b, NULL, BF16_TOL_ABS, BF16_TOL_REL, CLEAR_MARGIN);
+            versus hb_clear = compare(&b, NULL, BF16_TOL_ABS, BF16_TOL_REL, BF16_CLEAR_MARGIN);
+            printf("  %-26s %-22s %8.3f %9.2e %4d/%-4d (margin >= %.2f: %d/%d)\n", "",
+                   "gpu bf16 act, bf16 KV", hb.worst_norm, hb.max_abs, hb.agree, hb.compared,
+                   BF16_CLEAR_MARGIN, hb_clear.agree, hb_clear.compared);
+            CHECK_MSG(hb.worst_norm <= 1.0f, "%s bf16: logits %.2fx the bf16 tolerance of HF",
+                      models[mi], hb.worst_norm);
+            CHECK_MSG(hb_clear.agree == hb_clear.compared,
+                      "%s bf16: greedy differs from HF at margins >= %.2f", models[mi],
+                      BF16_CLEAR_MARGIN);
+
+            /* fp8 KV against bf16 KV on the same backend and activations */
+            const rowset *pairs[3][2] = {{&cpu8, &cpu}, {&a8, &a}, {&b8, &b}};
+            static const char *names[3] = {"cpu, fp8 KV", "gpu f32 act, fp8 KV",
+                                           "gpu bf16 act, fp8 KV"};
+            for (int p = 0; p < 3; p++) {
+                versus vk = compare(pairs[p][0], pairs[p][1], TOL_ABS, TOL_REL, 0.0f);
+                versus vh = compare(pairs[p][0], NULL, BF16_TOL_ABS, BF16_TOL_REL, CLEAR_MARGIN);
+                printf("  %-26s %-22s %8.3f %9.2e %4d/%-4d vs bf16 KV: greedy %d/%d, max abs "
+                       "%.2e, rel rms %.2e\n",
+                       "", names[p], vh.worst_norm, vh.max_abs, vh.agree, vh.compared, vk.agree,
+                       vk.compared, vk.max_abs, vk.rel_rms);
+                fp8_agree[p] += vk.agree;
+                fp8_compared[p] += vk.compared;
+                fp8_max_abs[p] = vk.max_abs > fp8_max_abs[p] ? vk.max_abs : fp8_max_abs[p];
+                fp8_rms[p] = vk.rel_rms > fp8_rms[p] ? vk.rel_rms : fp8_rms[p];
+                CHECK_MSG(isfinite(vk.max_abs) && vk.rel_rms < 0.05,
+                          "%s %s: logits off bf16 KV by %.3e rms", models[mi], names[p],
+                          vk.rel_rms);
+            }
+
+            /* free-running: 8 greedy tokens after the 257-token prompt */
+            const int32_t *prompt = tensor(&fx, "prompt257.ids", NULL);
+            const int32_t *hf_ids = tensor(&fx, "prompt257.greedy_ids", NULL);
+            int32_t gt[STEPS], ct[STEPS];
+            if (generate(models[mi], &g32, prompt, gt) && generate(models[mi], &cpu_bf16kv,
+                                                                   prompt, ct)) {
+                bool same = memcmp(gt, hf_ids, sizeof gt) == 0 && memcmp(ct, gt, sizeof gt) == 0;
+                printf("  %-26s free-running greedy after 257 tokens: gpu %s HF and CPU\n", "",
+                       same ? "equals" : "DIFFERS FROM");
+                CHECK_MSG(same, "%s: free-running greedy differs", models[mi]);
+            }
+        }
+        free_rowset(&cpu);
+        free_rowset(&cpu8);
+        free_rowset(&a);
+        free_rowset(&a8);
+        free_rowset(&b);
+        free_rowset(&b8);
+        free_rowset(&w);
+        worker_safetensors_close(&fx);
+    }
+    printf("fp8 KV (scales 1.0) against bf16 KV, all four fixture models, teacher-forced:\n");
+    static const char *names[3] = {"cpu (f32 activations)", "gpu f32 activations",
+                                   "gpu bf16 activations"};
+    for (int p = 0; p < 3; p++)
+        printf("  FP8 %-24s greedy agreement %d/%d (%.1f%%), max |logit diff| %.3e, worst rel "
+               "rms %.3e\n",
+               names[p], fp8_agree[p], fp8_compared[p],
+               100.0 * fp8_agree[p] / (fp8_compared[p] ? fp8_compared[p] : 1), fp8_max_abs[p],
+               fp8_rms[p]);
+}
+
+/* For compute-sanitizer: one model's prefill of 129 rows and two decode
+ * steps with each KV dtype, bf16 activations, the default path. */
+static void one_forward_pass_of_each_kv_dtype(void)
+{
+    static const shoal_dtype kvs[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3};
+    for (int k = 0; k < 2; k++) {
+        config c = {test_gpu, SHOAL_DTYPE_BF16, kvs[k], 16, 256};
+        worker_model *m = open_model("qwen3-tied-bf16", &c, 16);
+        if (!m)
+            return;
+        int vocab = worker_model_config(m)->vocab;
+        int32_t ids[129], pos[129], zero[129] = {0}, table[16], last = 128;
+        for (int i = 0; i < 129; i++) {
+            ids[i] = (int32_t)rnd_below((uint32_t)vocab);
+            pos[i] = i;
+        }
+        for (int p = 0; p < 16; p++)
+            table[p] = 15 - p;
+        float *logits = xmalloc((size_t)vocab * 4);
+        shoal_diag diag = {{0}};
+        worker_forward f = {129, ids, pos, zero, 1, 16, table, 1, &last};
+        CHECK_MSG(worker_model_forward(m, &f, logits, &diag) == SHOAL_OK, "%s", diag.msg);
+        for (int s = 0; s < 2; s++) {
+            int32_t tok = argmax(logits, vocab), p = 129 + s, row0 = 0;
+            worker_forward d = {1, &tok, &p, zero, 1, 16, table, 1, &row0};
+            CHECK_MSG(worker_model_forward(m, &d, logits, &diag) == SHOAL_OK, "%s", diag.msg);
+        }
+        for (int i = 0; i < vocab; i++)
+            CHECK(isfinite(logits[i]));
+        free(logits);
+        worker_model_close(m);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    cuda_test_start("test_cuda_model", argc, argv);
+    if (test_sanitize) {
+        TEST_RUN(one_forward_pass_of_each_kv_dtype);
+    } else {
+        TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
+        TEST_RUN(one_forward_pass_of_each_kv_dtype);
+    }
+    return TEST_EXIT();
+}

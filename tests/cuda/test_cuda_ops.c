@@ -1,0 +1,543 @@
+/* The contract: every CUDA op against its CPU twin on fresh random inputs at
+ * odd sizes, with bf16 and with f32 activations. Inputs are representable
+ * in the activation dtype, so both sides see the same numbers; outputs are
+ * compared by ||gpu - cpu|| / ||cpu|| with a tolerance that fits the dtype,
+ * or bit for bit where the op is exact (lookups, copies, KV bytes, dummy
+ * weights, the sampled token). Attention has its own file. */
+#include "tests/cuda/cuda_test.h"
+
+#include "kernels/kernels_fp8.h"
+
+static kernels_backend *cpu, *gpu;
+static shoal_dtype act;
+
+static const int row_sizes[] = {1, 127, 128, 129, 257};
+enum { ROW_SIZES = sizeof row_sizes / sizeof row_sizes[0] };
+
+static void report(const char *op, const char *shape, double err, double tol)
+{
+    CHECK_MSG(err <= tol, "%s %s (%s): error %.3e over %.1e", op, shape, act_name(act), err, tol);
+}
+
+static void embed_matches_cpu_exactly(void)
+{
+    static const shoal_dtype wdt[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F16, SHOAL_DTYPE_F32};
+    static const int dims[] = {48, 257};
+    int vocab = 1000;
+    for (int w = 0; w < 3; w++)
+        for (int di = 0; di < 2; di++)
+            for (int ri = 0; ri < ROW_SIZES; ri++) {
+                int rows = row_sizes[ri], dim = dims[di];
+                float *table = xmalloc((size_t)vocab * dim * 4);
+                for (size_t i = 0; i < (size_t)vocab * dim; i++)
+                    table[i] = 3.0f * rnd_uniform();
+                /* the table as the weight dtype stores it */
+                void *ht = xmalloc((size_t)vocab * dim * 4);
+                for (size_t i = 0; i < (size_t)vocab * dim; i++) {
+                    if (wdt[w] == SHOAL_DTYPE_BF16)
+                        ((uint16_t *)ht)[i] = shoal_f32_to_bf16(table[i]);
+                    else if (wdt[w] == SHOAL_DTYPE_F16)
+                        ((uint16_t *)ht)[i] = shoal_f32_to_f16(table[i]);
+                    else
+                        ((float *)ht)[i] = table[i];
+                }
+                int32_t *ids = xmalloc((size_t)rows * 4);
+                for (int r = 0; r < rows; r++)
+                    ids[r] = (int32_t)rnd_below((uint32_t)vocab);
+                float *ref = xmalloc((size_t)rows * dim * 4), *got = xmalloc((size_t)rows * dim * 4);
+                cpu->embed(cpu, ref, ht, wdt[w], ids, rows, dim);
+                for (size_t i = 0; i < (size_t)rows * dim; i++)
+                    ref[i] = round_to(ref[i], act);
+                void *dt = dev_copy(gpu, ht, (size_t)vocab * dim * shoal_dtype_bytes(wdt[w]));
+                void *di_ = dev_copy(gpu, ids, (size_t)rows * 4);
+                void *dout = dev_alloc(gpu, (size_t)rows * dim * shoal_dtype_bytes(act));
+                dev_poison(gpu, dout, (size_t)rows * dim * shoal_dtype_bytes(act));
+                gpu->embed(gpu, dout, dt, wdt[w], di_, rows, dim);
+                f32_from_dev(gpu, got, dout, (size_t)rows * dim, act);
+                size_t bad = count_differing(got, ref, (size_t)rows * dim);
+                CHECK_MSG(bad == 0, "embed %s rows %d dim %d: %zu elements differ",
+                          shoal_dtype_name(wdt[w]), rows, dim, bad);
+                gpu->free(gpu, dt);
+                gpu->free(gpu, di_);
+                gpu->free(gpu, dout);
+                free(table);
+                free(ht);
+                free(ids);
+                free(ref);
+                free(got);
+            }
+}
+
+static void rmsnorm_with_and_without_residual_matches_cpu(void)
+{
+    static const int dims[] = {48, 257, 4096};
+    for (int di = 0; di < 3; di++)
+        for (int ri = 0; ri < ROW_SIZES; ri++)
+            for (int with_res = 0; with_res < 2; with_res++) {
+                int rows = row_sizes[ri], dim = dims[di];
+                size_t n = (size_t)rows * dim;
+                float *x = xmalloc(n * 4), *res = xmalloc(n * 4), *w = xmalloc((size_t)dim * 4);
+                float *ref = xmalloc(n * 4), *got = xmalloc(n * 4), *gx = xmalloc(n * 4);
+                fill_uniform(x, n, 2.0f, act);
+                fill_uniform(res, n, 2.0f, act);
+                for (int i = 0; i < dim; i++)
+                    w[i] = 1.0f + 0.5f * rnd_uniform();
+                void *dx = dev_from_f32(gpu, x, n, act), *dr = dev_from_f32(gpu, res, n, act);
+                void *dw = dev_from_f32(gpu, w, (size_t)dim, SHOAL_DTYPE_F32);
+                void *dout = dev_alloc(gpu, n * shoal_dtype_bytes(act));
+                dev_poison(gpu, dout, n * shoal_dtype_bytes(act));
+                cpu->rmsnorm(cpu, ref, x, with_res ? res : NULL, w, rows, dim, 1e-6f);
+                gpu->rmsnorm(gpu, dout, dx, with_res ? dr : NULL, dw, rows, dim, 1e-6f);
+                f32_from_dev(gpu, got, dout, n, act);
+                f32_from_dev(gpu, gx, dx, n, act);
+                char shape[64];
+                snprintf(shape, sizeof shape, "rows %d dim %d res %d", rows, dim, with_res);
+                report("rmsnorm", shape, rel_err(got, ref, n), tol_for(act));
+                /* the residual stream as stored: the same rounding on both */
+                for (size_t i = 0; i < n; i++)
+                    x[i] = round_to(x[i], act);
+                size_t bad = count_differing(gx, x, n);
+                CHECK_MSG(bad == 0, "rmsnorm %s: x + residual differs in %zu elements", shape,
+                          bad);
+                gpu->free(gpu, dx);
+                gpu->free(gpu, dr);
+                gpu->free(gpu, dw);
+                gpu->free(gpu, dout);
+                free(x);
+                free(res);
+                free(w);
+                free(ref);
+                free(got);
+                free(gx);
+            }
+}
+
+static void matmul_every_weight_dtype_matches_cpu(void)
+{
+    static const shoal_dtype wdt[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F16, SHOAL_DTYPE_F32};
+    static const int nk[][2] = {{48, 96}, {129, 257}, {1024, 4096}};
+    int shapes = test_sanitize ? 2 : 3;
+    for (int s = 0; s < shapes; s++)
+        for (int ri = 0; ri < ROW_SIZES; ri++)
+            for (int w = 0; w < 3; w++)
+                for (int logits = 0; logits < 2; logits++) {
+                    int rows = row_sizes[ri], n = nk[s][0], k = nk[s][1];
+                    shoal_dtype out_dt = logits ? SHOAL_DTYPE_F32 : act;
+                    float *in = xmalloc((size_t)rows * k * 4), *wt = xmalloc((size_t)n * k * 4);
+                    float *ref = xmalloc((size_t)rows * n * 4), *got = xmalloc((size_t)rows * n * 4);
+                    fill_uniform(in, (size_t)rows * k, 1.0f, act);
+                    fill_uniform(wt, (size_t)n * k, 0.1f, wdt[w]);
+                    void *hw = xmalloc((size_t)n * k * 4);
+                    for (size_t i = 0; i < (size_t)n * k; i++) {
+                        if (wdt[w] == SHOAL_DTYPE_BF16)
+                            ((uint16_t *)hw)[i] = shoal_f32_to_bf16(wt[i]);
+                        else if (wdt[w] == SHOAL_DTYPE_F16)
+                            ((uint16_t *)hw)[i] = shoal_f32_to_f16(wt[i]);
+                        else
+                            ((float *)hw)[i] = wt[i];
+                    }
+                    cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, in, hw, wdt[w], rows, n, k);
+                    void *din = dev_from_f32(gpu, in, (size_t)rows * k, act);
+                    void *dw = dev_copy(gpu, hw, (size_t)n * k * shoal_dtype_bytes(wdt[w]));
+                    void *dout = dev_alloc(gpu, (size_t)rows * n * shoal_dtype_bytes(out_dt));
+                    dev_poison(gpu, dout, (size_t)rows * n * shoal_dtype_bytes(out_dt));
+                    gpu->matmul(gpu, dout, out_dt, din, dw, wdt[w], rows, n, k);
+                    f32_from_dev(gpu, got, dout, (size_t)rows * n, out_dt);
+                    char shape[80];
+                    snprintf(shape, sizeof shape, "%s rows %d n %d k %d out %s",
+                             shoal_dtype_name(wdt[w]), rows, n, k, shoal_dtype_name(out_dt));
+                    report("matmul", shape, rel_err(got, ref, (size_t)rows * n),
+                           tol_for(out_dt == SHOAL_DTYPE_F32 ? SHOAL_DTYPE_F32 : act));
+                    gpu->free(gpu, din);
+                    gpu->free(gpu, dw);
+                    gpu->free(gpu, dout);
+                    free(in);
+                    free(wt);
+                    free(hw);
+                    free(ref);
+                    free(got);
+                }
+}
+
+static void qk_norm_rope_matches_cpu_and_leaves_the_row_gap(void)
+{
+    static const int hds[] = {12, 24, 64, 128};
+    static const int heads_of[] = {2, 8};
+    for (int hi = 0; hi < 4; hi++)
+        for (int h = 0; h < 2; h++)
+            for (int ri = 0; ri < ROW_SIZES; ri += 2)
+                for (int norm = 0; norm < 2; norm++) {
+                    int rows = row_sizes[ri], hd = hds[hi], heads = heads_of[h];
+                    int stride = heads * hd + 16; /* a gap the op must not touch */
+                    size_t n = (size_t)rows * stride;
+                    float *x = xmalloc(n * 4), *got = xmalloc(n * 4);
+                    float *nw = xmalloc((size_t)hd * 4), *inv = xmalloc((size_t)hd / 2 * 4);
+                    int32_t *pos = xmalloc((size_t)rows * 4);
+                    fill_uniform(x, n, 2.0f, act);
+                    for (int i = 0; i < hd; i++)
+                        nw[i] = 1.0f + 0.3f * rnd_uniform();
+                    for (int i = 0; i < hd / 2; i++)
+                        inv[i] = powf(10000.0f, -2.0f * (float)i / (float)hd);
+                    for (int r = 0; r < rows; r++)
+                        pos[r] = (int32_t)rnd_below(40000);
+                    void *dx = dev_from_f32(gpu, x, n, act);
+                    void *dnw = dev_from_f32(gpu, nw, (size_t)hd, SHOAL_DTYPE_F32);
+                    void *dinv = dev_from_f32(gpu, inv, (size_t)hd / 2, SHOAL_DTYPE_F32);
+                    void *dpos = dev_copy(gpu, pos, (size_t)rows * 4);
+                    cpu->qk_norm_rope(cpu, x, rows, heads, hd, stride, norm ? nw : NULL, 1e-6f,
+                                      pos, inv);
+                    gpu->qk_norm_rope(gpu, dx, rows, heads, hd, stride, norm ? dnw : NULL, 1e-6f,
+                                      dpos, dinv);
+                    f32_from_dev(gpu, got, dx, n, act);
+                    char shape[80];
+                    snprintf(shape, sizeof shape, "rows %d heads %d hd %d norm %d", rows, heads,
+                             hd, norm);
+                    /* cos and sin of positions up to 40000 differ in the last
+                     * bits between libraries: allow a little more in f32 */
+                    report("qk_norm_rope", shape, rel_err(got, x, n),
+                           act == SHOAL_DTYPE_F32 ? 1e-5 : tol_for(act));
+                    gpu->free(gpu, dx);
+                    gpu->free(gpu, dnw);
+                    gpu->free(gpu, dinv);
+                    gpu->free(gpu, dpos);
+                    free(x);
+                    free(got);
+                    free(nw);
+                    free(inv);
+                    free(pos);
+                }
+}
+
+/* A round of rows from two streams at random positions, pages shuffled. */
+typedef struct test_batch {
+    int rows, streams, stride;
+    int32_t *row_stream, *positions, *page_table;
+} test_batch;
+
+static void make_batch(test_batch *b, int rows, int pt, int pages_total)
+{
+    b->rows = rows;
+    b->streams = 2;
+    b->stride = pages_total / 2;
+    b->row_stream = xmalloc((size_t)rows * 4);
+    b->positions = xmalloc((size_t)rows * 4);
+    b->page_table = xmalloc((size_t)pages_total * 4);
+    for (int p = 0; p < pages_total; p++)
+        b->page_table[p] = p;
+    for (int p = pages_total - 1; p > 0; p--) { /* shuffle: pages in any order */
+        int q = (int)rnd_below((uint32_t)p + 1), t = b->page_table[p];
+        b->page_table[p] = b->page_table[q];
+        b->page_table[q] = t;
+    }
+    /* distinct slots: stream s row i at position i (both streams from 0) */
+    int half = rows / 2;
+    for (int r = 0; r < rows; r++) {
+        b->row_stream[r] = r < half ? 0 : 1;
+        b->positions[r] = r < half ? r : r - half;
+    }
+}
+
+static void free_batch(test_batch *b)
+{
+    free(b->row_stream);
+    free(b->positions);
+    free(b->page_table);
+}
+
+static void kv_write_bytes_equal_cpu_for_bf16_and_fp8(void)
+{
+    static const int hds[] = {12, 64, 128};
+    static const int kvhs[] = {1, 4};
+    static const int pts[] = {1, 16};
+    static const shoal_dtype kvdt[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3};
+    for (int d = 0; d < 2; d++)
+        for (int hi = 0; hi < 3; hi++)
+            for (int ki = 0; ki < 2; ki++)
+                for (int pi = 0; pi < 2; pi++)
+                    for (int ri = 0; ri < ROW_SIZES; ri += 2) {
+                        int rows = row_sizes[ri], hd = hds[hi], kvh = kvhs[ki], pt = pts[pi];
+                        int layers = 3, layer = 1;
+                        int pages = 2 * ((rows + pt - 1) / pt + 1);
+                        kernels_kv_layout L;
+                        kernels_kv_layout_init(&L, layers, kvh, hd, pt, kvdt[d]);
+                        float *scales = xmalloc((size_t)2 * layers * kvh * 4);
+                        for (int i = 0; i < 2 * layers * kvh; i++)
+                            scales[i] = ldexpf(1.0f + 0.5f * rnd_uniform(), (int)rnd_below(9) - 4);
+                        test_batch b;
+                        make_batch(&b, rows, pt, pages);
+                        size_t w = (size_t)rows * kvh * hd;
+                        float *k = xmalloc(w * 4), *v = xmalloc(w * 4);
+                        /* magnitudes from 2^-14 to 2^10: subnormals, saturation */
+                        for (size_t i = 0; i < w; i++) {
+                            k[i] = round_to(ldexpf(rnd_uniform(), (int)rnd_below(25) - 14), act);
+                            v[i] = round_to(ldexpf(rnd_uniform(), (int)rnd_below(25) - 14), act);
+                        }
+                        size_t bytes = (size_t)pages * L.page_bytes;
+                        unsigned char *ha = calloc(1, bytes), *ga = xmalloc(bytes);
+                        kernels_kv_layout Lc = L, Lg = L;
+                        void *dscales = dev_from_f32(gpu, scales, (size_t)2 * layers * kvh,
+                                                     SHOAL_DTYPE_F32);
+                        if (kvdt[d] == SHOAL_DTYPE_F8_E4M3) {
+                            Lc.k_scale = scales;
+                            Lc.v_scale = scales + layers * kvh;
+                            Lg.k_scale = dscales;
+                            Lg.v_scale = (float *)dscales + layers * kvh;
+                        }
+                        kernels_batch bc = {rows, 2, b.stride, b.row_stream, b.positions,
+                                            b.page_table};
+                        cpu->kv_write(cpu, ha, &Lc, &bc, layer, k, v);
+                        void *darena = dev_alloc(gpu, bytes);
+                        void *dk = dev_from_f32(gpu, k, w, act), *dv = dev_from_f32(gpu, v, w, act);
+                        void *drs = dev_copy(gpu, b.row_stream, (size_t)rows * 4);
+                        void *dpos = dev_copy(gpu, b.positions, (size_t)rows * 4);
+                        void *dpt = dev_copy(gpu, b.page_table, (size_t)pages * 4);
+                        kernels_batch bg = {rows, 2, b.stride, drs, dpos, dpt};
+                        gpu->kv_write(gpu, darena, &Lg, &bg, layer, dk, dv);
+                        CHECK(gpu->download(gpu, ga, darena, bytes) == SHOAL_OK);
+                        size_t bad = 0, first = 0;
+                        for (size_t i = 0; i < bytes; i++)
+                            if (ga[i] != ha[i] && bad++ == 0)
+                                first = i;
+                        CHECK_MSG(bad == 0,
+                                  "kv_write %s rows %d hd %d kvh %d pt %d: %zu bytes differ, "
+                                  "first at %zu (gpu 0x%02x, cpu 0x%02x)",
+                                  shoal_dtype_name(kvdt[d]), rows, hd, kvh, pt, bad, first,
+                                  ga[first], ha[first]);
+                        gpu->free(gpu, darena);
+                        gpu->free(gpu, dk);
+                        gpu->free(gpu, dv);
+                        gpu->free(gpu, drs);
+                        gpu->free(gpu, dpos);
+                        gpu->free(gpu, dpt);
+                        gpu->free(gpu, dscales);
+                        free(ha);
+                        free(ga);
+                        free(k);
+                        free(v);
+                        free(scales);
+                        free_batch(&b);
+                    }
+}
+
+static void swiglu_matches_cpu(void)
+{
+    static const int dims[] = {129, 4096};
+    for (int di = 0; di < 2; di++)
+        for (int ri = 0; ri < ROW_SIZES; ri++) {
+            int rows = row_sizes[ri], dim = dims[di];
+            size_t n = (size_t)rows * dim;
+            float *g = xmalloc(n * 4), *u = xmalloc(n * 4), *ref = xmalloc(n * 4),
+                  *got = xmalloc(n * 4);
+            fill_uniform(g, n, 6.0f, act);
+            fill_uniform(u, n, 2.0f, act);
+            cpu->swiglu(cpu, ref, g, u, rows, dim);
+            void *dg = dev_from_f32(gpu, g, n, act), *du = dev_from_f32(gpu, u, n, act);
+            void *dout = dev_alloc(gpu, n * shoal_dtype_bytes(act));
+            dev_poison(gpu, dout, n * shoal_dtype_bytes(act));
+            gpu->swiglu(gpu, dout, dg, du, rows, dim);
+            f32_from_dev(gpu, got, dout, n, act);
+            char shape[64];
+            snprintf(shape, sizeof shape, "rows %d dim %d", rows, dim);
+            report("swiglu", shape, rel_err(got, ref, n), tol_for(act));
+            gpu->free(gpu, dg);
+            gpu->free(gpu, du);
+            gpu->free(gpu, dout);
+            free(g);
+            free(u);
+            free(ref);
+            free(got);
+        }
+}
+
+static void gather_matches_cpu_exactly(void)
+{
+    for (int ri = 0; ri < ROW_SIZES; ri++) {
+        int rows = row_sizes[ri], src_rows = 300, dim = 129;
+        float *in = xmalloc((size_t)src_rows * dim * 4), *ref = xmalloc((size_t)rows * dim * 4);
+        float *got = xmalloc((size_t)rows * dim * 4);
+        int32_t *idx = xmalloc((size_t)rows * 4);
+        fill_uniform(in, (size_t)src_rows * dim, 1.0f, act);
+        for (int r = 0; r < rows; r++)
+            idx[r] = (int32_t)rnd_below((uint32_t)src_rows);
+        cpu->gather(cpu, ref, in, idx, rows, dim);
+        void *din = dev_from_f32(gpu, in, (size_t)src_rows * dim, act);
+        void *didx = dev_copy(gpu, idx, (size_t)rows * 4);
+        void *dout = dev_alloc(gpu, (size_t)rows * dim * shoal_dtype_bytes(act));
+        dev_poison(gpu, dout, (size_t)rows * dim * shoal_dtype_bytes(act));
+        gpu->gather(gpu, dout, din, didx, rows, dim);
+        f32_from_dev(gpu, got, dout, (size_t)rows * dim, act);
+        CHECK_MSG(count_differing(got, ref, (size_t)rows * dim) == 0, "gather rows %d", rows);
+        gpu->free(gpu, din);
+        gpu->free(gpu, didx);
+        gpu->free(gpu, dout);
+        free(in);
+        free(ref);
+        free(got);
+        free(idx);
+    }
+}
+
+static void fill_random_makes_the_host_generators_bits(void)
+{
+    static const size_t ns[] = {1, 1000, (1u << 20) + 3};
+    for (int i = 0; i < 3; i++) {
+        uint64_t state = common_rng_next(&test_rng);
+        float base = i == 1 ? 1.0f : 0.0f, scale = i == 1 ? 0.1f : 0.02f;
+        uint16_t *ref = xmalloc(ns[i] * 2), *got = xmalloc(ns[i] * 2);
+        uint64_t s = state;
+        for (size_t j = 0; j < ns[i]; j++) /* what worker_weights' dummy source does */
+            ref[j] = shoal_f32_to_bf16(base + scale * common_rng_uniform(&s));
+        void *d = dev_alloc(gpu, ns[i] * 2);
+        dev_poison(gpu, d, ns[i] * 2);
+        gpu->fill_random(gpu, d, ns[i], state, base, scale);
+        CHECK(gpu->download(gpu, got, d, ns[i] * 2) == SHOAL_OK);
+        CHECK_MSG(memcmp(got, ref, ns[i] * 2) == 0, "fill_random n %zu", ns[i]);
+        uint16_t *cpu_got = xmalloc(ns[i] * 2);
+        cpu->fill_random(cpu, cpu_got, ns[i], state, base, scale);
+        CHECK_MSG(memcmp(cpu_got, ref, ns[i] * 2) == 0, "cpu fill_random n %zu", ns[i]);
+        gpu->free(gpu, d);
+        free(ref);
+        free(got);
+        free(cpu_got);
+    }
+}
+
+/* Log-probabilities agree: equal (both -inf, or both NaN for a row masked
+ * throughout), or within float rounding of a double computation. */
+static bool lp_close(float a, float b)
+{
+    return a == b || (isnan(a) && isnan(b)) || fabsf(a - b) <= 1e-5f + 1e-6f * fabsf(b);
+}
+
+static void sample_picks_the_cpu_token_for_every_parameter_mix(void)
+{
+    static const int vocabs[] = {1, 2, 263, 151936};
+    static const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
+    static const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.05f};
+    static const float min_ps[] = {0.0f, 0.05f, 0.3f};
+    int nv = test_sanitize ? 3 : 4;
+    for (int vi = 0; vi < nv; vi++) {
+        int vocab = vocabs[vi], rows = test_sanitize ? 8 : 64;
+        size_t n = (size_t)rows * vocab;
+        float *z = xmalloc(n * 4);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t kind = rnd_below(100);
+            /* ties (a copied value), masked tokens, and the rest spread */
+            z[i] = kind == 0 && i > 0 ? z[i - 1] : kind == 1 ? -INFINITY : 4.0f * rnd_uniform();
+        }
+        kernels_sample_params *p = xmalloc((size_t)rows * sizeof *p);
+        int32_t *off = xmalloc((size_t)(rows + 1) * 4);
+        int cap = rows * 200, entries = 0;
+        int32_t *tok = xmalloc((size_t)cap * 4), *cnt = xmalloc((size_t)cap * 4);
+        for (int r = 0; r < rows; r++) {
+            kernels_sample_params q = {
+                .temperature = temps[rnd_below(5)],
+                .top_k = (int32_t[]){0, 1, 5, 50, vocab}[rnd_below(5)],
+                .top_p = top_ps[rnd_below(4)],
+                .min_p = min_ps[rnd_below(3)],
+                .repetition_penalty = rnd_below(2) ? 1.3f : 1.0f,
+                .presence_penalty = rnd_below(2) ? 0.5f : 0.0f,
+                .frequency_penalty = rnd_below(2) ? 0.2f : 0.0f,
+                .logprobs = (int32_t)rnd_below(21),
+                .seed = common_rng_next(&test_rng),
+                .step = rnd_below(1000),
+            };
+            p[r] = q;
+            off[r] = entries;
+            for (int t = 0; t < vocab && entries < cap && entries - off[r] < 200; t++)
+                if (rnd_below(vocab > 200 ? (uint32_t)vocab / 50 : 3) == 0) {
+                    tok[entries] = t;
+                    cnt[entries++] = (int32_t)rnd_below(6);
+                }
+        }
+        off[rows] = entries;
+        kernels_sample_result *ref = xmalloc((size_t)rows * sizeof *ref);
+        kernels_sample_result *got = xmalloc((size_t)rows * sizeof *got);
+        cpu->sample(cpu, ref, z, rows, vocab, p, off, tok, cnt);
+        void *dz = dev_copy(gpu, z, n * 4), *dp = dev_copy(gpu, p, (size_t)rows * sizeof *p);
+        void *doff = dev_copy(gpu, off, (size_t)(rows + 1) * 4);
+        void *dtok = dev_copy(gpu, tok, (size_t)(entries ? entries : 1) * 4);
+        void *dcnt = dev_copy(gpu, cnt, (size_t)(entries ? entries : 1) * 4);
+        void *dres = dev_alloc(gpu, (size_t)rows * sizeof *got);
+        dev_poison(gpu, dres, (size_t)rows * sizeof *got);
+        gpu->sample(gpu, dres, dz, rows, vocab, dp, doff, dtok, dcnt);
+        CHECK(gpu->download(gpu, got, dres, (size_t)rows * sizeof *got) == SHOAL_OK);
+        int differ = 0;
+        for (int r = 0; r < rows; r++) {
+            bool ok = got[r].token == ref[r].token && lp_close(got[r].logprob, ref[r].logprob);
+            int nlp = p[r].logprobs < vocab ? p[r].logprobs : vocab;
+            for (int i = 0; i < nlp; i++)
+                ok = ok && got[r].top_ids[i] == ref[r].top_ids[i] &&
+                     lp_close(got[r].top_logprobs[i], ref[r].top_logprobs[i]);
+            if (!ok && differ++ < 5)
+                fprintf(stderr,
+                        "  vocab %d row %d (T %.2f k %d p %.2f min_p %.2f): gpu %d (%g), cpu %d "
+                        "(%g)\n",
+                        vocab, r, p[r].temperature, p[r].top_k, p[r].top_p, p[r].min_p,
+                        got[r].token, got[r].logprob, ref[r].token, ref[r].logprob);
+        }
+        CHECK_MSG(differ == 0, "sample vocab %d: %d of %d rows differ", vocab, differ, rows);
+        /* the same row alone gives the same token: nothing leaks across rows */
+        if (rows > 1) {
+            int r = rows / 2;
+            int32_t off1[2] = {0, off[r + 1] - off[r]};
+            void *doff1 = dev_copy(gpu, off1, 8);
+            gpu->sample(gpu, dres, (float *)dz + (size_t)r * vocab, 1, vocab,
+                        (kernels_sample_params *)dp + r, doff1, (int32_t *)dtok + off[r],
+                        (int32_t *)dcnt + off[r]);
+            kernels_sample_result one;
+            CHECK(gpu->download(gpu, &one, dres, sizeof one) == SHOAL_OK);
+            CHECK_MSG(one.token == got[r].token, "row %d alone: %d, in the batch %d", r,
+                      one.token, got[r].token);
+            gpu->free(gpu, doff1);
+        }
+        gpu->free(gpu, dz);
+        gpu->free(gpu, dp);
+        gpu->free(gpu, doff);
+        gpu->free(gpu, dtok);
+        gpu->free(gpu, dcnt);
+        gpu->free(gpu, dres);
+        free(z);
+        free(p);
+        free(off);
+        free(tok);
+        free(cnt);
+        free(ref);
+        free(got);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    cuda_test_start("test_cuda_ops", argc, argv);
+    cpu = open_backend("cpu", SHOAL_DTYPE_INVALID);
+    static const shoal_dtype acts[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F32};
+    bool exact_ops_done = false;
+    for (int a = 0; a < 2; a++) {
+        act = acts[a];
+        gpu = open_backend(test_gpu, act);
+        if (gpu->act_dtype != act) { /* a dry run: the CPU computes in f32 alone */
+            kernels_backend_close(gpu);
+            continue;
+        }
+        printf("-- activations %s\n", act_name(act));
+        if (!test_sanitize) {
+            TEST_RUN(embed_matches_cpu_exactly);
+            TEST_RUN(rmsnorm_with_and_without_residual_matches_cpu);
+            TEST_RUN(qk_norm_rope_matches_cpu_and_leaves_the_row_gap);
+            TEST_RUN(swiglu_matches_cpu);
+            TEST_RUN(gather_matches_cpu_exactly);
+            TEST_RUN(kv_write_bytes_equal_cpu_for_bf16_and_fp8);
+        }
+        TEST_RUN(matmul_every_weight_dtype_matches_cpu);
+        if (!exact_ops_done) { /* act-independent: once */
+            exact_ops_done = true;
+            TEST_RUN(fill_random_makes_the_host_generators_bits);
+            TEST_RUN(sample_picks_the_cpu_token_for_every_parameter_mix);
+        }
+        CHECK(gpu->sync(gpu) == SHOAL_OK);
+        kernels_backend_close(gpu);
+    }
+    kernels_backend_close(cpu);
+    return TEST_EXIT();
+}
