@@ -34,4 +34,51 @@
 #define COORDINATOR_CHAT_MESSAGES_MAX 4096
 #define COORDINATOR_CHAT_TEMPLATE_BYTES_MAX (1024u * 1024u)
 
+/* ---- the HTTP API (coordinator_request, coordinator_http) ---- */
+
+/* Bytes of one request body. The longest prompt (SHOAL_CONTEXT_TOKENS_MAX
+ * tokens) is about 7 MiB as JSON token ids and 4 MiB as text; JSON escapes
+ * can grow text up to six times. 32 MiB holds all of that; the server
+ * refuses a larger Content-Length with 413 before reading the body, and
+ * --max-body-bytes lowers it. */
+#define COORDINATOR_BODY_BYTES_MAX (32u * 1024u * 1024u)
+
+/* Nesting of arrays and objects in a request body. The deepest real
+ * request (a message whose content is a list of parts) is 4 levels; a
+ * bound far under cJSON's own (1000) keeps its recursion shallow. */
+#define COORDINATOR_JSON_DEPTH_MAX 32
+
+/* Choices of one request (n). OpenAI allows up to 128; each choice is a
+ * stream that takes a worker's slot and pages, so one request may not take
+ * a whole worker. */
+#define COORDINATOR_CHOICES_MAX 16
+
+/* Stop strings of one request, and bytes of each. OpenAI allows 4; vLLM
+ * sets no bound. Matching costs (stop strings x output bytes), and each
+ * stop string keeps a table of its bytes per choice. */
+#define COORDINATOR_STOP_STRINGS_MAX 16
+#define COORDINATOR_STOP_BYTES_MAX 256
+
+/* Stop token ids of one request (vLLM's stop_token_ids): the worker
+ * protocol carries this many (SHM_STOP_IDS_MAX). */
+#define COORDINATOR_STOP_IDS_MAX 16
+
+/* Top log-probabilities per token: OpenAI's bound, and what a worker
+ * returns at most (SHM_LOGPROBS_MAX). */
+#define COORDINATOR_LOGPROBS_MAX 20
+
+/* Bytes of the model name a request names, of cache_salt, and of an API
+ * key: far above real ones, low enough to copy onto the stack. */
+#define COORDINATOR_NAME_BYTES_MAX 256
+
+/* HTTP connections at once, and streams (choices of requests) in flight at
+ * once; past the first the listener stops accepting, past the second a
+ * request gets 429. Each connection holds a socket and a few KiB. */
+#define COORDINATOR_CONNECTIONS_MAX 4096
+#define COORDINATOR_STREAMS_MAX 4096
+
+/* Threads that serve HTTP (libmicrohttpd's pool). Tokenizing a long prompt
+ * occupies one; one thread streams hundreds of thousands of tokens/s. */
+#define COORDINATOR_HTTP_THREADS_MAX 64
+
 #endif

@@ -1,0 +1,278 @@
+#include "coordinator_metrics.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const int statuses[COORDINATOR_METRICS_STATUSES] = {200, 400, 401, 404, 405, 408, 413,
+                                                           429, 499, 500, 501, 503, 504};
+
+/* Bounds in seconds. Time to first token spans a cached prompt on a fast
+ * GPU to a long prefill on the CPU; inter-token latency spans a fake
+ * benchmark worker (microseconds) to a preempted stream (seconds). */
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                     0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                     20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+static const double itl_bounds[] = {0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02,
+                                    0.025,  0.03,   0.04,  0.05,   0.075, 0.1,  0.15,  0.2,
+                                    0.3,    0.4,    0.5,   0.75,   1.0,   2.5,  5.0,   10.0};
+static const double duration_bounds[] = {0.01,  0.025, 0.05,  0.1,   0.25,   0.5,   1.0,  2.5,
+                                         5.0,   10.0,  15.0,  20.0,  30.0,   40.0,  50.0, 60.0,
+                                         120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+_Static_assert(sizeof ttft_bounds / sizeof ttft_bounds[0] <= COORDINATOR_METRICS_BUCKETS, "");
+_Static_assert(sizeof itl_bounds / sizeof itl_bounds[0] <= COORDINATOR_METRICS_BUCKETS, "");
+_Static_assert(sizeof duration_bounds / sizeof duration_bounds[0] <= COORDINATOR_METRICS_BUCKETS,
+               "");
+
+static const char *const endpoint_paths[COORDINATOR_ENDPOINT__COUNT] = {
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
+    "/detokenize",          "/health",         "/metrics",   "other",
+};
+
+const char *coordinator_endpoint_path(coordinator_endpoint endpoint)
+{
+    return endpoint >= 0 && endpoint < COORDINATOR_ENDPOINT__COUNT ? endpoint_paths[endpoint]
+                                                                   : "other";
+}
+
+static void histogram_init(coordinator_histogram *h, const double *bounds, int count)
+{
+    h->bounds = bounds;
+    h->bucket_count = count;
+    for (int i = 0; i <= COORDINATOR_METRICS_BUCKETS; i++)
+        atomic_init(&h->counts[i], 0);
+    atomic_init(&h->sum_ns, 0);
+}
+
+void coordinator_metrics_init(coordinator_metrics *m)
+{
+    for (int r = 0; r < COORDINATOR_ENDPOINT__COUNT; r++)
+        for (int s = 0; s <= COORDINATOR_METRICS_STATUSES; s++)
+            atomic_init(&m->requests[r][s], 0);
+    atomic_init(&m->prompt_tokens, 0);
+    atomic_init(&m->generation_tokens, 0);
+    atomic_init(&m->prefix_queries, 0);
+    atomic_init(&m->prefix_hits, 0);
+    atomic_init(&m->http_running, 0);
+    histogram_init(&m->ttft, ttft_bounds, (int)(sizeof ttft_bounds / sizeof ttft_bounds[0]));
+    histogram_init(&m->itl, itl_bounds, (int)(sizeof itl_bounds / sizeof itl_bounds[0]));
+    histogram_init(&m->duration, duration_bounds,
+                   (int)(sizeof duration_bounds / sizeof duration_bounds[0]));
+}
+
+void coordinator_metrics_request(coordinator_metrics *m, coordinator_endpoint endpoint, int status)
+{
+    if (endpoint < 0 || endpoint >= COORDINATOR_ENDPOINT__COUNT)
+        endpoint = COORDINATOR_ENDPOINT_OTHER;
+    int s = COORDINATOR_METRICS_STATUSES; /* "other" */
+    for (int i = 0; i < COORDINATOR_METRICS_STATUSES; i++)
+        if (statuses[i] == status)
+            s = i;
+    atomic_fetch_add_explicit(&m->requests[endpoint][s], 1, memory_order_relaxed);
+}
+
+void coordinator_metrics_tokens(coordinator_metrics *m, uint64_t prompt, uint64_t generated,
+                                uint64_t cached)
+{
+    atomic_fetch_add_explicit(&m->prompt_tokens, prompt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->generation_tokens, generated, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->prefix_queries, prompt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->prefix_hits, cached, memory_order_relaxed);
+}
+
+void coordinator_metrics_observe(coordinator_histogram *h, uint64_t ns)
+{
+    double s = (double)ns * 1e-9;
+    int b = 0;
+    while (b < h->bucket_count && s > h->bounds[b])
+        b++;
+    atomic_fetch_add_explicit(&h->counts[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+}
+
+static uint64_t load(const _Atomic uint64_t *a)
+{
+    return atomic_load_explicit(a, memory_order_relaxed);
+}
+
+static void header(coordinator_buf *out, const char *name, const char *type, const char *help)
+{
+    coordinator_buf_printf(out, "# HELP shoal_%s %s\n# TYPE shoal_%s %s\n", name, help, name, type);
+}
+
+static void counter(coordinator_buf *out, const char *name, const char *help, uint64_t v)
+{
+    header(out, name, "counter", help);
+    coordinator_buf_printf(out, "shoal_%s %llu\n", name, (unsigned long long)v);
+}
+
+static void gauge(coordinator_buf *out, const char *name, const char *help, long long v)
+{
+    header(out, name, "gauge", help);
+    coordinator_buf_printf(out, "shoal_%s %lld\n", name, v);
+}
+
+static void histogram(coordinator_buf *out, const char *name, const char *help,
+                      const coordinator_histogram *h)
+{
+    header(out, name, "histogram", help);
+    uint64_t cumulative = 0;
+    for (int b = 0; b < h->bucket_count; b++) {
+        cumulative += load(&h->counts[b]);
+        coordinator_buf_printf(out, "shoal_%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[b],
+                               (unsigned long long)cumulative);
+    }
+    cumulative += load(&h->counts[h->bucket_count]);
+    coordinator_buf_printf(out, "shoal_%s_bucket{le=\"+Inf\"} %llu\n", name,
+                           (unsigned long long)cumulative);
+    coordinator_buf_printf(out, "shoal_%s_sum %.9f\n", name, (double)load(&h->sum_ns) * 1e-9);
+    coordinator_buf_printf(out, "shoal_%s_count %llu\n", name, (unsigned long long)cumulative);
+}
+
+/* A device name as a label value: only [A-Za-z0-9_.-], so it needs no
+ * escaping (workers report "cpu" or a GPU index). */
+static void label_value(char *dst, size_t cap, const char *src)
+{
+    size_t n = 0;
+    for (; src[n] && n + 1 < cap; n++) {
+        char c = src[n];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '_' || c == '.' || c == '-';
+        dst[n] = ok ? c : '_';
+    }
+    dst[n] = '\0';
+}
+
+typedef enum worker_field {
+    WF_UP,
+    WF_RESTARTS,
+    WF_RUNNING,
+    WF_WAITING,
+    WF_PAGES_FREE,
+    WF_PAGES_ACTIVE,
+    WF_PAGES_CACHED,
+    WF_PAGES_TOTAL,
+    WF_STEPS,
+    WF_COMPUTED,
+    WF_HITS,
+    WF_GENERATED,
+    WF_PREEMPTIONS,
+} worker_field;
+
+static unsigned long long worker_value(const coordinator_metrics_worker *w, worker_field f)
+{
+    switch (f) {
+    case WF_UP:
+        return w->alive;
+    case WF_RESTARTS:
+        return (unsigned long long)w->restarts;
+    case WF_RUNNING:
+        return (unsigned long long)w->running;
+    case WF_WAITING:
+        return (unsigned long long)w->waiting;
+    case WF_PAGES_FREE:
+        return (unsigned long long)w->pages_free;
+    case WF_PAGES_ACTIVE:
+        return (unsigned long long)w->pages_active;
+    case WF_PAGES_CACHED:
+        return (unsigned long long)w->pages_cached;
+    case WF_PAGES_TOTAL:
+        return (unsigned long long)w->pages_total;
+    case WF_STEPS:
+        return w->steps;
+    case WF_COMPUTED:
+        return w->computed_tokens;
+    case WF_HITS:
+        return w->cached_tokens;
+    case WF_GENERATED:
+        return w->generated_tokens;
+    case WF_PREEMPTIONS:
+        return w->preemptions;
+    }
+    return 0;
+}
+
+static void worker_series(coordinator_buf *out, const coordinator_metrics_cluster *c,
+                          const char *name, const char *extra_label, worker_field f)
+{
+    for (int i = 0; i < c->worker_count; i++) {
+        const coordinator_metrics_worker *w = &c->workers[i];
+        char device[32];
+        label_value(device, sizeof device, w->device);
+        coordinator_buf_printf(out, "shoal_%s{worker=\"%d\",device=\"%s\"%s} %llu\n", name,
+                               w->index, device, extra_label, worker_value(w, f));
+    }
+}
+
+bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_metrics_cluster *c,
+                                coordinator_buf *out)
+{
+    coordinator_buf_clear(out);
+    header(out, "http_requests_total", "counter", "HTTP requests answered, by route and status.");
+    for (int r = 0; r < COORDINATOR_ENDPOINT__COUNT; r++) {
+        for (int s = 0; s <= COORDINATOR_METRICS_STATUSES; s++) {
+            uint64_t v = load(&m->requests[r][s]);
+            if (!v)
+                continue;
+            char status[8];
+            if (s < COORDINATOR_METRICS_STATUSES)
+                snprintf(status, sizeof status, "%d", statuses[s]);
+            else
+                snprintf(status, sizeof status, "other");
+            coordinator_buf_printf(out,
+                                   "shoal_http_requests_total{route=\"%s\",status=\"%s\"} %llu\n",
+                                   endpoint_paths[r], status, (unsigned long long)v);
+        }
+    }
+    counter(out, "prompt_tokens_total", "Prompt tokens of finished generation requests.",
+            load(&m->prompt_tokens));
+    counter(out, "generation_tokens_total", "Tokens generated for finished requests.",
+            load(&m->generation_tokens));
+    counter(out, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+            load(&m->prefix_queries));
+    counter(out, "prefix_cache_hits_total", "Prompt tokens served from the prefix cache.",
+            load(&m->prefix_hits));
+    histogram(out, "time_to_first_token_seconds",
+              "From a request's arrival to its first token, per choice.", &m->ttft);
+    histogram(out, "inter_token_latency_seconds",
+              "Between consecutive tokens of a choice, as they reach the coordinator.", &m->itl);
+    histogram(out, "request_duration_seconds", "From arrival to the end of a generation request.",
+              &m->duration);
+    gauge(out, "http_requests_running", "HTTP requests being served.",
+          (long long)atomic_load_explicit(&m->http_running, memory_order_relaxed));
+    long long running = 0, waiting = 0;
+    for (int i = 0; i < c->worker_count; i++) {
+        running += c->workers[i].running;
+        waiting += c->workers[i].waiting;
+    }
+    gauge(out, "streams_running", "Streams the workers are running.", running);
+    gauge(out, "streams_waiting", "Streams waiting in the workers' queues.", waiting);
+    counter(out, "streams_resumed_total", "Streams moved off a dead worker.", c->resumed);
+
+    header(out, "worker_up", "gauge", "1 if the worker answers heartbeats.");
+    worker_series(out, c, "worker_up", "", WF_UP);
+    header(out, "worker_restarts_total", "counter", "Restarts of the worker.");
+    worker_series(out, c, "worker_restarts_total", "", WF_RESTARTS);
+    header(out, "worker_streams", "gauge", "Streams of the worker, by state.");
+    worker_series(out, c, "worker_streams", ",state=\"running\"", WF_RUNNING);
+    worker_series(out, c, "worker_streams", ",state=\"waiting\"", WF_WAITING);
+    header(out, "worker_kv_pages", "gauge", "KV pages of the worker, by state.");
+    worker_series(out, c, "worker_kv_pages", ",state=\"free\"", WF_PAGES_FREE);
+    worker_series(out, c, "worker_kv_pages", ",state=\"active\"", WF_PAGES_ACTIVE);
+    worker_series(out, c, "worker_kv_pages", ",state=\"cached\"", WF_PAGES_CACHED);
+    header(out, "worker_kv_pages_total", "gauge", "KV pages of the worker's arena.");
+    worker_series(out, c, "worker_kv_pages_total", "", WF_PAGES_TOTAL);
+    header(out, "worker_steps_total", "counter", "Engine steps the worker ran.");
+    worker_series(out, c, "worker_steps_total", "", WF_STEPS);
+    header(out, "worker_computed_tokens_total", "counter",
+           "Rows the worker ran through the model.");
+    worker_series(out, c, "worker_computed_tokens_total", "", WF_COMPUTED);
+    header(out, "worker_prefix_cache_hits_total", "counter",
+           "Prompt tokens the worker took from its prefix cache.");
+    worker_series(out, c, "worker_prefix_cache_hits_total", "", WF_HITS);
+    header(out, "worker_generated_tokens_total", "counter", "Tokens the worker generated.");
+    worker_series(out, c, "worker_generated_tokens_total", "", WF_GENERATED);
+    header(out, "worker_preemptions_total", "counter", "Streams the worker preempted.");
+    worker_series(out, c, "worker_preemptions_total", "", WF_PREEMPTIONS);
+    return !coordinator_buf_failed(out);
+}

@@ -1,0 +1,115 @@
+/* coordinator_metrics.h: the coordinator's counters and /metrics.
+ *
+ * Counters and histograms are fixed arrays of atomics: any thread records
+ * with relaxed atomic adds (no lock, no allocation; recording a token is
+ * a handful of instructions), and GET /metrics renders them in the
+ * Prometheus text format (version 0.0.4) together with the workers' state,
+ * which the caller passes in as it read it from the cluster.
+ *
+ * Exported (all prefixed shoal_):
+ *   http_requests_total{route,status}        requests answered, by status
+ *   prompt_tokens_total, generation_tokens_total
+ *   prefix_cache_queries_total               prompt tokens sent to workers
+ *   prefix_cache_hits_total                  of those, served from cache
+ *   time_to_first_token_seconds              histogram, per choice
+ *   inter_token_latency_seconds              histogram, per token after the first
+ *   request_duration_seconds                 histogram, per generation request
+ *   http_requests_running, streams_running, streams_waiting (gauges)
+ *   worker_up, worker_restarts_total, worker_streams{state},
+ *   worker_kv_pages{state="free|active|cached"}, worker_kv_pages_total,
+ *   worker_steps_total, worker_computed_tokens_total,
+ *   worker_prefix_cache_hits_total, worker_generated_tokens_total,
+ *   worker_preemptions_total                 per worker{worker,device}
+ *   streams_resumed_total                    streams moved off a dead worker */
+#ifndef SHOAL_COORDINATOR_METRICS_H
+#define SHOAL_COORDINATOR_METRICS_H
+
+#include "coordinator_buf.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum coordinator_endpoint {
+    COORDINATOR_ENDPOINT_CHAT = 0,    /* /v1/chat/completions */
+    COORDINATOR_ENDPOINT_COMPLETIONS, /* /v1/completions */
+    COORDINATOR_ENDPOINT_MODELS,      /* /v1/models */
+    COORDINATOR_ENDPOINT_TOKENIZE,    /* /tokenize */
+    COORDINATOR_ENDPOINT_DETOKENIZE,  /* /detokenize */
+    COORDINATOR_ENDPOINT_HEALTH,      /* /health */
+    COORDINATOR_ENDPOINT_METRICS,     /* /metrics */
+    COORDINATOR_ENDPOINT_OTHER,       /* anything else (404) */
+    COORDINATOR_ENDPOINT__COUNT
+} coordinator_endpoint;
+
+/* Its path, as the route label prints it. */
+const char *coordinator_endpoint_path(coordinator_endpoint endpoint);
+
+/* Statuses counted by their own label; others count as "other". 499 is
+ * nginx's "client closed request": the client went away first. */
+enum { COORDINATOR_METRICS_STATUSES = 13 };
+
+enum { COORDINATOR_METRICS_BUCKETS = 24 };
+
+typedef struct coordinator_histogram {
+    const double *bounds; /* upper bounds in seconds, ascending; +Inf implied */
+    int bucket_count;
+    _Atomic uint64_t counts[COORDINATOR_METRICS_BUCKETS + 1]; /* not cumulative */
+    _Atomic uint64_t sum_ns;
+} coordinator_histogram;
+
+typedef struct coordinator_metrics {
+    _Atomic uint64_t requests[COORDINATOR_ENDPOINT__COUNT][COORDINATOR_METRICS_STATUSES + 1];
+    _Atomic uint64_t prompt_tokens;
+    _Atomic uint64_t generation_tokens;
+    _Atomic uint64_t prefix_queries;
+    _Atomic uint64_t prefix_hits;
+    _Atomic int64_t http_running;
+    coordinator_histogram ttft;
+    coordinator_histogram itl;
+    coordinator_histogram duration;
+} coordinator_metrics;
+
+/* Zeroes every counter. */
+void coordinator_metrics_init(coordinator_metrics *m);
+
+/* One answered request. */
+void coordinator_metrics_request(coordinator_metrics *m, coordinator_endpoint endpoint, int status);
+
+/* Tokens of a finished generation request. */
+void coordinator_metrics_tokens(coordinator_metrics *m, uint64_t prompt, uint64_t generated,
+                                uint64_t cached);
+
+void coordinator_metrics_observe(coordinator_histogram *h, uint64_t ns);
+
+/* The workers' state, copied from the cluster by the caller. */
+typedef struct coordinator_metrics_worker {
+    int index;
+    char device[16];
+    bool alive;
+    int restarts;
+    int running;
+    int waiting;
+    int pages_total;
+    int pages_free;
+    int pages_active;
+    int pages_cached;
+    uint64_t steps;
+    uint64_t computed_tokens;
+    uint64_t cached_tokens;
+    uint64_t generated_tokens;
+    uint64_t preemptions;
+} coordinator_metrics_worker;
+
+typedef struct coordinator_metrics_cluster {
+    int worker_count;
+    const coordinator_metrics_worker *workers;
+    uint64_t resumed;
+} coordinator_metrics_cluster;
+
+/* The Prometheus text of m and the cluster's state into out (cleared
+ * first). false if memory ran out. */
+bool coordinator_metrics_render(const coordinator_metrics *m,
+                                const coordinator_metrics_cluster *cluster, coordinator_buf *out);
+
+#endif
