@@ -129,7 +129,9 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
     printf("  %-34s %-7s %5d rows, %3d streams: error %.2e, sliced vs one launch %zu "
            "differ, planted fault %.2e%s\n",
            label, shoal_dtype_name(kv_dtype), rows, streams, err, differ, err_fault,
-           rows > KERNELS_ATTN_SLICE_ROWS ? (err_fault > tol ? " (red)" : " (UNSEEN)") : "");
+           test_dry                         ? " (dry run: no slices)"
+           : rows > KERNELS_ATTN_SLICE_ROWS ? (err_fault > tol ? " (red)" : " (UNSEEN)")
+                                            : "");
     CHECK_MSG(err <= tol, "%s: error %.3e over %.1e", label, err, tol);
     CHECK_MSG(differ == 0, "%s: sliced and unsliced differ in %zu elements", label, differ);
     if (rows > KERNELS_ATTN_SLICE_ROWS && !test_dry) {
