@@ -13,6 +13,8 @@ static const char *const names[SHOAL_ERR__COUNT] = {
     [SHOAL_ERR_NOT_FOUND] = "not found",
     [SHOAL_ERR_DEVICE] = "device error",
     [SHOAL_ERR_BROKEN] = "object unusable after an earlier error",
+    [SHOAL_ERR_TIMEOUT] = "timed out",
+    [SHOAL_ERR_CLOSED] = "closed",
 };
 
 const char *shoal_strerror(shoal_err err)

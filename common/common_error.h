@@ -21,6 +21,8 @@ typedef enum shoal_err {
     SHOAL_ERR_NOT_FOUND,   /* a named thing does not exist */
     SHOAL_ERR_DEVICE,      /* the compute device (CUDA) reported an error */
     SHOAL_ERR_BROKEN,      /* the object failed earlier and is unusable */
+    SHOAL_ERR_TIMEOUT,     /* nothing arrived or finished in the time given */
+    SHOAL_ERR_CLOSED,      /* the other end or the object is closed */
     SHOAL_ERR__COUNT
 } shoal_err;
 

@@ -50,6 +50,10 @@
 /* Streams in one forward pass. */
 #define SHOAL_BATCH_STREAMS_MAX 512
 
+/* Streams waiting for admission in one worker: past this, submit answers
+ * "retry later" (the coordinator's 429/503) instead of queueing unbounded. */
+#define SHOAL_QUEUED_STREAMS_MAX 65536
+
 /* Threads of the CPU backend's pool. */
 #define SHOAL_CPU_THREADS_MAX 256
 

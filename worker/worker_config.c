@@ -206,7 +206,7 @@ shoal_err worker_config_parse(const char *json, const char *label, worker_config
                              label, cfg->head_dim);
         goto out;
     }
-    double eps;
+    double eps = 0.0;
     if ((err = get_double(root, "rms_norm_eps", 1e-6, 0.0, 1.0, label, &eps, diag)))
         goto out;
     cfg->rms_eps = (float)eps;
@@ -256,7 +256,7 @@ shoal_err worker_config_parse_generation(const char *json, const char *label,
     }
     if ((err = get_eos(root, label, cfg, diag)))
         goto out;
-    int bos;
+    int bos = -2;
     if ((err = get_int(root, "bos_token_id", -2, -2, cfg->vocab - 1, label, &bos, diag)))
         goto out;
     if (bos != -2)

@@ -1,17 +1,28 @@
 /* shoal-worker: owns one device and runs the model on it.
  *
- * Today it runs one prompt given as token ids and prints the greedy tokens
- * with their log-probabilities (one line each: index, token id, logprob),
- * then prefill and decode speed on stderr. */
+ * Two offline modes today:
+ *   one prompt (--prompt-ids or --prompt-random): prints the greedy tokens
+ *     with their log-probabilities (one line each: index, token id,
+ *     logprob), then prefill and decode speed on stderr;
+ *   --bench-streams N: N streams of --prompt-random tokens through the
+ *     engine (continuous batching, --parallel at once) and its throughput.
+ * and the serving mode, started by the coordinator (or systemd):
+ *   --serve --connect SOCKET --worker-index N: the engine loop, driven over
+ *     the coordinator's socket (worker_serve.h). */
 #include "common/common_log.h"
 #include "common/common_rng.h"
+#include "worker/worker_bench.h"
 #include "worker/worker_generate.h"
+#include "worker/worker_serve.h"
+
+#include <signal.h>
 
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -28,7 +39,22 @@ static void usage(FILE *f)
             "  --ignore-eos           keep generating past an EOS token\n"
             "  --page-tokens N        tokens per KV page (default 16)\n"
             "  --max-batch-tokens N   rows of one forward pass; prompts longer go in chunks\n"
-            "                         (default 2048)\n");
+            "                         (default 2048)\n"
+            "  --bench-streams N      engine benchmark: N streams of --prompt-random tokens\n"
+            "                         and --max-tokens output each\n"
+            "  --parallel N           engine: streams running at once (default 64)\n"
+            "  --kv-pages N           engine: KV pages (default: enough for --parallel\n"
+            "                         streams of the benchmark's length; serving: a quarter of\n"
+            "                         the memory available at start, at most what --parallel\n"
+            "                         streams of --max-model-len need)\n"
+            "  --max-model-len N      serving: context of one stream (default: the model's,\n"
+            "                         at most 32768)\n"
+            "  --serve                serve a coordinator (with --connect and --worker-index)\n"
+            "  --connect SOCKET       the coordinator's socket file for this worker\n"
+            "  --worker-index N       this worker's index in the cluster\n"
+            "  --heartbeat-ms N       report at least this often while idle (default 200)\n"
+            "  --fake-tokens          serving benchmark: no model, one token per stream per\n"
+            "                         step, to measure the coordinator alone\n");
 }
 
 static int parse_int(const char *flag, const char *s, long lo, long hi, int *out)
@@ -85,10 +111,118 @@ static bool print_token(void *ctx, int index, int token, float logprob)
     return true;
 }
 
+static int run_bench(worker_model_options *mo, int streams, int prompt_tokens, int output_tokens,
+                     int parallel, int kv_pages)
+{
+    shoal_diag diag = {{0}};
+    if (parallel > streams)
+        parallel = streams;
+    int per_stream = (prompt_tokens + output_tokens + mo->page_tokens - 1) / mo->page_tokens;
+    worker_engine_options eo = {.max_batch_tokens = mo->max_rows, .parallel = parallel,
+                                .max_queued = streams,
+                                .max_model_len = per_stream * mo->page_tokens};
+    mo->kv_pages = kv_pages ? kv_pages : parallel * per_stream;
+    worker_engine_size_model(&eo, mo);
+    LOG_INFO("loading %s (%s weights) on %s: %d KV pages", mo->model_dir,
+             mo->load_format == WORKER_LOAD_DUMMY ? "dummy" : "real", mo->device, mo->kv_pages);
+    worker_model *m = NULL;
+    worker_engine *e = NULL;
+    int rc = 1;
+    if (worker_model_open(mo, &m, &diag) || worker_engine_open(m, &eo, &e, &diag)) {
+        fprintf(stderr, "shoal-worker: %s\n", diag.msg);
+        goto out;
+    }
+    worker_bench_options bo = {streams, prompt_tokens, output_tokens, 42};
+    worker_bench_result r;
+    if (worker_bench_run(e, worker_model_config(m)->vocab, &bo, &r, &diag)) {
+        fprintf(stderr, "shoal-worker: %s\n", diag.msg);
+        goto out;
+    }
+    printf("engine: %d streams of %d prompt + %d output tokens, parallel %d, batch %d rows\n",
+           streams, prompt_tokens, output_tokens, parallel, mo->max_rows);
+    printf("  %.2f s, %llu steps, %llu preemptions\n", r.seconds, (unsigned long long)r.steps,
+           (unsigned long long)r.preemptions);
+    printf("  output %.1f tokens/s, total (prompt + output) %.1f tokens/s, mean time to first "
+           "token %.3f s\n",
+           (double)r.output_tokens / r.seconds,
+           (double)(r.output_tokens + r.prompt_tokens) / r.seconds, r.first_token_s_mean);
+    rc = 0;
+out:
+    worker_engine_close(e);
+    worker_model_close(m);
+    return rc;
+}
+
+/* KV pages when none are given: a quarter of the host memory available
+ * now (the CPU backend's arena is host memory), at most what `parallel`
+ * streams of max_model_len need. */
+static int default_kv_pages(const worker_config *c, int page_tokens, int parallel,
+                            int max_model_len)
+{
+    kernels_kv_layout L;
+    kernels_kv_layout_init(&L, c->layers, c->kv_heads, c->head_dim, page_tokens,
+                           SHOAL_DTYPE_BF16);
+    long long avail = (long long)sysconf(_SC_AVPHYS_PAGES) * sysconf(_SC_PAGESIZE);
+    long long pages = avail / 4 / (long long)L.page_bytes;
+    long long need = (long long)parallel * ((max_model_len + page_tokens - 1) / page_tokens);
+    if (pages > need)
+        pages = need;
+    return pages < 1 ? 1 : pages > (1 << 24) ? (1 << 24) : (int)pages;
+}
+
+static int run_serve(worker_model_options *mo, const char *connect, int index, int heartbeat_ms,
+                     bool fake, int parallel, int kv_pages, int max_model_len)
+{
+    shoal_diag diag = {{0}};
+    worker_serve_options so = {.socket_path = connect, .worker_index = index,
+                               .heartbeat_ms = heartbeat_ms, .device = mo->device,
+                               .fake_tokens = fake, .fake_vocab = 1000,
+                               .fake_max_model_len = max_model_len ? max_model_len : 32768,
+                               .fake_parallel = parallel};
+    signal(SIGPIPE, SIG_IGN);
+    if (fake) {
+        shoal_err err = worker_serve_run(&so, NULL, NULL, &diag);
+        if (err)
+            fprintf(stderr, "shoal-worker: %s\n", diag.msg);
+        return err ? 1 : 0;
+    }
+    worker_config cfg;
+    if (worker_config_load(mo->model_dir, &cfg, &diag)) {
+        fprintf(stderr, "shoal-worker: %s\n", diag.msg);
+        return 1;
+    }
+    if (!max_model_len)
+        max_model_len = cfg.max_positions < 32768 ? cfg.max_positions : 32768;
+    worker_engine_options eo = {.max_batch_tokens = mo->max_rows, .parallel = parallel,
+                                .max_queued = 4096, .max_model_len = max_model_len};
+    mo->kv_pages = kv_pages ? kv_pages
+                            : default_kv_pages(&cfg, mo->page_tokens, parallel, max_model_len);
+    worker_engine_size_model(&eo, mo);
+    LOG_INFO("worker %d: loading %s on %s, %d KV pages of %d tokens, parallel %d", index,
+             mo->model_dir, mo->device, mo->kv_pages, mo->page_tokens, parallel);
+    worker_model *m = NULL;
+    worker_engine *e = NULL;
+    int rc = 1;
+    if (worker_model_open(mo, &m, &diag) || worker_engine_open(m, &eo, &e, &diag)) {
+        fprintf(stderr, "shoal-worker: %s\n", diag.msg);
+        goto out;
+    }
+    if (worker_serve_run(&so, m, e, &diag)) {
+        fprintf(stderr, "shoal-worker: %s\n", diag.msg);
+        goto out;
+    }
+    rc = 0;
+out:
+    worker_engine_close(e);
+    worker_model_close(m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     enum { OPT_MODEL = 1, OPT_LOAD, OPT_DEVICE, OPT_THREADS, OPT_IDS, OPT_RANDOM, OPT_MAX,
-           OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_HELP };
+           OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_BENCH, OPT_PARALLEL, OPT_PAGES, OPT_LEN, OPT_SERVE,
+           OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"load-format", required_argument, 0, OPT_LOAD},
@@ -100,6 +234,15 @@ int main(int argc, char **argv)
         {"ignore-eos", no_argument, 0, OPT_EOS},
         {"page-tokens", required_argument, 0, OPT_PAGE},
         {"max-batch-tokens", required_argument, 0, OPT_BATCH},
+        {"bench-streams", required_argument, 0, OPT_BENCH},
+        {"parallel", required_argument, 0, OPT_PARALLEL},
+        {"kv-pages", required_argument, 0, OPT_PAGES},
+        {"max-model-len", required_argument, 0, OPT_LEN},
+        {"serve", no_argument, 0, OPT_SERVE},
+        {"connect", required_argument, 0, OPT_CONNECT},
+        {"worker-index", required_argument, 0, OPT_INDEX},
+        {"heartbeat-ms", required_argument, 0, OPT_HEARTBEAT},
+        {"fake-tokens", no_argument, 0, OPT_FAKE},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -107,10 +250,41 @@ int main(int argc, char **argv)
     worker_model_options mo;
     worker_model_options_default(&mo);
     const char *ids_text = NULL;
-    int random_len = 0, max_tokens = 16;
+    int random_len = 0, max_tokens = 16, bench_streams = 0, parallel = 64, kv_pages = 0;
+    int max_model_len = 0, worker_index = 0, heartbeat_ms = 200;
+    bool serve = false, fake = false, batch_given = false;
+    const char *connect = NULL;
     bool ignore_eos = false;
+    /* flags that take an integer: one table, one parse */
+    const struct {
+        int id;
+        const char *flag;
+        long lo, hi;
+        int *dst;
+    } ints[] = {
+        {OPT_THREADS, "--threads", 0, 256, &mo.threads},
+        {OPT_RANDOM, "--prompt-random", 1, 1 << 20, &random_len},
+        {OPT_MAX, "--max-tokens", 0, 1 << 20, &max_tokens},
+        {OPT_PAGE, "--page-tokens", 1, 256, &mo.page_tokens},
+        {OPT_BATCH, "--max-batch-tokens", 1, 8192, &mo.max_rows},
+        {OPT_BENCH, "--bench-streams", 1, 65536, &bench_streams},
+        {OPT_PARALLEL, "--parallel", 1, 512, &parallel},
+        {OPT_PAGES, "--kv-pages", 1, 1 << 24, &kv_pages},
+        {OPT_LEN, "--max-model-len", 2, 1 << 20, &max_model_len},
+        {OPT_INDEX, "--worker-index", 0, 1023, &worker_index},
+        {OPT_HEARTBEAT, "--heartbeat-ms", 10, 60000, &heartbeat_ms},
+    };
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        size_t k = 0;
+        while (k < sizeof ints / sizeof ints[0] && ints[k].id != c)
+            k++;
+        if (k < sizeof ints / sizeof ints[0]) {
+            if (parse_int(ints[k].flag, optarg, ints[k].lo, ints[k].hi, ints[k].dst))
+                return 2;
+            batch_given |= c == OPT_BATCH;
+            continue;
+        }
         switch (c) {
         case OPT_MODEL: mo.model_dir = optarg; break;
         case OPT_LOAD:
@@ -123,36 +297,32 @@ int main(int argc, char **argv)
             }
             break;
         case OPT_DEVICE: mo.device = optarg; break;
-        case OPT_THREADS:
-            if (parse_int("--threads", optarg, 0, 256, &mo.threads))
-                return 2;
-            break;
         case OPT_IDS: ids_text = optarg; break;
-        case OPT_RANDOM:
-            if (parse_int("--prompt-random", optarg, 1, 1 << 20, &random_len))
-                return 2;
-            break;
-        case OPT_MAX:
-            if (parse_int("--max-tokens", optarg, 0, 1 << 20, &max_tokens))
-                return 2;
-            break;
         case OPT_EOS: ignore_eos = true; break;
-        case OPT_PAGE:
-            if (parse_int("--page-tokens", optarg, 1, 256, &mo.page_tokens))
-                return 2;
-            break;
-        case OPT_BATCH:
-            if (parse_int("--max-batch-tokens", optarg, 1, 8192, &mo.max_rows))
-                return 2;
-            break;
+        case OPT_SERVE: serve = true; break;
+        case OPT_CONNECT: connect = optarg; break;
+        case OPT_FAKE: fake = true; break;
         case OPT_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (!mo.model_dir || (!ids_text && !random_len) || (ids_text && random_len) || optind < argc) {
+    if (serve) {
+        if (!connect || (!mo.model_dir && !fake) || optind < argc) {
+            usage(stderr);
+            return 2;
+        }
+        if (!batch_given)
+            mo.max_rows = 512;
+        return run_serve(&mo, connect, worker_index, heartbeat_ms, fake, parallel, kv_pages,
+                         max_model_len);
+    }
+    if (!mo.model_dir || (!ids_text && !random_len) || (ids_text && random_len) || optind < argc ||
+        (bench_streams && !random_len)) {
         usage(stderr);
         return 2;
     }
+    if (bench_streams)
+        return run_bench(&mo, bench_streams, random_len, max_tokens, parallel, kv_pages);
     int32_t *prompt = NULL;
     int prompt_len = 0;
     if (ids_text && parse_ids(ids_text, &prompt, &prompt_len))

@@ -2,6 +2,7 @@
 
 #include "common/common_assert.h"
 #include "common/common_limits.h"
+#include "worker/worker_fingerprint.h"
 #include "worker/worker_weights.h"
 
 #include <math.h>
@@ -44,6 +45,12 @@ struct worker_model {
     float *logits;
     /* batch description (device) */
     int32_t *ids, *positions, *row_stream, *page_table, *logit_rows;
+    /* sampling (device): params and results per logit row, penalty lists */
+    kernels_sample_params *params;
+    kernels_sample_result *results;
+    int32_t *pen_offsets, *pen_tokens, *pen_counts;
+    int pen_cap;
+    common_hash fingerprint;
 };
 
 void worker_model_options_default(worker_model_options *opt)
@@ -214,6 +221,10 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
     size_t hid = (size_t)c->hidden, inter = (size_t)c->intermediate;
     size_t wide = hid > q_w ? hid : q_w;
     size_t arena_bytes = (size_t)m->opt.kv_pages * m->kv.page_bytes;
+    /* Penalty lists name each distinct token of a stream once: at most its
+     * context, for every row that samples. */
+    int64_t pen = (int64_t)m->opt.max_logit_rows * m->opt.max_pages_per_stream * m->opt.page_tokens;
+    m->pen_cap = pen > (1 << 26) ? (1 << 26) : (int)pen;
     if (!(m->arena = dev_alloc(m, arena_bytes)))
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
                               "no memory for %d KV pages of %zu bytes (%.1f MiB); lower --kv-pages",
@@ -230,7 +241,12 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
               (m->row_stream = dev_alloc(m, rows * 4)) &&
               (m->logit_rows = dev_alloc(m, (size_t)m->opt.max_logit_rows * 4)) &&
               (m->page_table = dev_alloc(m, (size_t)m->opt.max_streams *
-                                                (size_t)m->opt.max_pages_per_stream * 4));
+                                                (size_t)m->opt.max_pages_per_stream * 4)) &&
+              (m->params = dev_alloc(m, (size_t)m->opt.max_logit_rows * sizeof *m->params)) &&
+              (m->results = dev_alloc(m, (size_t)m->opt.max_logit_rows * sizeof *m->results)) &&
+              (m->pen_offsets = dev_alloc(m, (size_t)(m->opt.max_logit_rows + 1) * 4)) &&
+              (m->pen_tokens = dev_alloc(m, (size_t)m->pen_cap * 4)) &&
+              (m->pen_counts = dev_alloc(m, (size_t)m->pen_cap * 4));
     return ok ? SHOAL_OK
               : shoal_diag_set(diag, SHOAL_ERR_NOMEM,
                                "no memory for activations of %d rows; lower the batch size",
@@ -288,6 +304,9 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
                            opt->kv_dtype);
     if ((err = alloc_buffers(m, diag)))
         goto out_close;
+    if ((err = worker_fingerprint_compute(opt->model_dir, m->weights, opt->dummy_seed, m->kv.dtype,
+                                          opt->page_tokens, &m->fingerprint, diag)))
+        goto out_close;
     *out = m;
     return SHOAL_OK;
 out_close:
@@ -326,6 +345,31 @@ int worker_model_kv_pages(const worker_model *m)
 int worker_model_max_rows(const worker_model *m)
 {
     return m->opt.max_rows;
+}
+
+int worker_model_max_logit_rows(const worker_model *m)
+{
+    return m->opt.max_logit_rows;
+}
+
+int worker_model_max_streams(const worker_model *m)
+{
+    return m->opt.max_streams;
+}
+
+int worker_model_max_pages_per_stream(const worker_model *m)
+{
+    return m->opt.max_pages_per_stream;
+}
+
+int worker_model_penalty_cap(const worker_model *m)
+{
+    return m->pen_cap;
+}
+
+const common_hash *worker_model_fingerprint(const worker_model *m)
+{
+    return &m->fingerprint;
 }
 
 kernels_backend *worker_model_backend(worker_model *m)
@@ -404,8 +448,8 @@ static shoal_err upload_batch(worker_model *m, const worker_forward *f)
     return err;
 }
 
-shoal_err worker_model_forward(worker_model *m, const worker_forward *f, float *logits,
-                               shoal_diag *diag)
+/* Runs the pass; the logits of the wanted rows stay in m->logits (device). */
+static shoal_err model_run(worker_model *m, const worker_forward *f, shoal_diag *diag)
 {
     shoal_err err = check_forward(m, f, diag);
     if (err)
@@ -460,6 +504,41 @@ shoal_err worker_model_forward(worker_model *m, const worker_forward *f, float *
     be->gather(be, m->sel, m->h, m->logit_rows, f->logit_count, c->hidden);
     be->matmul(be, m->logits, SHOAL_DTYPE_F32, m->sel, m->lm_head.data, m->lm_head.dtype,
                f->logit_count, c->vocab, c->hidden);
-    err = be->download(be, logits, m->logits, (size_t)f->logit_count * (size_t)c->vocab * 4);
+    return SHOAL_OK;
+}
+
+shoal_err worker_model_forward(worker_model *m, const worker_forward *f, float *logits,
+                               shoal_diag *diag)
+{
+    shoal_err err = model_run(m, f, diag);
+    if (err || f->logit_count == 0)
+        return err;
+    err = m->be->download(m->be, logits, m->logits,
+                          (size_t)f->logit_count * (size_t)m->cfg.vocab * 4);
     return err ? shoal_diag_set(diag, err, "forward: cannot download logits") : SHOAL_OK;
+}
+
+shoal_err worker_model_step(worker_model *m, const worker_forward *f,
+                            const kernels_sample_params *params, const worker_penalties *pen,
+                            kernels_sample_result *results, shoal_diag *diag)
+{
+    kernels_backend *be = m->be;
+    int rows = f->logit_count;
+    if (pen && (pen->entries < 0 || pen->entries > m->pen_cap))
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "step: %d penalty entries, the limit is %d",
+                              pen ? pen->entries : 0, m->pen_cap);
+    shoal_err err = model_run(m, f, diag);
+    if (err || rows == 0)
+        return err;
+    if ((err = be->upload(be, m->params, params, (size_t)rows * sizeof *params)))
+        return shoal_diag_set(diag, err, "step: cannot upload sampling parameters");
+    if (pen && ((err = be->upload(be, m->pen_offsets, pen->offsets, (size_t)(rows + 1) * 4)) ||
+                (err = be->upload(be, m->pen_tokens, pen->tokens, (size_t)pen->entries * 4)) ||
+                (err = be->upload(be, m->pen_counts, pen->counts, (size_t)pen->entries * 4))))
+        return shoal_diag_set(diag, err, "step: cannot upload penalties");
+    be->sample(be, m->results, m->logits, rows, m->cfg.vocab, m->params,
+               pen ? m->pen_offsets : NULL, pen ? m->pen_tokens : NULL,
+               pen ? m->pen_counts : NULL);
+    err = be->download(be, results, m->results, (size_t)rows * sizeof *results);
+    return err ? shoal_diag_set(diag, err, "step: cannot download sampled tokens") : SHOAL_OK;
 }

@@ -8,7 +8,9 @@
 #define SHOAL_WORKER_MODEL_H
 
 #include "common/common_error.h"
+#include "common/common_hash.h"
 #include "kernels/kernels_backend.h"
+#include "kernels/kernels_sample.h"
 #include "worker/worker_config.h"
 
 #include <stdint.h>
@@ -65,6 +67,14 @@ const worker_config *worker_model_config(const worker_model *m);
 const kernels_kv_layout *worker_model_kv_layout(const worker_model *m);
 int worker_model_kv_pages(const worker_model *m);
 int worker_model_max_rows(const worker_model *m);
+int worker_model_max_logit_rows(const worker_model *m);
+int worker_model_max_streams(const worker_model *m);
+int worker_model_max_pages_per_stream(const worker_model *m);
+/* Penalty entries one step can carry (worker_model_step). */
+int worker_model_penalty_cap(const worker_model *m);
+/* SHA-256 of everything that changes the KV bytes this model writes: see
+ * worker_model.c. Prefix-cache hashes are rooted in it. */
+const common_hash *worker_model_fingerprint(const worker_model *m);
 kernels_backend *worker_model_backend(worker_model *m);
 
 /* Runs one pass: writes the KV of every row into its page slot and fills
@@ -73,5 +83,21 @@ kernels_backend *worker_model_backend(worker_model *m);
  * refused with SHOAL_ERR_INVALID or SHOAL_ERR_LIMIT before any work. */
 shoal_err worker_model_forward(worker_model *m, const worker_forward *f, float *logits,
                                shoal_diag *diag);
+
+/* Penalty lists of the rows that sample, as the sample op takes them
+ * (kernels_backend.h): CSR offsets [logit_count + 1], tokens and counts. */
+typedef struct worker_penalties {
+    const int32_t *offsets;
+    const int32_t *tokens;
+    const int32_t *counts;
+    int entries;
+} worker_penalties;
+
+/* Runs one pass and samples one token for each logit row on the device,
+ * with params[logit_count] and penalties (NULL for none); only the results
+ * come back to the host. */
+shoal_err worker_model_step(worker_model *m, const worker_forward *f,
+                            const kernels_sample_params *params, const worker_penalties *pen,
+                            kernels_sample_result *results, shoal_diag *diag);
 
 #endif

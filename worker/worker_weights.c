@@ -178,6 +178,17 @@ out_close:
     return err;
 }
 
+int worker_weights_shards(const worker_weights *w)
+{
+    return w->shards;
+}
+
+void worker_weights_shard(const worker_weights *w, int i, const void **data, size_t *bytes)
+{
+    *data = w->shard[i].map.data;
+    *bytes = w->shard[i].map.bytes;
+}
+
 bool worker_weights_is_dummy(const worker_weights *w)
 {
     return w->dummy;

@@ -49,6 +49,10 @@ shoal_err worker_weights_get(worker_weights *w, const char *name, int dims, cons
 /* True when the model files hold `name` (always false for dummy). */
 bool worker_weights_has(const worker_weights *w, const char *name);
 
+/* The mapped files (0 for dummy): shard i's whole bytes, for fingerprints. */
+int worker_weights_shards(const worker_weights *w);
+void worker_weights_shard(const worker_weights *w, int i, const void **data, size_t *bytes);
+
 /* True for the dummy source. */
 bool worker_weights_is_dummy(const worker_weights *w);
 

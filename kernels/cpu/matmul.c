@@ -51,47 +51,90 @@ static void tile_portable(const struct matmul_job *j, int r0, int r1, int n0, in
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
-AVX512 static inline __m512 load_w(const void *w, shoal_dtype dt, size_t i, __mmask16 m)
+AVX512 static inline __m512 load_bf16(const void *w, size_t i, __mmask16 m)
 {
-    if (dt == SHOAL_DTYPE_BF16) {
-        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    if (dt == SHOAL_DTYPE_F16)
-        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i));
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AVX512 static inline __m512 load_f16(const void *w, size_t i, __mmask16 m)
+{
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i));
+}
+
+AVX512 static inline __m512 load_f32(const void *w, size_t i, __mmask16 m)
+{
     return _mm512_maskz_loadu_ps(m, (const float *)w + i);
 }
 
-/* MR input rows x NR weight rows starting at (r, c); rows and columns past
- * the edge repeat the last valid one and are not stored. */
-AVX512 static void tile_avx512(const struct matmul_job *j, int r, int rn, int c, int cn)
+AVX512 static inline __m512 load_w(const void *w, shoal_dtype dt, size_t i, __mmask16 m)
 {
-    __m512 acc[MR][NR];
-    const float *x[MR];
-    size_t wb[NR];
-    for (int a = 0; a < MR; a++) {
-        x[a] = j->in + (size_t)(r + (a < rn ? a : rn - 1)) * (size_t)j->k;
-        for (int b = 0; b < NR; b++)
-            acc[a][b] = _mm512_setzero_ps();
-    }
-    for (int b = 0; b < NR; b++)
-        wb[b] = (size_t)(c + (b < cn ? b : cn - 1)) * (size_t)j->k;
-    for (int i = 0; i < j->k; i += 16) {
-        __mmask16 m = j->k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (j->k - i)) - 1u);
-        __m512 xv[MR];
-        for (int a = 0; a < MR; a++)
-            xv[a] = _mm512_maskz_loadu_ps(m, x[a] + i);
-        for (int b = 0; b < NR; b++) {
-            __m512 wv = load_w(j->w, j->wdtype, wb[b] + (size_t)i, m);
-            for (int a = 0; a < MR; a++)
-                acc[a][b] = _mm512_fmadd_ps(xv[a], wv, acc[a][b]);
-        }
-    }
-    for (int a = 0; a < rn; a++)
-        for (int b = 0; b < cn; b++)
-            j->out[(size_t)(r + a) * (size_t)j->n + (size_t)(c + b)] =
-                _mm512_reduce_add_ps(acc[a][b]);
+    return dt == SHOAL_DTYPE_BF16 ? load_bf16(w, i, m)
+           : dt == SHOAL_DTYPE_F16 ? load_f16(w, i, m)
+                                   : load_f32(w, i, m);
 }
+
+/* MR input rows x NR weight rows starting at (r, c); rows and columns past
+ * the edge repeat the last valid one and are not stored. One function per
+ * weight dtype, so the sixteen accumulators stay in registers. */
+#define DEFINE_TILE(NAME, LOAD)                                                                \
+    AVX512 static void NAME(const struct matmul_job *j, int r, int rn, int c, int cn)          \
+    {                                                                                          \
+        const float *x0 = j->in + (size_t)r * (size_t)j->k;                                    \
+        const float *x1 = j->in + (size_t)(r + (1 < rn ? 1 : rn - 1)) * (size_t)j->k;          \
+        const float *x2 = j->in + (size_t)(r + (2 < rn ? 2 : rn - 1)) * (size_t)j->k;          \
+        const float *x3 = j->in + (size_t)(r + (3 < rn ? 3 : rn - 1)) * (size_t)j->k;          \
+        size_t w0 = (size_t)c * (size_t)j->k;                                                  \
+        size_t w1 = (size_t)(c + (1 < cn ? 1 : cn - 1)) * (size_t)j->k;                        \
+        size_t w2 = (size_t)(c + (2 < cn ? 2 : cn - 1)) * (size_t)j->k;                        \
+        size_t w3 = (size_t)(c + (3 < cn ? 3 : cn - 1)) * (size_t)j->k;                        \
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;                      \
+        __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;                                      \
+        __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00;                                      \
+        __m512 a30 = a00, a31 = a00, a32 = a00, a33 = a00;                                      \
+        /* Only the first row tile reads these weights from memory; later    \
+         * ones find them in cache. */                                                         \
+        bool prefetch = r % ROW_BLOCK == 0;                                                    \
+        size_t esize = shoal_dtype_bytes(j->wdtype);                                           \
+        const char *pf = (const char *)j->w + (size_t)NR * (size_t)j->k * esize;               \
+        for (int i = 0; i < j->k; i += 16) {                                                   \
+            __mmask16 m =                                                                      \
+                j->k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (j->k - i)) - 1u);     \
+            __m512 v0 = _mm512_maskz_loadu_ps(m, x0 + i), v1 = _mm512_maskz_loadu_ps(m, x1 + i); \
+            __m512 v2 = _mm512_maskz_loadu_ps(m, x2 + i), v3 = _mm512_maskz_loadu_ps(m, x3 + i); \
+            if (prefetch) {                                                                    \
+                /* the next tile's weight rows: see row_avx512 */                              \
+                _mm_prefetch(pf + (w0 + i) * esize, _MM_HINT_T0);                              \
+                _mm_prefetch(pf + (w1 + i) * esize, _MM_HINT_T0);                              \
+                _mm_prefetch(pf + (w2 + i) * esize, _MM_HINT_T0);                              \
+                _mm_prefetch(pf + (w3 + i) * esize, _MM_HINT_T0);                              \
+            }                                                                                  \
+            __m512 w = LOAD(j->w, w0 + (size_t)i, m);                                          \
+            a00 = _mm512_fmadd_ps(v0, w, a00), a10 = _mm512_fmadd_ps(v1, w, a10);              \
+            a20 = _mm512_fmadd_ps(v2, w, a20), a30 = _mm512_fmadd_ps(v3, w, a30);              \
+            w = LOAD(j->w, w1 + (size_t)i, m);                                                 \
+            a01 = _mm512_fmadd_ps(v0, w, a01), a11 = _mm512_fmadd_ps(v1, w, a11);              \
+            a21 = _mm512_fmadd_ps(v2, w, a21), a31 = _mm512_fmadd_ps(v3, w, a31);              \
+            w = LOAD(j->w, w2 + (size_t)i, m);                                                 \
+            a02 = _mm512_fmadd_ps(v0, w, a02), a12 = _mm512_fmadd_ps(v1, w, a12);              \
+            a22 = _mm512_fmadd_ps(v2, w, a22), a32 = _mm512_fmadd_ps(v3, w, a32);              \
+            w = LOAD(j->w, w3 + (size_t)i, m);                                                 \
+            a03 = _mm512_fmadd_ps(v0, w, a03), a13 = _mm512_fmadd_ps(v1, w, a13);              \
+            a23 = _mm512_fmadd_ps(v2, w, a23), a33 = _mm512_fmadd_ps(v3, w, a33);              \
+        }                                                                                      \
+        __m512 acc[MR][NR] = {{a00, a01, a02, a03},                                            \
+                              {a10, a11, a12, a13},                                            \
+                              {a20, a21, a22, a23},                                            \
+                              {a30, a31, a32, a33}};                                           \
+        for (int a = 0; a < rn; a++)                                                           \
+            for (int b = 0; b < cn; b++)                                                       \
+                j->out[(size_t)(r + a) * (size_t)j->n + (size_t)(c + b)] =                     \
+                    _mm512_reduce_add_ps(acc[a][b]);                                           \
+    }
+
+DEFINE_TILE(tile_bf16, load_bf16)
+DEFINE_TILE(tile_f16, load_f16)
+DEFINE_TILE(tile_f32, load_f32)
 
 /* One input row: the decode case. Weight rows are read one after another,
  * so memory is read in one linear stream the prefetcher follows; the dot
@@ -124,9 +167,13 @@ AVX512 static void block_avx512(const struct matmul_job *j, int r0, int r1, int 
         row_avx512(j, r0, n0, n1);
         return;
     }
+    void (*tile)(const struct matmul_job *, int, int, int, int) =
+        j->wdtype == SHOAL_DTYPE_BF16  ? tile_bf16
+        : j->wdtype == SHOAL_DTYPE_F16 ? tile_f16
+                                       : tile_f32;
     for (int c = n0; c < n1; c += NR)
         for (int r = r0; r < r1; r += MR)
-            tile_avx512(j, r, r1 - r < MR ? r1 - r : MR, c, n1 - c < NR ? n1 - c : NR);
+            tile(j, r, r1 - r < MR ? r1 - r : MR, c, n1 - c < NR ? n1 - c : NR);
 }
 
 static void matmul_task_avx512(void *ctx, int task, int thread)

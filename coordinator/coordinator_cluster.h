@@ -1,0 +1,123 @@
+/* coordinator_cluster.h: the coordinator's side of its workers.
+ *
+ * Starts the worker processes (or waits for workers that start themselves),
+ * talks to each over an nng pair socket in the runtime directory (the
+ * messages of shm/shm_proto.h), places each stream on a worker (the router),
+ * watches heartbeats, and when a worker dies resumes its streams on another
+ * worker from their prompt plus the tokens already delivered, so the client
+ * sees one uninterrupted stream. Restarts dead workers with backoff.
+ *
+ * Threads: one internal thread receives from all workers and calls the
+ * event callbacks; submit and cancel may be called from any thread. */
+#ifndef SHOAL_COORDINATOR_CLUSTER_H
+#define SHOAL_COORDINATOR_CLUSTER_H
+
+#include "common/common_error.h"
+#include "common/common_hash.h"
+#include "shm/shm_proto.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum { COORDINATOR_WORKERS_MAX = 64 };
+
+typedef enum coordinator_route {
+    COORDINATOR_ROUTE_PREFIX = 0, /* longest cached prefix, weighed against load */
+    COORDINATOR_ROUTE_LEAST_LOADED,
+    COORDINATOR_ROUTE_ROUND_ROBIN,
+} coordinator_route;
+
+typedef struct coordinator_cluster_options {
+    const char *model_dir;
+    const char *workers;     /* "auto", "cpu,cpu", "0,1", or "none" */
+    const char *runtime_dir; /* sockets live here (created 0700) */
+    const char *worker_path; /* the shoal-worker binary */
+    coordinator_route route;
+    /* passed to each worker as flags; 0 or NULL leaves the worker's default */
+    const char *load_format;
+    int threads;
+    int page_tokens;
+    int kv_pages;
+    int parallel;
+    int max_batch_tokens;
+    int max_model_len;
+    /* supervision */
+    int heartbeat_ms;    /* a worker reports at least this often while idle */
+    int dead_after_ms;   /* silence after which a worker is declared dead */
+    int start_timeout_ms; /* model loading included */
+} coordinator_cluster_options;
+
+/* Defaults: auto workers, prefix routing, heartbeat 200 ms, dead after
+ * 3 s, 10 minutes to start. */
+void coordinator_cluster_options_default(coordinator_cluster_options *o);
+
+typedef struct coordinator_cluster coordinator_cluster;
+
+/* Starts the workers and waits until every one has said HELLO (loaded its
+ * model), or the start timeout passes. */
+shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
+                                   coordinator_cluster **out, shoal_diag *diag);
+
+/* Stops the workers (SHUTDOWN, then SIGTERM, then SIGKILL) and frees. */
+void coordinator_cluster_close(coordinator_cluster *c);
+
+/* One stream to run. */
+typedef struct coordinator_stream_request {
+    const int32_t *prompt;
+    int prompt_len;
+    int max_tokens;
+    shm_sampling sampling;
+    bool ignore_eos;
+    int stop_count;
+    int32_t stop_ids[SHM_STOP_IDS_MAX];
+    bool has_salt;
+    common_hash salt;
+} coordinator_stream_request;
+
+/* Called on the cluster's thread for each event of a stream: a token
+ * (ev->token >= 0), and once with ev->finish != 0, after which the stream
+ * is gone. A stream the workers refused ends with finish =
+ * COORDINATOR_FINISH_ERROR and the message in `error`. Keep it short:
+ * queue the event and return. */
+enum { COORDINATOR_FINISH_ERROR = 100 };
+typedef void (*coordinator_event_fn)(void *ctx, const shm_event *ev, const char *error);
+
+/* Places a stream on a worker. *stream_id names it for cancel. Errors:
+ * SHOAL_ERR_INVALID or SHOAL_ERR_LIMIT when it can never run (too long for
+ * the context or the pool: the HTTP 400), SHOAL_ERR_BROKEN when no worker
+ * is alive (503), with diag saying why. */
+shoal_err coordinator_cluster_submit(coordinator_cluster *c, const coordinator_stream_request *r,
+                                     coordinator_event_fn fn, void *ctx, uint64_t *stream_id,
+                                     shoal_diag *diag);
+
+/* Cancels a stream. When it returns, fn is never called again for it.
+ * Unknown ids (already finished) are ignored. */
+void coordinator_cluster_cancel(coordinator_cluster *c, uint64_t stream_id);
+
+/* Model facts every worker agreed on at HELLO. */
+int coordinator_cluster_vocab(const coordinator_cluster *c);
+int coordinator_cluster_max_model_len(const coordinator_cluster *c);
+
+typedef struct coordinator_worker_stats {
+    int index;
+    int pid;
+    char device[16];
+    bool alive;
+    int restarts;
+    shm_load load;
+} coordinator_worker_stats;
+
+typedef struct coordinator_cluster_stats {
+    int workers;
+    int alive;
+    int streams; /* live streams */
+    uint64_t resumed; /* streams moved off a dead worker */
+    coordinator_worker_stats worker[COORDINATOR_WORKERS_MAX];
+} coordinator_cluster_stats;
+
+void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_stats *out);
+
+/* True when every worker answered within dead_after_ms. */
+bool coordinator_cluster_healthy(coordinator_cluster *c);
+
+#endif

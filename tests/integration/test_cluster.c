@@ -1,0 +1,395 @@
+/* The cluster with real worker processes over real nng sockets, on the CPU
+ * backend: streams complete with the outputs of an in-process run; a
+ * worker killed with SIGKILL mid-stream loses no stream and changes no
+ * greedy output; cancelled streams return their pages; requests that can
+ * never fit are refused; prefix routing sends a shared prefix where it is
+ * cached. */
+#include "coordinator/coordinator_cluster.h"
+#include "tests/test.h"
+#include "worker/worker_engine.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MODEL SHOAL_FIXTURES "/parity/llama3-scaled-bf16"
+enum { STREAMS = 16, OUT = 48, VOCAB = 353 };
+
+typedef struct result {
+    pthread_mutex_t lock;
+    int32_t tokens[OUT];
+    int n;
+    int finish;
+    int cached;
+    char error[256];
+    atomic_int done;
+} result;
+
+static void on_event(void *ctx, const shm_event *ev, const char *error)
+{
+    result *r = ctx;
+    pthread_mutex_lock(&r->lock);
+    if (ev->token >= 0 && r->n < OUT) {
+        if (ev->index != r->n)
+            fprintf(stderr, "  event index %d, expected %d\n", ev->index, r->n);
+        r->tokens[r->n++] = ev->token;
+        if (ev->index == 0)
+            r->cached = ev->cached_tokens;
+    }
+    if (ev->finish) {
+        r->finish = ev->finish;
+        if (error)
+            snprintf(r->error, sizeof r->error, "%s", error);
+        atomic_store(&r->done, 1);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+static char runtime_dir[64];
+static int kv_pages = 128;
+
+static coordinator_cluster *start(const char *workers, coordinator_route route)
+{
+    coordinator_cluster_options o;
+    coordinator_cluster_options_default(&o);
+    o.model_dir = MODEL;
+    o.workers = workers;
+    o.runtime_dir = runtime_dir;
+    o.worker_path = SHOAL_WORKER_BIN;
+    o.route = route;
+    o.threads = 1;
+    o.parallel = 16;
+    o.kv_pages = kv_pages;
+    o.max_model_len = 1024;
+    o.max_batch_tokens = 256;
+    o.heartbeat_ms = 50;
+    o.dead_after_ms = 1000;
+    o.start_timeout_ms = 60000;
+    coordinator_cluster *c = NULL;
+    shoal_diag diag = {{0}};
+    CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
+    return c;
+}
+
+static uint64_t rng = 4242;
+
+static uint64_t next_rng(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return rng >> 33;
+}
+
+static int32_t prompts[STREAMS][300];
+static int prompt_len[STREAMS];
+
+static coordinator_stream_request request(int i, int max_tokens)
+{
+    coordinator_stream_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = prompts[i];
+    r.prompt_len = prompt_len[i];
+    r.max_tokens = max_tokens;
+    r.sampling.top_p = 1.0f;
+    r.sampling.repetition_penalty = 1.0f;
+    r.ignore_eos = true;
+    if (i % 2) { /* seeded sampling survives a failover too */
+        r.sampling.temperature = 0.8f;
+        r.sampling.seed = 77 + (uint64_t)i;
+    }
+    return r;
+}
+
+/* The reference: each stream alone in an in-process engine. */
+static void reference(result *ref, int max_tokens)
+{
+    worker_engine_options eo = {256, 1, 16, 1024};
+    worker_model_options mo;
+    worker_model_options_default(&mo);
+    mo.model_dir = MODEL;
+    mo.kv_pages = 64;
+    mo.threads = 1;
+    worker_engine_size_model(&eo, &mo);
+    worker_model *m = NULL;
+    shoal_diag diag = {{0}};
+    CHECK_MSG(worker_model_open(&mo, &m, &diag) == SHOAL_OK, "%s", diag.msg);
+    worker_event ev[64];
+    for (int i = 0; i < STREAMS; i++) {
+        worker_engine *e = NULL;
+        CHECK(worker_engine_open(m, &eo, &e, &diag) == SHOAL_OK);
+        coordinator_stream_request cr = request(i, max_tokens);
+        worker_request wr = {.id = 1, .prompt = cr.prompt, .prompt_len = cr.prompt_len,
+                             .max_tokens = max_tokens, .ignore_eos = true};
+        wr.sampling.temperature = cr.sampling.temperature;
+        wr.sampling.top_p = 1.0f;
+        wr.sampling.repetition_penalty = 1.0f;
+        wr.sampling.seed = cr.sampling.seed;
+        CHECK(worker_engine_submit(e, &wr, &diag) == SHOAL_OK);
+        ref[i].n = 0;
+        while (worker_engine_busy(e)) {
+            int n;
+            CHECK(worker_engine_step(e, ev, &n, &diag) == SHOAL_OK);
+            for (int k = 0; k < n; k++)
+                if (ev[k].token >= 0)
+                    ref[i].tokens[ref[i].n++] = ev[k].token;
+        }
+        worker_engine_close(e);
+    }
+    worker_model_close(m);
+}
+
+static bool wait_done(result *r, int n, int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms; t += 10) {
+        int done = 0;
+        for (int i = 0; i < n; i++)
+            done += atomic_load(&r[i].done);
+        if (done == n)
+            return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+static void init_results(result *r, int n)
+{
+    for (int i = 0; i < n; i++) {
+        memset(&r[i], 0, sizeof r[i]);
+        pthread_mutex_init(&r[i].lock, NULL);
+    }
+}
+
+static result ref[STREAMS], got[STREAMS];
+
+static void sixteen_streams_on_two_workers_match_in_process_runs(void)
+{
+    coordinator_cluster *c = start("cpu,cpu", COORDINATOR_ROUTE_LEAST_LOADED);
+    if (!c)
+        return;
+    init_results(got, STREAMS);
+    for (int i = 0; i < STREAMS; i++) {
+        coordinator_stream_request r = request(i, 24);
+        uint64_t id;
+        shoal_diag diag = {{0}};
+        CHECK_MSG(coordinator_cluster_submit(c, &r, on_event, &got[i], &id, &diag) == SHOAL_OK,
+                  "%s", diag.msg);
+    }
+    CHECK(wait_done(got, STREAMS, 60000));
+    int equal = 0;
+    for (int i = 0; i < STREAMS; i++)
+        equal += got[i].n == 24 && memcmp(got[i].tokens, ref[i].tokens, 24 * 4) == 0;
+    CHECK_EQ_INT(equal, STREAMS);
+    coordinator_cluster_stats st;
+    coordinator_cluster_stats_get(c, &st);
+    CHECK_EQ_INT(st.alive, 2);
+    CHECK(st.worker[0].load.generated_tokens > 0 && st.worker[1].load.generated_tokens > 0);
+    CHECK(coordinator_cluster_healthy(c));
+    coordinator_cluster_close(c);
+}
+
+static void killed_worker_loses_no_stream(void)
+{
+    coordinator_cluster *c = start("cpu,cpu", COORDINATOR_ROUTE_LEAST_LOADED);
+    if (!c)
+        return;
+    init_results(got, STREAMS);
+    for (int i = 0; i < STREAMS; i++) {
+        coordinator_stream_request r = request(i, OUT);
+        uint64_t id;
+        shoal_diag diag = {{0}};
+        CHECK(coordinator_cluster_submit(c, &r, on_event, &got[i], &id, &diag) == SHOAL_OK);
+    }
+    /* once some tokens flowed, kill worker 0 */
+    for (int t = 0; t < 20000; t += 5) {
+        int n = 0;
+        for (int i = 0; i < STREAMS; i++)
+            n += got[i].n;
+        if (n >= 40)
+            break;
+        usleep(5000);
+    }
+    coordinator_cluster_stats st;
+    coordinator_cluster_stats_get(c, &st);
+    CHECK(st.worker[0].pid > 0);
+    kill(st.worker[0].pid, SIGKILL);
+    CHECK(wait_done(got, STREAMS, 60000));
+    int equal = 0;
+    for (int i = 0; i < STREAMS; i++)
+        equal += got[i].n == OUT && memcmp(got[i].tokens, ref[i].tokens, OUT * 4) == 0;
+    CHECK_EQ_INT(equal, STREAMS);
+    coordinator_cluster_stats_get(c, &st);
+    printf("  %llu streams resumed on the other worker\n", (unsigned long long)st.resumed);
+    CHECK(st.resumed > 0);
+    CHECK(st.worker[0].restarts == 1);
+    /* the survivor holds no page once idle; the killed worker comes back */
+    bool back = false, idle = false;
+    for (int t = 0; t < 30000 && !(back && idle); t += 20) {
+        usleep(20000);
+        coordinator_cluster_stats_get(c, &st);
+        back = st.worker[0].alive;
+        idle = st.worker[1].load.running == 0 && st.worker[1].load.pages_active == 0;
+    }
+    CHECK(back);
+    CHECK(idle);
+    coordinator_cluster_close(c);
+}
+
+static void stuck_worker_is_declared_dead(void)
+{
+    coordinator_cluster *c = start("cpu,cpu", COORDINATOR_ROUTE_ROUND_ROBIN);
+    if (!c)
+        return;
+    CHECK(coordinator_cluster_healthy(c));
+    coordinator_cluster_stats st;
+    coordinator_cluster_stats_get(c, &st);
+    kill(st.worker[1].pid, SIGSTOP); /* alive, but silent */
+    bool unhealthy = false;
+    for (int t = 0; t < 5000 && !unhealthy; t += 20) {
+        usleep(20000);
+        unhealthy = !coordinator_cluster_healthy(c);
+    }
+    CHECK(unhealthy);
+    /* streams still complete on the other worker meanwhile */
+    init_results(got, 4);
+    for (int i = 0; i < 4; i++) {
+        coordinator_stream_request r = request(i, 8);
+        uint64_t id;
+        shoal_diag diag = {{0}};
+        CHECK(coordinator_cluster_submit(c, &r, on_event, &got[i], &id, &diag) == SHOAL_OK);
+    }
+    CHECK(wait_done(got, 4, 30000));
+    for (int i = 0; i < 4; i++)
+        CHECK(got[i].n == 8 && memcmp(got[i].tokens, ref[i].tokens, 8 * 4) == 0);
+    /* the stuck one was replaced: healthy again once it said hello */
+    bool healthy = false;
+    for (int t = 0; t < 30000 && !healthy; t += 20) {
+        usleep(20000);
+        healthy = coordinator_cluster_healthy(c);
+    }
+    CHECK(healthy);
+    coordinator_cluster_close(c);
+}
+
+static void cancel_and_reject(void)
+{
+    kv_pages = 32; /* 512 tokens */
+    coordinator_cluster *c = start("cpu", COORDINATOR_ROUTE_PREFIX);
+    kv_pages = 128;
+    if (!c)
+        return;
+    init_results(got, 3);
+    uint64_t id0, id1, id2;
+    shoal_diag diag = {{0}};
+    coordinator_stream_request r = request(0, 40);
+    CHECK(coordinator_cluster_submit(c, &r, on_event, &got[0], &id0, &diag) == SHOAL_OK);
+    while (got[0].n < 3)
+        usleep(1000);
+    coordinator_cluster_cancel(c, id0);
+    int n_at_cancel = got[0].n;
+    /* a prompt that fits the context but not the pool of 32 pages */
+    static int32_t big[1000];
+    coordinator_stream_request rb = request(1, 1);
+    rb.prompt = big;
+    rb.prompt_len = 1000;
+    rb.max_tokens = 20;
+    CHECK(coordinator_cluster_submit(c, &rb, on_event, &got[1], &id1, &diag) == SHOAL_OK);
+    CHECK(wait_done(&got[1], 1, 10000));
+    CHECK_EQ_INT(got[1].finish, COORDINATOR_FINISH_ERROR);
+    CHECK_HAS(got[1].error, "the pool has 32");
+    /* over the context: refused at once */
+    rb.prompt_len = 1000;
+    rb.max_tokens = 100;
+    CHECK(coordinator_cluster_submit(c, &rb, on_event, &got[2], &id2, &diag) == SHOAL_ERR_LIMIT);
+    CHECK_HAS(diag.msg, "context length of 1024");
+    usleep(300000);
+    CHECK_EQ_INT(got[0].n, n_at_cancel); /* nothing after cancel returned */
+    CHECK(!atomic_load(&got[0].done));
+    coordinator_cluster_stats st;
+    coordinator_cluster_stats_get(c, &st);
+    CHECK_EQ_INT(st.worker[0].load.pages_active, 0);
+    CHECK_EQ_INT(st.streams, 0);
+    coordinator_cluster_close(c);
+}
+
+static void prefix_routing_follows_the_cache(void)
+{
+    coordinator_cluster *c = start("cpu,cpu", COORDINATOR_ROUTE_PREFIX);
+    if (!c)
+        return;
+    /* a 200-token prompt, then eight prompts sharing its first 192 tokens */
+    init_results(got, 9);
+    shoal_diag diag = {{0}};
+    uint64_t id;
+    static int32_t first[200], p[8][210];
+    for (int k = 0; k < 200; k++)
+        first[k] = (int32_t)(next_rng() % VOCAB);
+    coordinator_stream_request r = request(0, 4);
+    r.prompt = first;
+    r.prompt_len = 200;
+    r.sampling.temperature = 0.0f;
+    CHECK(coordinator_cluster_submit(c, &r, on_event, &got[0], &id, &diag) == SHOAL_OK);
+    CHECK(wait_done(got, 1, 20000));
+    for (int i = 0; i < 8; i++) {
+        memcpy(p[i], first, 192 * 4);
+        for (int k = 192; k < 210; k++)
+            p[i][k] = (int32_t)(next_rng() % VOCAB);
+        coordinator_stream_request ri = r;
+        ri.prompt = p[i];
+        ri.prompt_len = 210;
+        CHECK(coordinator_cluster_submit(c, &ri, on_event, &got[1 + i], &id, &diag) == SHOAL_OK);
+        CHECK(wait_done(&got[1 + i], 1, 20000));
+    }
+    int hits = 0;
+    for (int i = 1; i <= 8; i++)
+        hits += got[i].cached == 192;
+    printf("  %d of 8 streams found the shared prefix cached\n", hits);
+    CHECK_EQ_INT(hits, 8);
+    coordinator_cluster_close(c);
+}
+
+static void fake_workers_stream_tokens(void)
+{
+    coordinator_cluster_options o;
+    coordinator_cluster_options_default(&o);
+    o.model_dir = MODEL;
+    o.workers = "cpu";
+    o.runtime_dir = runtime_dir;
+    o.worker_path = SHOAL_FAKE_WORKER;
+    coordinator_cluster *c = NULL;
+    shoal_diag diag = {{0}};
+    CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
+    if (!c)
+        return;
+    init_results(got, 1);
+    coordinator_stream_request r = request(0, 30);
+    uint64_t id;
+    CHECK(coordinator_cluster_submit(c, &r, on_event, &got[0], &id, &diag) == SHOAL_OK);
+    CHECK(wait_done(got, 1, 10000));
+    CHECK_EQ_INT(got[0].n, 30);
+    CHECK_EQ_INT(got[0].finish, 2);
+    coordinator_cluster_close(c);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(runtime_dir, sizeof runtime_dir, "/tmp/shoal-cluster-XXXXXX");
+    if (!mkdtemp(runtime_dir))
+        return 1;
+    for (int i = 0; i < STREAMS; i++) {
+        prompt_len[i] = 5 + (int)(next_rng() % 250);
+        for (int k = 0; k < prompt_len[i]; k++)
+            prompts[i][k] = (int32_t)(next_rng() % VOCAB);
+    }
+    reference(ref, OUT);
+    TEST_RUN(sixteen_streams_on_two_workers_match_in_process_runs);
+    TEST_RUN(killed_worker_loses_no_stream);
+    TEST_RUN(stuck_worker_is_declared_dead);
+    TEST_RUN(cancel_and_reject);
+    TEST_RUN(prefix_routing_follows_the_cache);
+    TEST_RUN(fake_workers_stream_tokens);
+    rmdir(runtime_dir);
+    return TEST_EXIT();
+}

@@ -1,0 +1,683 @@
+#include "worker_engine.h"
+
+#include "common/common_assert.h"
+#include "common/common_limits.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct stream {
+    uint64_t id;
+    int32_t *tokens; /* prompt, then output; capacity prompt_len + max_tokens */
+    int len;
+    int prompt_len;
+    int max_tokens;
+    int generated;
+    int index_base;
+    kernels_sample_params sp;
+    bool ignore_eos;
+    int stop_count;
+    int32_t stop_ids[WORKER_STOP_IDS_MAX];
+    common_hash root;    /* chain root: fingerprint and salt */
+    common_hash *hashes; /* block hashes [0, hashed) */
+    int hashed;
+    int32_t *pages; /* page table */
+    int n_pages;
+    int published; /* blocks [0, published) went to the prefix cache */
+    int computed;  /* tokens whose KV is in pages */
+    int cached_tokens;
+    bool admitted_once;
+    int batch_slot; /* index in this step's batch, or -1 */
+    int rows;       /* rows in this step */
+} stream;
+
+struct worker_engine {
+    worker_model *m;
+    worker_engine_options o;
+    const worker_config *cfg;
+    int pt;
+    int pages_cap; /* pages one stream can hold */
+    worker_pages *pages;
+    common_hash fingerprint;
+    bool broken;
+
+    stream **running; /* admission order; [0, n_running) */
+    int n_running;
+    stream **waiting; /* ring; preempted streams go to the front */
+    int wait_cap, wait_head, n_waiting;
+    uint64_t *cancelled; /* ids whose CANCELLED event is still to report */
+    int n_cancelled, cancel_cap;
+
+    /* step scratch, sized at open */
+    int32_t *ids, *pos, *row_stream, *table, *logit_rows;
+    stream **batch;
+    stream **logit_stream;
+    kernels_sample_params *params;
+    kernels_sample_result *results;
+    int32_t *pen_off, *pen_tok, *pen_cnt, *sort_buf;
+    int pen_cap;
+
+    worker_engine_stats stats;
+};
+
+static void stream_free(stream *s)
+{
+    if (!s)
+        return;
+    free(s->tokens);
+    free(s->hashes);
+    free(s->pages);
+    free(s);
+}
+
+static void release_pages(worker_engine *e, stream *s)
+{
+    for (int i = 0; i < s->n_pages; i++)
+        worker_pages_unref(e->pages, s->pages[i]);
+    s->n_pages = 0;
+    s->computed = 0;
+    s->published = 0;
+}
+
+/* Hash of block b: SHA-256(parent hash, the block's token ids). */
+static const common_hash *block_hash(worker_engine *e, stream *s, int b)
+{
+    while (s->hashed <= b) {
+        int k = s->hashed;
+        SHOAL_ASSERT((k + 1) * e->pt <= s->len);
+        uint8_t toks[SHOAL_PAGE_TOKENS_MAX * 4];
+        for (int i = 0; i < e->pt; i++) {
+            uint32_t t = (uint32_t)s->tokens[k * e->pt + i];
+            for (int j = 0; j < 4; j++)
+                toks[4 * i + j] = (uint8_t)(t >> (8 * j)); /* little-endian on every host */
+        }
+        const common_hash *parent = k == 0 ? &s->root : &s->hashes[k - 1];
+        common_hash_part parts[2] = {{parent->bytes, COMMON_HASH_BYTES},
+                                     {toks, (size_t)e->pt * 4}};
+        common_hash_parts(parts, 2, &s->hashes[k]);
+        s->hashed++;
+    }
+    return &s->hashes[b];
+}
+
+/* ---- queues ---- */
+
+static stream *wait_pop(worker_engine *e)
+{
+    stream *s = e->waiting[e->wait_head];
+    e->wait_head = (e->wait_head + 1) % e->wait_cap;
+    e->n_waiting--;
+    return s;
+}
+
+static void wait_push_back(worker_engine *e, stream *s)
+{
+    SHOAL_ASSERT(e->n_waiting < e->wait_cap);
+    e->waiting[(e->wait_head + e->n_waiting) % e->wait_cap] = s;
+    e->n_waiting++;
+}
+
+static void wait_push_front(worker_engine *e, stream *s)
+{
+    SHOAL_ASSERT(e->n_waiting < e->wait_cap);
+    e->wait_head = (e->wait_head + e->wait_cap - 1) % e->wait_cap;
+    e->waiting[e->wait_head] = s;
+    e->n_waiting++;
+}
+
+static void running_remove(worker_engine *e, int i)
+{
+    memmove(&e->running[i], &e->running[i + 1],
+            (size_t)(e->n_running - i - 1) * sizeof *e->running);
+    e->n_running--;
+}
+
+/* ---- open / close ---- */
+
+void worker_engine_size_model(const worker_engine_options *opt, worker_model_options *mo)
+{
+    mo->max_rows = opt->max_batch_tokens;
+    mo->max_streams = opt->parallel;
+    mo->max_logit_rows = opt->parallel;
+    mo->max_pages_per_stream = (opt->max_model_len + mo->page_tokens - 1) / mo->page_tokens;
+}
+
+shoal_err worker_engine_open(worker_model *m, const worker_engine_options *opt,
+                             worker_engine **out, shoal_diag *diag)
+{
+    *out = NULL;
+    const kernels_kv_layout *kv = worker_model_kv_layout(m);
+    int pages_per_stream = worker_model_max_pages_per_stream(m);
+    if (opt->parallel < 1 || opt->parallel > worker_model_max_logit_rows(m) ||
+        opt->parallel > worker_model_max_streams(m))
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "engine: parallel %d must be in [1, %d] (the model's stream limit)",
+                              opt->parallel, worker_model_max_logit_rows(m));
+    if (opt->max_batch_tokens < 1 || opt->max_batch_tokens > worker_model_max_rows(m))
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "engine: max batch tokens %d must be in [1, %d]",
+                              opt->max_batch_tokens, worker_model_max_rows(m));
+    if (opt->max_model_len < 2 || opt->max_model_len > pages_per_stream * kv->page_tokens)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "engine: max model len %d must be in [2, %d]", opt->max_model_len,
+                              pages_per_stream * kv->page_tokens);
+    if (opt->max_queued < 1 || opt->max_queued > SHOAL_QUEUED_STREAMS_MAX)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "engine: queue of %d must be in [1, %d]",
+                              opt->max_queued, SHOAL_QUEUED_STREAMS_MAX);
+    worker_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return SHOAL_ERR_NOMEM;
+    e->m = m;
+    e->o = *opt;
+    e->cfg = worker_model_config(m);
+    e->pt = kv->page_tokens;
+    e->pages_cap = (opt->max_model_len + e->pt - 1) / e->pt;
+    e->fingerprint = *worker_model_fingerprint(m);
+    e->wait_cap = opt->max_queued + opt->parallel;
+    e->cancel_cap = opt->max_queued + opt->parallel;
+    int rows = opt->max_batch_tokens, streams = opt->parallel;
+    e->pen_cap = worker_model_penalty_cap(m);
+    if (worker_pages_open(worker_model_kv_pages(m), &e->pages) != SHOAL_OK)
+        goto out_nomem;
+    e->running = calloc((size_t)streams, sizeof *e->running);
+    e->waiting = calloc((size_t)e->wait_cap, sizeof *e->waiting);
+    e->cancelled = calloc((size_t)e->cancel_cap, sizeof *e->cancelled);
+    e->ids = malloc((size_t)rows * 4);
+    e->pos = malloc((size_t)rows * 4);
+    e->row_stream = malloc((size_t)rows * 4);
+    e->logit_rows = malloc((size_t)streams * 4);
+    e->table = malloc((size_t)streams * (size_t)e->pages_cap * 4);
+    e->batch = calloc((size_t)streams, sizeof *e->batch);
+    e->logit_stream = calloc((size_t)streams, sizeof *e->logit_stream);
+    e->params = calloc((size_t)streams, sizeof *e->params);
+    e->results = calloc((size_t)streams, sizeof *e->results);
+    e->pen_off = malloc((size_t)(streams + 1) * 4);
+    e->pen_tok = malloc((size_t)e->pen_cap * 4);
+    e->pen_cnt = malloc((size_t)e->pen_cap * 4);
+    e->sort_buf = malloc((size_t)opt->max_model_len * 4);
+    if (!e->running || !e->waiting || !e->cancelled || !e->ids || !e->pos || !e->row_stream ||
+        !e->logit_rows || !e->table || !e->batch || !e->logit_stream || !e->params ||
+        !e->results || !e->pen_off || !e->pen_tok || !e->pen_cnt || !e->sort_buf)
+        goto out_nomem;
+    *out = e;
+    return SHOAL_OK;
+out_nomem:
+    worker_engine_close(e);
+    return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "engine: no memory for its tables");
+}
+
+void worker_engine_close(worker_engine *e)
+{
+    if (!e)
+        return;
+    for (int i = 0; i < e->n_running; i++) {
+        release_pages(e, e->running[i]);
+        stream_free(e->running[i]);
+    }
+    for (int i = 0; i < e->n_waiting; i++)
+        stream_free(e->waiting[(e->wait_head + i) % e->wait_cap]);
+    worker_pages_close(e->pages);
+    free(e->running), free(e->waiting), free(e->cancelled);
+    free(e->ids), free(e->pos), free(e->row_stream), free(e->logit_rows), free(e->table);
+    free(e->batch), free(e->logit_stream), free(e->params), free(e->results);
+    free(e->pen_off), free(e->pen_tok), free(e->pen_cnt), free(e->sort_buf);
+    free(e);
+}
+
+/* ---- submit / cancel ---- */
+
+static stream *find_live(worker_engine *e, uint64_t id, int *running_index, int *wait_index)
+{
+    *running_index = *wait_index = -1;
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i]->id == id) {
+            *running_index = i;
+            return e->running[i];
+        }
+    for (int i = 0; i < e->n_waiting; i++) {
+        stream *s = e->waiting[(e->wait_head + i) % e->wait_cap];
+        if (s->id == id) {
+            *wait_index = i;
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static shoal_err check_sampling(const kernels_sample_params *p, shoal_diag *diag)
+{
+    if (!(p->temperature >= 0.0f) || !(p->top_p > 0.0f && p->top_p <= 1.0f) ||
+        !(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repetition_penalty > 0.0f) ||
+        !(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f) ||
+        !(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f) || p->top_k < 0 ||
+        p->logprobs < 0 || p->logprobs > KERNELS_SAMPLE_LOGPROBS_MAX)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "sampling: temperature >= 0, top_p in (0, 1], min_p in [0, 1], "
+                              "repetition_penalty > 0, presence and frequency penalties in "
+                              "[-2, 2], top_k >= 0, logprobs in [0, %d]",
+                              KERNELS_SAMPLE_LOGPROBS_MAX);
+    return SHOAL_OK;
+}
+
+shoal_err worker_engine_submit(worker_engine *e, const worker_request *r, shoal_diag *diag)
+{
+    if (e->broken)
+        return shoal_diag_set(diag, SHOAL_ERR_BROKEN, "engine: broken by an earlier error");
+    if (r->prompt_len < 1)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "request: the prompt is empty");
+    if (r->max_tokens < 1)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "request: max_tokens must be at least 1");
+    if ((int64_t)r->prompt_len + r->max_tokens > e->o.max_model_len)
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT,
+                              "request: %d prompt tokens + max_tokens %d is over the context "
+                              "length of %d tokens",
+                              r->prompt_len, r->max_tokens, e->o.max_model_len);
+    int64_t pages = ((int64_t)r->prompt_len + r->max_tokens + e->pt - 1) / e->pt;
+    if (pages > worker_model_kv_pages(e->m))
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT,
+                              "request: %d prompt tokens + max_tokens %d need %lld KV pages, the "
+                              "pool has %d",
+                              r->prompt_len, r->max_tokens, (long long)pages,
+                              worker_model_kv_pages(e->m));
+    for (int i = 0; i < r->prompt_len; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->cfg->vocab)
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "request: prompt token %d is %d, outside the vocabulary of %d",
+                                  i, r->prompt[i], e->cfg->vocab);
+    if (r->index_base < 0)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "request: negative index base");
+    if (r->stop_count < 0 || r->stop_count > WORKER_STOP_IDS_MAX)
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "request: at most %d stop token ids",
+                              WORKER_STOP_IDS_MAX);
+    shoal_err err = check_sampling(&r->sampling, diag);
+    if (err)
+        return err;
+    if (e->n_waiting >= e->o.max_queued)
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "engine: %d streams already wait; retry later",
+                              e->n_waiting);
+    int ri, wi;
+    if (find_live(e, r->id, &ri, &wi))
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "request: stream id %llu is in use",
+                              (unsigned long long)r->id);
+    stream *s = calloc(1, sizeof *s);
+    int cap = r->prompt_len + r->max_tokens;
+    if (s) {
+        s->tokens = malloc((size_t)cap * 4);
+        s->hashes = malloc((size_t)(cap / e->pt + 1) * sizeof *s->hashes);
+        s->pages = malloc((size_t)e->pages_cap * 4);
+    }
+    if (!s || !s->tokens || !s->hashes || !s->pages) {
+        stream_free(s);
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "engine: no memory for a stream");
+    }
+    s->id = r->id;
+    memcpy(s->tokens, r->prompt, (size_t)r->prompt_len * 4);
+    s->len = s->prompt_len = r->prompt_len;
+    s->max_tokens = r->max_tokens;
+    s->index_base = r->index_base;
+    s->sp = r->sampling;
+    s->ignore_eos = r->ignore_eos;
+    s->stop_count = r->stop_count;
+    memcpy(s->stop_ids, r->stop_ids, sizeof s->stop_ids);
+    /* root = H("shoal-blocks-v1", fingerprint, salt): streams share pages
+     * only with the same model, layout and salt */
+    static const char tag[] = "shoal-blocks-v1";
+    common_hash_part parts[3] = {{tag, sizeof tag},
+                                 {e->fingerprint.bytes, COMMON_HASH_BYTES},
+                                 {r->salt.bytes, r->has_salt ? COMMON_HASH_BYTES : 0}};
+    common_hash_parts(parts, 3, &s->root);
+    s->batch_slot = -1;
+    wait_push_back(e, s);
+    return SHOAL_OK;
+}
+
+bool worker_engine_cancel(worker_engine *e, uint64_t id)
+{
+    int ri, wi;
+    stream *s = find_live(e, id, &ri, &wi);
+    if (!s || e->n_cancelled == e->cancel_cap)
+        return false;
+    if (ri >= 0) {
+        release_pages(e, s);
+        running_remove(e, ri);
+    } else {
+        /* close the gap in the ring */
+        for (int i = wi; i > 0; i--)
+            e->waiting[(e->wait_head + i) % e->wait_cap] =
+                e->waiting[(e->wait_head + i - 1) % e->wait_cap];
+        e->wait_head = (e->wait_head + 1) % e->wait_cap;
+        e->n_waiting--;
+    }
+    e->cancelled[e->n_cancelled++] = id;
+    stream_free(s);
+    return true;
+}
+
+int worker_engine_events_max(const worker_engine *e)
+{
+    return e->o.parallel + e->cancel_cap;
+}
+
+bool worker_engine_busy(const worker_engine *e)
+{
+    return e->n_running > 0 || e->n_waiting > 0 || e->n_cancelled > 0;
+}
+
+void worker_engine_stats_get(const worker_engine *e, worker_engine_stats *out)
+{
+    *out = e->stats;
+    out->running = e->n_running;
+    out->waiting = e->n_waiting;
+    worker_pages_stats_get(e->pages, &out->pages);
+}
+
+const worker_pages *worker_engine_pages(const worker_engine *e)
+{
+    return e->pages;
+}
+
+/* ---- one step ---- */
+
+/* Preempts the most recently admitted running stream after index `after`:
+ * its pages go back (published ones stay cached, so its recompute is often
+ * a prefix hit) and it waits at the front of the queue. */
+static bool preempt_latest(worker_engine *e, int after)
+{
+    int i = e->n_running - 1;
+    if (i <= after)
+        return false;
+    stream *v = e->running[i];
+    SHOAL_ASSERT(v->batch_slot < 0); /* later streams are not scheduled yet */
+    release_pages(e, v);
+    running_remove(e, i);
+    wait_push_front(e, v);
+    e->stats.preemptions++;
+    return true;
+}
+
+/* Gives s (running index idx) pages for tokens [0, upto). With preempt,
+ * later streams lose theirs when the pool is empty. false if it cannot. */
+static bool grow(worker_engine *e, int idx, stream *s, int upto, bool preempt)
+{
+    int need = (upto + e->pt - 1) / e->pt;
+    while (s->n_pages < need) {
+        int pg = worker_pages_alloc(e->pages);
+        if (pg < 0) {
+            if (preempt && preempt_latest(e, idx))
+                continue;
+            return false;
+        }
+        s->pages[s->n_pages++] = pg;
+    }
+    return true;
+}
+
+typedef struct batch_build {
+    int rows;
+    int streams;
+    int logits;
+    int budget;
+} batch_build;
+
+static void add_rows(worker_engine *e, batch_build *b, stream *s, int n)
+{
+    SHOAL_ASSERT(n > 0 && s->computed + n <= s->len && s->computed + n <= s->n_pages * e->pt);
+    if (s->batch_slot < 0) {
+        s->batch_slot = b->streams;
+        e->batch[b->streams++] = s;
+    }
+    for (int i = 0; i < n; i++) {
+        e->ids[b->rows] = s->tokens[s->computed + i];
+        e->pos[b->rows] = s->computed + i;
+        e->row_stream[b->rows] = s->batch_slot;
+        b->rows++;
+    }
+    s->rows = n;
+    b->budget -= n;
+    if (s->computed + n == s->len) { /* the last known token: sample after it */
+        e->logit_rows[b->logits] = b->rows - 1;
+        e->logit_stream[b->logits++] = s;
+    }
+}
+
+/* A prompt chunk of s, as long as the budget and the pages allow. */
+static void add_prefill(worker_engine *e, batch_build *b, int idx, stream *s)
+{
+    int n = s->len - s->computed;
+    if (n > b->budget)
+        n = b->budget;
+    grow(e, idx, s, s->computed + n, false);
+    int room = s->n_pages * e->pt - s->computed;
+    if (n > room)
+        n = room;
+    if (n > 0)
+        add_rows(e, b, s, n);
+}
+
+/* Takes the longest cached prefix of s's known tokens (leaving at least
+ * one token to compute, whose logits start its output). */
+static int take_prefix(worker_engine *e, stream *s)
+{
+    int max_blocks = (s->len - 1) / e->pt;
+    int hits = 0;
+    while (hits < max_blocks) {
+        int pg = worker_pages_lookup(e->pages, block_hash(e, s, hits));
+        if (pg < 0)
+            break;
+        s->pages[s->n_pages++] = pg;
+        hits++;
+    }
+    s->computed = hits * e->pt;
+    s->published = hits;
+    return hits;
+}
+
+static void admit(worker_engine *e, batch_build *b)
+{
+    while (e->n_waiting > 0 && e->n_running < e->o.parallel && b->budget > 0) {
+        stream *s = e->waiting[e->wait_head];
+        int hits = take_prefix(e, s);
+        int need = (s->len + e->pt - 1) / e->pt - hits;
+        if (worker_pages_available(e->pages) < need) {
+            release_pages(e, s); /* first come, first served: wait for room */
+            break;
+        }
+        wait_pop(e);
+        if (!s->admitted_once) {
+            s->admitted_once = true;
+            s->cached_tokens = hits * e->pt;
+            e->stats.prompt_tokens += (uint64_t)s->prompt_len;
+            e->stats.cached_tokens += (uint64_t)s->cached_tokens;
+        }
+        e->running[e->n_running++] = s;
+        add_prefill(e, b, e->n_running - 1, s);
+    }
+}
+
+static void publish_blocks(worker_engine *e, stream *s)
+{
+    for (; (s->published + 1) * e->pt <= s->computed; s->published++)
+        worker_pages_publish(e->pages, s->pages[s->published], block_hash(e, s, s->published));
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Penalty lists of the sampling rows, or false when no row has one. */
+static bool build_penalties(worker_engine *e, int rows, worker_penalties *pen)
+{
+    bool any = false;
+    for (int k = 0; k < rows; k++) {
+        const kernels_sample_params *p = &e->logit_stream[k]->sp;
+        any |= p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+               p->frequency_penalty != 0.0f;
+    }
+    if (!any)
+        return false;
+    int n = 0;
+    for (int k = 0; k < rows; k++) {
+        e->pen_off[k] = n;
+        const stream *s = e->logit_stream[k];
+        const kernels_sample_params *p = &s->sp;
+        if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+            p->frequency_penalty == 0.0f)
+            continue;
+        /* distinct tokens of the whole context, each with its count in the
+         * output; tokens only in the prompt get count 0 */
+        memcpy(e->sort_buf, s->tokens, (size_t)s->len * 4);
+        for (int i = s->prompt_len; i < s->len; i++)
+            e->sort_buf[i] |= INT32_MIN; /* mark output tokens before sorting */
+        for (int i = 0; i < s->len; i++) {
+            int32_t t = e->sort_buf[i] & INT32_MAX;
+            e->sort_buf[i] = t * 2 + (e->sort_buf[i] < 0); /* id, then prompt/output bit */
+        }
+        qsort(e->sort_buf, (size_t)s->len, 4, cmp_i32);
+        for (int i = 0; i < s->len;) {
+            int32_t t = e->sort_buf[i] / 2, count = 0;
+            for (; i < s->len && e->sort_buf[i] / 2 == t; i++)
+                count += e->sort_buf[i] & 1;
+            SHOAL_ASSERT(n < e->pen_cap);
+            e->pen_tok[n] = t;
+            e->pen_cnt[n++] = count;
+        }
+    }
+    e->pen_off[rows] = n;
+    pen->offsets = e->pen_off;
+    pen->tokens = e->pen_tok;
+    pen->counts = e->pen_cnt;
+    pen->entries = n;
+    return true;
+}
+
+static bool stops(const worker_engine *e, const stream *s, int32_t tok)
+{
+    if (!s->ignore_eos)
+        for (int i = 0; i < e->cfg->eos_count; i++)
+            if (e->cfg->eos_ids[i] == tok)
+                return true;
+    for (int i = 0; i < s->stop_count; i++)
+        if (s->stop_ids[i] == tok)
+            return true;
+    return false;
+}
+
+static void finish_stream(worker_engine *e, stream *s)
+{
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i] == s) {
+            running_remove(e, i);
+            break;
+        }
+    release_pages(e, s);
+    stream_free(s);
+}
+
+shoal_err worker_engine_step(worker_engine *e, worker_event *events, int *count,
+                             shoal_diag *diag)
+{
+    *count = 0;
+    if (e->broken)
+        return shoal_diag_set(diag, SHOAL_ERR_BROKEN, "engine: broken by an earlier error");
+    int nev = 0;
+    for (int i = 0; i < e->n_cancelled; i++) {
+        worker_event *ev = &events[nev++];
+        memset(ev, 0, sizeof *ev);
+        ev->stream_id = e->cancelled[i];
+        ev->token = -1;
+        ev->finish = WORKER_FINISH_CANCELLED;
+    }
+    e->n_cancelled = 0;
+
+    batch_build b = {.budget = e->o.max_batch_tokens};
+    uint64_t preempted = e->stats.preemptions;
+    /* 1. one decode row for every stream whose prompt is done, oldest first */
+    for (int i = 0; i < e->n_running && b.budget > 0;) {
+        stream *s = e->running[i];
+        if (s->computed != s->len - 1) {
+            i++;
+            continue;
+        }
+        if (!grow(e, i, s, s->len, true)) { /* s is the latest: it yields */
+            SHOAL_ASSERT(i == e->n_running - 1);
+            preempt_latest(e, i - 1);
+            continue;
+        }
+        add_rows(e, &b, s, 1);
+        i++;
+    }
+    /* 2. prompt chunks of streams still prefilling, then new streams */
+    for (int i = 0; i < e->n_running && b.budget > 0; i++)
+        if (e->running[i]->batch_slot < 0 && e->running[i]->computed < e->running[i]->len - 1)
+            add_prefill(e, &b, i, e->running[i]);
+    if (e->stats.preemptions == preempted)
+        admit(e, &b);
+    if (b.rows == 0) {
+        /* Every running stream waits for pages that others hold: free the
+         * latest one's so the rest can move. */
+        if (e->n_running > 1)
+            preempt_latest(e, e->n_running - 2);
+        *count = nev;
+        return SHOAL_OK;
+    }
+
+    int stride = 1;
+    for (int j = 0; j < b.streams; j++)
+        stride = e->batch[j]->n_pages > stride ? e->batch[j]->n_pages : stride;
+    for (int j = 0; j < b.streams; j++)
+        memcpy(e->table + (size_t)j * (size_t)stride, e->batch[j]->pages,
+               (size_t)e->batch[j]->n_pages * 4);
+    for (int k = 0; k < b.logits; k++) {
+        e->params[k] = e->logit_stream[k]->sp;
+        e->params[k].step =
+            (uint64_t)(e->logit_stream[k]->index_base + e->logit_stream[k]->generated);
+    }
+    worker_penalties pen;
+    bool has_pen = build_penalties(e, b.logits, &pen);
+    worker_forward f = {b.rows, e->ids,   e->pos,       e->row_stream, b.streams,
+                        stride, e->table, b.logits,     e->logit_rows};
+    shoal_err err = worker_model_step(e->m, &f, e->params, has_pen ? &pen : NULL, e->results, diag);
+    if (err) {
+        e->broken = true;
+        return err;
+    }
+    e->stats.steps++;
+    e->stats.computed_tokens += (uint64_t)b.rows;
+    for (int j = 0; j < b.streams; j++) {
+        stream *s = e->batch[j];
+        s->computed += s->rows;
+        s->rows = 0;
+        s->batch_slot = -1;
+        publish_blocks(e, s);
+    }
+    for (int k = 0; k < b.logits; k++) {
+        stream *s = e->logit_stream[k];
+        const kernels_sample_result *res = &e->results[k];
+        worker_event *ev = &events[nev++];
+        memset(ev, 0, sizeof *ev);
+        ev->stream_id = s->id;
+        ev->token = res->token;
+        ev->index = s->index_base + s->generated;
+        ev->logprob = res->logprob;
+        ev->top_count = s->sp.logprobs;
+        memcpy(ev->top_ids, res->top_ids, sizeof ev->top_ids);
+        memcpy(ev->top_logprobs, res->top_logprobs, sizeof ev->top_logprobs);
+        if (ev->index == 0) {
+            ev->prompt_tokens = s->prompt_len;
+            ev->cached_tokens = s->cached_tokens;
+        }
+        s->tokens[s->len++] = res->token;
+        s->generated++;
+        e->stats.generated_tokens++;
+        if (stops(e, s, res->token))
+            ev->finish = WORKER_FINISH_STOP;
+        else if (s->generated == s->max_tokens)
+            ev->finish = WORKER_FINISH_LENGTH;
+        if (ev->finish != WORKER_FINISH_NONE)
+            finish_stream(e, s);
+    }
+    *count = nev;
+    return SHOAL_OK;
+}

@@ -1,0 +1,128 @@
+/* worker_engine.h: the engine loop of one worker.
+ *
+ * Continuous batching with chunked prefill: each step builds one batch of a
+ * decode row for every running stream whose prompt is done, plus prompt
+ * chunks of streams still prefilling and of newly admitted ones, within a
+ * token budget (max_batch_tokens) and a stream limit (parallel). It runs one
+ * forward pass over those ragged rows, samples one token for every stream
+ * that reached the end of its known tokens, and reports all tokens of the
+ * step together as events.
+ *
+ * Pages: every full block of a stream (prompt and output) is published in
+ * the prefix cache under a chained SHA-256 hash, rooted in the model
+ * fingerprint and the request's cache salt, so a later stream with the same
+ * prefix takes those pages by reference and prefills only the rest. When a
+ * decode needs a page and none is left, the most recently admitted other
+ * stream is preempted: its pages are released (they stay cached where
+ * published) and it is recomputed later from its tokens. Admission refuses
+ * a stream that could never fit. One thread drives an engine. */
+#ifndef SHOAL_WORKER_ENGINE_H
+#define SHOAL_WORKER_ENGINE_H
+
+#include "common/common_hash.h"
+#include "kernels/kernels_sample.h"
+#include "worker/worker_model.h"
+#include "worker/worker_pages.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum { WORKER_STOP_IDS_MAX = 16 };
+
+typedef struct worker_engine_options {
+    int max_batch_tokens; /* rows of one step (the model's max_rows) */
+    int parallel;         /* running streams at most */
+    int max_queued;       /* waiting streams at most */
+    int max_model_len;    /* prompt + output tokens of one stream */
+} worker_engine_options;
+
+typedef struct worker_request {
+    uint64_t id; /* the caller's; unique among live streams */
+    const int32_t *prompt;
+    int prompt_len;
+    int max_tokens;
+    kernels_sample_params sampling; /* step is set by the engine */
+    bool ignore_eos;
+    int stop_count;
+    int32_t stop_ids[WORKER_STOP_IDS_MAX];
+    bool has_salt; /* cache_salt: prefixes are shared only under the same salt */
+    common_hash salt;
+    /* Index of the stream's first output token: a stream resumed after a
+     * worker failure continues its count and its seeded draws (keyed by
+     * the index) where it stopped. 0 for a new stream. */
+    int index_base;
+} worker_request;
+
+typedef enum worker_finish {
+    WORKER_FINISH_NONE = 0,
+    WORKER_FINISH_STOP,      /* EOS or a stop token id (the token is reported) */
+    WORKER_FINISH_LENGTH,    /* max_tokens or max_model_len reached */
+    WORKER_FINISH_CANCELLED, /* cancel(); no token in this event */
+} worker_finish;
+
+/* What one stream got in one step: a token and/or its end. */
+typedef struct worker_event {
+    uint64_t stream_id;
+    int32_t token; /* -1 when the event carries only a finish */
+    int32_t index; /* the token's index in the output (index_base + n) */
+    float logprob;
+    int32_t top_count;
+    int32_t top_ids[KERNELS_SAMPLE_LOGPROBS_MAX];
+    float top_logprobs[KERNELS_SAMPLE_LOGPROBS_MAX];
+    int32_t finish;        /* worker_finish */
+    int32_t prompt_tokens; /* with token index 0: the prompt's length */
+    int32_t cached_tokens; /* with token index 0: prompt tokens served from cache */
+} worker_event;
+
+typedef struct worker_engine_stats {
+    int running;
+    int waiting;
+    uint64_t steps;
+    uint64_t prompt_tokens;   /* prompt tokens of admitted streams */
+    uint64_t computed_tokens; /* rows run through the model */
+    uint64_t cached_tokens;   /* prompt tokens taken from the prefix cache */
+    uint64_t generated_tokens;
+    uint64_t preemptions;
+    worker_pages_stats pages;
+} worker_engine_stats;
+
+typedef struct worker_engine worker_engine;
+
+/* Sets the row, stream and page bounds of model options so that an engine
+ * with these options fits them. */
+void worker_engine_size_model(const worker_engine_options *opt, worker_model_options *mo);
+
+/* Starts an engine on a model (not owned; it must outlive the engine).
+ * Options are checked against the model's bounds. */
+shoal_err worker_engine_open(worker_model *m, const worker_engine_options *opt,
+                             worker_engine **out, shoal_diag *diag);
+void worker_engine_close(worker_engine *e);
+
+/* Queues a stream; the prompt is copied. Refused with a message when the
+ * prompt is empty or has an id outside the vocabulary, when prompt +
+ * max_tokens passes max_model_len or the whole pool, when the queue is
+ * full (SHOAL_ERR_LIMIT), or when the id is taken. */
+shoal_err worker_engine_submit(worker_engine *e, const worker_request *r, shoal_diag *diag);
+
+/* Cancels a stream; its pages return and a CANCELLED event is reported at
+ * the next step. false if no such live stream. */
+bool worker_engine_cancel(worker_engine *e, uint64_t id);
+
+/* Events one step can report at most. */
+int worker_engine_events_max(const worker_engine *e);
+
+/* Runs one step. events must hold worker_engine_events_max(); *count gets
+ * how many were written. A model error leaves the engine broken: every
+ * later call fails with SHOAL_ERR_BROKEN. */
+shoal_err worker_engine_step(worker_engine *e, worker_event *events, int *count,
+                             shoal_diag *diag);
+
+/* True while any stream is running or waiting (or an event is pending). */
+bool worker_engine_busy(const worker_engine *e);
+
+void worker_engine_stats_get(const worker_engine *e, worker_engine_stats *out);
+
+/* The page pool, for accounting and tests. */
+const worker_pages *worker_engine_pages(const worker_engine *e);
+
+#endif

@@ -1,0 +1,31 @@
+/* worker_serve.h: a worker serving its coordinator.
+ *
+ * Dials the coordinator's socket, says HELLO (after the model loaded), then
+ * loops: take every SUBMIT and CANCEL that arrived, run one engine step,
+ * send one STEP message with every token of that step and the worker's
+ * load; while idle, wait for a message and send a HEARTBEAT every
+ * heartbeat_ms. SHUTDOWN ends the loop once running streams finished. */
+#ifndef SHOAL_WORKER_SERVE_H
+#define SHOAL_WORKER_SERVE_H
+
+#include "worker/worker_engine.h"
+
+typedef struct worker_serve_options {
+    const char *socket_path; /* the coordinator's socket for this worker */
+    int worker_index;
+    int heartbeat_ms;
+    const char *device;
+    /* benchmark mode: no model; each step emits one token per stream at
+     * once (token ids 0, 1, 2, ...), to measure the coordinator alone */
+    bool fake_tokens;
+    int fake_vocab;
+    int fake_max_model_len;
+    int fake_parallel;
+} worker_serve_options;
+
+/* Serves until SHUTDOWN (SHOAL_OK) or a failure (the engine broke, the
+ * channel failed). e may be NULL in fake mode; m gives the HELLO facts. */
+shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worker_engine *e,
+                           shoal_diag *diag);
+
+#endif
