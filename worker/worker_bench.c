@@ -24,7 +24,8 @@ shoal_err worker_bench_run(worker_engine *e, int vocab, const worker_bench_optio
         goto out;
     }
     uint64_t rng = o->seed;
-    double t0 = now_s(), first_sum = 0.0;
+    double t0 = now_s(), first_sum = 0.0, last_first = 0.0;
+    uint64_t tokens_at_last_first = 0;
     for (int s = 0; s < o->streams; s++) {
         for (int i = 0; i < o->prompt_tokens; i++)
             prompt[i] = (int32_t)(common_rng_next(&rng) % (uint64_t)vocab);
@@ -47,14 +48,20 @@ shoal_err worker_bench_run(worker_engine *e, int vocab, const worker_bench_optio
             if (ev[i].token < 0)
                 continue;
             out->output_tokens++;
-            if (ev[i].index == 0)
+            if (ev[i].index == 0) {
                 first_sum += t;
+                last_first = t;
+                tokens_at_last_first = out->output_tokens;
+            }
         }
     }
     worker_engine_stats after;
     worker_engine_stats_get(e, &after);
     out->seconds = now_s() - t0;
     out->first_token_s_mean = first_sum / o->streams;
+    /* Once every stream has its first token, every step is pure decode. */
+    out->decode_s = out->seconds - last_first;
+    out->decode_tokens = out->output_tokens - tokens_at_last_first;
     out->prompt_tokens = (uint64_t)o->streams * (uint64_t)o->prompt_tokens;
     out->steps = after.steps - before.steps;
     out->preemptions = after.preemptions - before.preemptions;

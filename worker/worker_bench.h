@@ -18,6 +18,8 @@ typedef struct worker_bench_options {
 typedef struct worker_bench_result {
     double seconds;
     double first_token_s_mean; /* time from start to each stream's first token */
+    double decode_s;           /* from the last first token to the end */
+    uint64_t decode_tokens;    /* tokens produced in that time */
     uint64_t prompt_tokens;
     uint64_t output_tokens;
     uint64_t steps;

@@ -146,6 +146,10 @@ static int run_bench(worker_model_options *mo, int streams, int prompt_tokens, i
            "token %.3f s\n",
            (double)r.output_tokens / r.seconds,
            (double)(r.output_tokens + r.prompt_tokens) / r.seconds, r.first_token_s_mean);
+    if (r.decode_s > 0)
+        printf("  decode phase (every stream past its first token): %llu tokens in %.2f s, "
+               "%.1f tokens/s\n",
+               (unsigned long long)r.decode_tokens, r.decode_s, (double)r.decode_tokens / r.decode_s);
     rc = 0;
 out:
     worker_engine_close(e);
