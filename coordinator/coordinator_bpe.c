@@ -35,8 +35,10 @@ struct coordinator_bpe {
     size_t vocab_mask;
     merge_entry *merges; /* open addressing; power of two */
     size_t merge_mask;
-    int32_t byte_id[256]; /* token of each byte's character, -1 if none */
-    int32_t unk_id;       /* -1 if no unk_token */
+    int32_t byte_id[256];            /* token of each byte's character, -1 if none */
+    unsigned char byte_utf8[256][2]; /* each byte's character in UTF-8 */
+    uint8_t byte_utf8_len[256];
+    int32_t unk_id; /* -1 if no unk_token */
     int32_t max_id;
     bool ignore_merges;
 };
@@ -207,6 +209,9 @@ static shoal_err build_vocab(coordinator_bpe *bpe, const cJSON *vocab, const cha
     for (unsigned b = 0; b < 256; b++) {
         unsigned char buf[4];
         size_t n = coordinator_utf8_put(coordinator_bpe_byte_char((unsigned char)b), buf);
+        SHOAL_ASSERT(n <= 2); /* the alphabet ends at U+0143 */
+        memcpy(bpe->byte_utf8[b], buf, n);
+        bpe->byte_utf8_len[b] = (uint8_t)n;
         bpe->byte_id[b] = coordinator_bpe_vocab_id(bpe, (const char *)buf, n);
     }
     return SHOAL_OK;
@@ -388,10 +393,12 @@ void coordinator_bpe_free(coordinator_bpe *bpe)
 /* ---- merging one word ---- */
 
 /* Words up to this many bytes, giving up to CACHE_IDS ids, are cached: they
- * are nearly all words of real text, and each repeats often. */
+ * are nearly all words of real text, and each repeats often. 64Ki slots of
+ * 64 bytes: 4 MiB per work area, direct-mapped (a collision just merges the
+ * word again). */
 #define CACHE_WORD_BYTES 22
 #define CACHE_IDS 8
-#define CACHE_SLOTS (1u << 14)
+#define CACHE_SLOTS (1u << 16)
 
 typedef struct cache_slot {
     uint64_t hash;
@@ -603,8 +610,11 @@ static int32_t whole_word_id(const coordinator_bpe *bpe, const unsigned char *wo
     if (bytes > COORDINATOR_TOKEN_BYTES_MAX)
         return -1;
     size_t n = 0;
-    for (size_t i = 0; i < bytes; i++)
-        n += coordinator_utf8_put(coordinator_bpe_byte_char(word[i]), buf + n);
+    for (size_t i = 0; i < bytes; i++) {
+        buf[n] = bpe->byte_utf8[word[i]][0];
+        buf[n + 1] = bpe->byte_utf8[word[i]][1];
+        n += bpe->byte_utf8_len[word[i]];
+    }
     return coordinator_bpe_vocab_id(bpe, (const char *)buf, n);
 }
 

@@ -53,8 +53,8 @@ shoal_err coordinator_bpe_each(const coordinator_bpe *bpe,
 int32_t coordinator_bpe_max_id(const coordinator_bpe *bpe);
 
 /* Per-thread scratch: the merge work arrays (grown to the longest word
- * seen, never past a word of COORDINATOR_TEXT_BYTES_MAX) and a cache of
- * short words. */
+ * seen, never past a word of COORDINATOR_TEXT_BYTES_MAX) and a 4 MiB
+ * cache of short words. */
 typedef struct coordinator_bpe_scratch coordinator_bpe_scratch;
 
 shoal_err coordinator_bpe_scratch_open(coordinator_bpe_scratch **out);

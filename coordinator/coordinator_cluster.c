@@ -77,7 +77,7 @@ typedef struct cworker {
 
 struct coordinator_cluster {
     coordinator_cluster_options o;
-    char *model_dir, *runtime_dir, *worker_path, *load_format;
+    char *model_dir, *runtime_dir, *worker_path, *load_format, *kv_dtype;
     pthread_mutex_t lock;
     pthread_cond_t changed;
     cworker w[COORDINATOR_WORKERS_MAX];
@@ -289,6 +289,10 @@ static void spawn(coordinator_cluster *c, cworker *w)
     if (c->load_format) {
         argv[a++] = "--load-format";
         argv[a++] = c->load_format;
+    }
+    if (c->kv_dtype) {
+        argv[a++] = "--kv-dtype";
+        argv[a++] = c->kv_dtype;
     }
     static const char *const flags[6] = {"--threads",  "--page-tokens",      "--kv-pages",
                                          "--parallel", "--max-batch-tokens", "--max-model-len"};
@@ -621,6 +625,7 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
     c->runtime_dir = strdup(o->runtime_dir);
     c->worker_path = strdup(o->worker_path);
     c->load_format = o->load_format ? strdup(o->load_format) : NULL;
+    c->kv_dtype = o->kv_dtype ? strdup(o->kv_dtype) : NULL;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
     c->next_id = 1;
@@ -766,6 +771,7 @@ void coordinator_cluster_close(coordinator_cluster *c)
     free(c->runtime_dir);
     free(c->worker_path);
     free(c->load_format);
+    free(c->kv_dtype);
     free(c);
 }
 

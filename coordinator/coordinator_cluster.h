@@ -35,6 +35,7 @@ typedef struct coordinator_cluster_options {
     coordinator_route route;
     /* passed to each worker as flags; 0 or NULL leaves the worker's default */
     const char *load_format;
+    const char *kv_dtype; /* "bf16" or "fp8" */
     int threads;
     int page_tokens;
     int kv_pages;

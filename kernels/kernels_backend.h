@@ -87,6 +87,9 @@ struct kernels_backend {
     shoal_err (*upload)(kernels_backend *be, void *dst, const void *src, size_t bytes);
     shoal_err (*download)(kernels_backend *be, void *dst, const void *src, size_t bytes);
     shoal_err (*sync)(kernels_backend *be);
+    /* Memory of the device now free for allocation, and its total: for
+     * sizing the KV arena from what is left after the weights. */
+    shoal_err (*mem_info)(kernels_backend *be, size_t *free_bytes, size_t *total_bytes);
 
     /* out[r] = table[ids[r]] for r < rows; table is [vocab][dim] of wdtype. */
     void (*embed)(kernels_backend *be, void *out, const void *table, shoal_dtype wdtype,

@@ -44,9 +44,12 @@ static void usage(FILE *f)
             "                         and --max-tokens output each\n"
             "  --parallel N           engine: streams running at once (default 64)\n"
             "  --kv-pages N           engine: KV pages (default: enough for --parallel\n"
-            "                         streams of the benchmark's length; serving: a quarter of\n"
-            "                         the memory available at start, at most what --parallel\n"
-            "                         streams of --max-model-len need)\n"
+            "                         streams of the benchmark's length; serving: a share of\n"
+            "                         the memory free once the weights are in, at most what\n"
+            "                         --parallel streams of --max-model-len need)\n"
+            "  --kv-memory-fraction F serving: that share (default 0.9 on a GPU, 0.25 on the\n"
+            "                         CPU, whose arena is host memory)\n"
+            "  --kv-dtype D           KV pages: bf16 (default) or fp8 (e4m3, scales 1.0)\n"
             "  --max-model-len N      serving: context of one stream (default: the model's,\n"
             "                         at most 32768)\n"
             "  --serve                serve a coordinator (with --connect and --worker-index)\n"
@@ -157,23 +160,6 @@ out:
     return rc;
 }
 
-/* KV pages when none are given: a quarter of the host memory available
- * now (the CPU backend's arena is host memory), at most what `parallel`
- * streams of max_model_len need. */
-static int default_kv_pages(const worker_config *c, int page_tokens, int parallel,
-                            int max_model_len)
-{
-    kernels_kv_layout L;
-    kernels_kv_layout_init(&L, c->layers, c->kv_heads, c->head_dim, page_tokens,
-                           SHOAL_DTYPE_BF16);
-    long long avail = (long long)sysconf(_SC_AVPHYS_PAGES) * sysconf(_SC_PAGESIZE);
-    long long pages = avail / 4 / (long long)L.page_bytes;
-    long long need = (long long)parallel * ((max_model_len + page_tokens - 1) / page_tokens);
-    if (pages > need)
-        pages = need;
-    return pages < 1 ? 1 : pages > (1 << 24) ? (1 << 24) : (int)pages;
-}
-
 static int run_serve(worker_model_options *mo, const char *connect, int index, int heartbeat_ms,
                      bool fake, int parallel, int kv_pages, int max_model_len)
 {
@@ -199,11 +185,10 @@ static int run_serve(worker_model_options *mo, const char *connect, int index, i
         max_model_len = cfg.max_positions < 32768 ? cfg.max_positions : 32768;
     worker_engine_options eo = {.max_batch_tokens = mo->max_rows, .parallel = parallel,
                                 .max_queued = 4096, .max_model_len = max_model_len};
-    mo->kv_pages = kv_pages ? kv_pages
-                            : default_kv_pages(&cfg, mo->page_tokens, parallel, max_model_len);
+    mo->kv_pages = kv_pages; /* 0: sized from free memory once the weights are in */
     worker_engine_size_model(&eo, mo);
-    LOG_INFO("worker %d: loading %s on %s, %d KV pages of %d tokens, parallel %d", index,
-             mo->model_dir, mo->device, mo->kv_pages, mo->page_tokens, parallel);
+    LOG_INFO("worker %d: loading %s on %s, pages of %d tokens, parallel %d", index, mo->model_dir,
+             mo->device, mo->page_tokens, parallel);
     worker_model *m = NULL;
     worker_engine *e = NULL;
     int rc = 1;
@@ -211,6 +196,8 @@ static int run_serve(worker_model_options *mo, const char *connect, int index, i
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         goto out;
     }
+    LOG_INFO("worker %d: %d KV pages (%s), context %d tokens", index, worker_model_kv_pages(m),
+             shoal_dtype_name(worker_model_kv_layout(m)->dtype), max_model_len);
     if (worker_serve_run(&so, m, e, &diag)) {
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         goto out;
@@ -226,7 +213,7 @@ int main(int argc, char **argv)
 {
     enum { OPT_MODEL = 1, OPT_LOAD, OPT_DEVICE, OPT_THREADS, OPT_IDS, OPT_RANDOM, OPT_MAX,
            OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_BENCH, OPT_PARALLEL, OPT_PAGES, OPT_LEN, OPT_SERVE,
-           OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_HELP };
+           OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_KVDTYPE, OPT_KVFRAC, OPT_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"load-format", required_argument, 0, OPT_LOAD},
@@ -247,6 +234,8 @@ int main(int argc, char **argv)
         {"worker-index", required_argument, 0, OPT_INDEX},
         {"heartbeat-ms", required_argument, 0, OPT_HEARTBEAT},
         {"fake-tokens", no_argument, 0, OPT_FAKE},
+        {"kv-dtype", required_argument, 0, OPT_KVDTYPE},
+        {"kv-memory-fraction", required_argument, 0, OPT_KVFRAC},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -306,6 +295,26 @@ int main(int argc, char **argv)
         case OPT_SERVE: serve = true; break;
         case OPT_CONNECT: connect = optarg; break;
         case OPT_FAKE: fake = true; break;
+        case OPT_KVDTYPE:
+            if (strcmp(optarg, "bf16") == 0) {
+                mo.kv_dtype = SHOAL_DTYPE_BF16;
+            } else if (strcmp(optarg, "fp8") == 0) {
+                mo.kv_dtype = SHOAL_DTYPE_F8_E4M3;
+            } else {
+                fprintf(stderr, "shoal-worker: --kv-dtype '%s': expected bf16 or fp8\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_KVFRAC: {
+            char *end;
+            mo.kv_memory_fraction = strtod(optarg, &end);
+            if (*end != '\0' || !(mo.kv_memory_fraction > 0.0 && mo.kv_memory_fraction <= 1.0)) {
+                fprintf(stderr, "shoal-worker: --kv-memory-fraction '%s': expected a number in "
+                                "(0, 1]\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case OPT_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -202,11 +202,12 @@ static shoal_err check_options(const worker_model_options *o, shoal_diag *diag)
     if (o->kv_dtype != SHOAL_DTYPE_BF16 && o->kv_dtype != SHOAL_DTYPE_F8_E4M3)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID, "kv dtype %s: must be BF16 or F8_E4M3",
                               shoal_dtype_name(o->kv_dtype));
-    if (o->kv_pages < 1 || o->max_pages_per_stream < 1 ||
+    if (o->kv_pages < 0 || o->max_pages_per_stream < 1 || o->kv_memory_fraction < 0.0 ||
+        o->kv_memory_fraction > 1.0 ||
         (int64_t)o->max_pages_per_stream * o->page_tokens > SHOAL_CONTEXT_TOKENS_MAX)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
-                              "kv pages %d, pages per stream %d: need at least one page and at "
-                              "most %d tokens per stream",
+                              "kv pages %d, pages per stream %d: need pages (0 for automatic), a "
+                              "memory fraction in [0, 1], and at most %d tokens per stream",
                               o->kv_pages, o->max_pages_per_stream, SHOAL_CONTEXT_TOKENS_MAX);
     return SHOAL_OK;
 }
@@ -220,15 +221,10 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
     size_t kv_w = (size_t)c->kv_heads * (size_t)c->head_dim;
     size_t hid = (size_t)c->hidden, inter = (size_t)c->intermediate;
     size_t wide = hid > q_w ? hid : q_w;
-    size_t arena_bytes = (size_t)m->opt.kv_pages * m->kv.page_bytes;
     /* Penalty lists name each distinct token of a stream once: at most its
      * context, for every row that samples. */
     int64_t pen = (int64_t)m->opt.max_logit_rows * m->opt.max_pages_per_stream * m->opt.page_tokens;
     m->pen_cap = pen > (1 << 26) ? (1 << 26) : (int)pen;
-    if (!(m->arena = dev_alloc(m, arena_bytes)))
-        return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
-                              "no memory for %d KV pages of %zu bytes (%.1f MiB); lower --kv-pages",
-                              m->opt.kv_pages, m->kv.page_bytes, (double)arena_bytes / 1048576.0);
     bool ok = (m->x = dev_alloc(m, rows * hid * a)) && (m->h = dev_alloc(m, rows * hid * a)) &&
               (m->q = dev_alloc(m, rows * q_w * a)) && (m->k = dev_alloc(m, rows * kv_w * a)) &&
               (m->v = dev_alloc(m, rows * kv_w * a)) && (m->att = dev_alloc(m, rows * q_w * a)) &&
@@ -247,10 +243,35 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
               (m->pen_offsets = dev_alloc(m, (size_t)(m->opt.max_logit_rows + 1) * 4)) &&
               (m->pen_tokens = dev_alloc(m, (size_t)m->pen_cap * 4)) &&
               (m->pen_counts = dev_alloc(m, (size_t)m->pen_cap * 4));
-    return ok ? SHOAL_OK
-              : shoal_diag_set(diag, SHOAL_ERR_NOMEM,
-                               "no memory for activations of %d rows; lower the batch size",
-                               m->opt.max_rows);
+    if (!ok)
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                              "no memory for activations of %d rows; lower the batch size",
+                              m->opt.max_rows);
+    /* The arena comes last: with kv_pages 0 it takes a share of what the
+     * weights and buffers left, as vLLM sizes its KV cache. */
+    if (m->opt.kv_pages == 0) {
+        size_t free_bytes = 0, total_bytes = 0;
+        if (m->be->mem_info(m->be, &free_bytes, &total_bytes))
+            return shoal_diag_set(diag, SHOAL_ERR_DEVICE,
+                                  "cannot read the device's free memory; give --kv-pages");
+        double fraction = m->opt.kv_memory_fraction > 0.0 ? m->opt.kv_memory_fraction
+                          : m->be->host_memory          ? 0.25
+                                                        : 0.9;
+        double pages = (double)free_bytes * fraction / (double)m->kv.page_bytes;
+        double most = (double)m->opt.max_streams * m->opt.max_pages_per_stream;
+        pages = pages > most ? most : pages;
+        if (pages < 1.0)
+            return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                                  "%.1f GiB free leaves no room for one KV page of %zu bytes",
+                                  (double)free_bytes / (1 << 30), m->kv.page_bytes);
+        m->opt.kv_pages = (int)pages;
+    }
+    size_t arena_bytes = (size_t)m->opt.kv_pages * m->kv.page_bytes;
+    if (!(m->arena = dev_alloc(m, arena_bytes)))
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                              "no memory for %d KV pages of %zu bytes (%.1f MiB); lower --kv-pages",
+                              m->opt.kv_pages, m->kv.page_bytes, (double)arena_bytes / 1048576.0);
+    return SHOAL_OK;
 }
 
 shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,

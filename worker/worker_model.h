@@ -26,7 +26,10 @@ typedef struct worker_model_options {
     const char *device;  /* "cpu" or a GPU index */
     int threads;         /* CPU backend threads, 0 = one per processor */
     int page_tokens;     /* tokens per KV page */
-    int kv_pages;        /* pages in the arena */
+    int kv_pages;        /* pages in the arena; 0: sized from free memory after the
+                            weights and buffers are placed (kv_memory_fraction) */
+    double kv_memory_fraction; /* of the memory free then; 0: 0.9 on a GPU (as vLLM's
+                                  --gpu-memory-utilization), 0.25 on the CPU */
     int max_rows;        /* rows of one forward pass */
     int max_logit_rows;  /* rows whose logits one pass can return */
     int max_streams;     /* streams in one pass */

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void *cpu_alloc(kernels_backend *be, size_t bytes)
 {
@@ -30,6 +31,17 @@ static shoal_err cpu_copy(kernels_backend *be, void *dst, const void *src, size_
 
 static shoal_err cpu_sync(kernels_backend *be)
 {
+    return SHOAL_OK;
+}
+
+static shoal_err cpu_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES),
+         total = sysconf(_SC_PHYS_PAGES);
+    if (page <= 0 || avail < 0 || total <= 0)
+        return SHOAL_ERR_IO;
+    *free_bytes = (size_t)avail * (size_t)page;
+    *total_bytes = (size_t)total * (size_t)page;
     return SHOAL_OK;
 }
 
@@ -73,6 +85,7 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->upload = cpu_copy;
     be->download = cpu_copy;
     be->sync = cpu_sync;
+    be->mem_info = cpu_mem_info;
     be->embed = cpu_embed;
     be->rmsnorm = cpu_rmsnorm;
     be->matmul = cpu_matmul;

@@ -199,6 +199,11 @@ static shoal_err pick_act_dtype(shoal_dtype asked, shoal_dtype *out, shoal_diag 
     return SHOAL_OK;
 }
 
+static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? SHOAL_OK : SHOAL_ERR_DEVICE;
+}
+
 extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernels_backend **out,
                                        shoal_diag *diag)
 {
@@ -259,6 +264,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->upload = cuda_upload;
     be->download = cuda_download;
     be->sync = cuda_sync;
+    be->mem_info = cuda_mem_info;
     be->embed = cuda_embed;
     be->rmsnorm = cuda_rmsnorm;
     be->matmul = cuda_matmul;

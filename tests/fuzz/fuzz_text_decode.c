@@ -1,7 +1,8 @@
 /* Fuzzes decode and the detokenizer with arbitrary id sequences (real and
  * out-of-range ids, any order) over the real Qwen3 tokenizer: the output
- * is always valid UTF-8, the measured length is exact, and streaming one
- * id at a time gives the same text. Never a crash. */
+ * is always valid UTF-8, the measured length is exact, it equals the
+ * non-streaming lossy conversion of the ids' bytes, and streaming one id
+ * at a time gives the same text. Never a crash. */
 #include "common/common_assert.h"
 #include "coordinator/coordinator_detok.h"
 #include "coordinator/coordinator_tokenizer.h"
@@ -51,6 +52,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     SHOAL_ASSERT(coordinator_tokenizer_decode(tok, ids, n, flags, out, need + 1, &got) == SHOAL_OK);
     SHOAL_ASSERT(got == need && out[got] == '\0');
     SHOAL_ASSERT(coordinator_utf8_valid_prefix((unsigned char *)out, got) == got);
+    /* The same as the non-streaming conversion of all the ids' bytes. */
+    size_t raw_n = 0;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *b;
+        if (!(flags && coordinator_tokenizer_is_special(tok, ids[i])))
+            raw_n += coordinator_tokenizer_token_bytes(tok, ids[i], &b);
+    }
+    unsigned char *raw = malloc(raw_n + 1), *lossy = malloc(3 * raw_n + 1);
+    raw_n = 0;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *b;
+        if (flags && coordinator_tokenizer_is_special(tok, ids[i]))
+            continue;
+        size_t len = coordinator_tokenizer_token_bytes(tok, ids[i], &b);
+        if (len)
+            memcpy(raw + raw_n, b, len);
+        raw_n += len;
+    }
+    size_t lossy_n = coordinator_utf8_lossy(raw, raw_n, lossy);
+    SHOAL_ASSERT(lossy_n == got && memcmp(lossy, out, got) == 0);
+    free(raw);
+    free(lossy);
     coordinator_detok d;
     coordinator_detok_init(&d, tok, flags);
     size_t at = 0;

@@ -142,6 +142,11 @@ static void bytes_that_cannot_become_text_give_replacement_at_once(void)
     CHECK_EQ_INT(push(&d, byte_token(0xE4), out), 0);
     CHECK_EQ_INT(push(&d, byte_token('x'), out), 4);
     CHECK(memcmp(out, "\xef\xbf\xbdx", 4) == 0);
+    /* Two good bytes of a character, then ASCII: one U+FFFD for both. */
+    CHECK_EQ_INT(push(&d, byte_token(0xE4), out), 0);
+    CHECK_EQ_INT(push(&d, byte_token(0xBD), out), 0);
+    CHECK_EQ_INT(push(&d, byte_token('x'), out), 4);
+    CHECK(memcmp(out, "\xef\xbf\xbdx", 4) == 0);
     /* An overlong start (E0 80) is known bad at its second byte. */
     CHECK_EQ_INT(push(&d, byte_token(0xE0), out), 0);
     CHECK_EQ_INT(push(&d, byte_token(0x80), out), 6);

@@ -325,6 +325,30 @@ static void forward_refuses_bad_rows(void)
     worker_model_close(m);
 }
 
+static void kv_pages_zero_sizes_the_arena_from_free_memory(void)
+{
+    worker_model_options mo;
+    worker_model_options_default(&mo);
+    mo.model_dir = SRC;
+    mo.kv_pages = 0;
+    mo.max_rows = 32;
+    mo.max_logit_rows = 4;
+    mo.max_streams = 4;
+    mo.max_pages_per_stream = 10;
+    mo.threads = 1;
+    worker_model *m = NULL;
+    shoal_diag diag = {{0}};
+    CHECK_MSG(worker_model_open(&mo, &m, &diag) == SHOAL_OK, "%s", diag.msg);
+    /* capped by what four streams of ten pages can use */
+    CHECK(m && worker_model_kv_pages(m) == 40);
+    worker_model_close(m);
+    mo.kv_memory_fraction = 1e-12; /* too little for one page */
+    CHECK(worker_model_open(&mo, &m, &diag) == SHOAL_ERR_NOMEM);
+    CHECK_HAS(diag.msg, "no room for one KV page");
+    mo.kv_memory_fraction = 1.5;
+    CHECK(worker_model_open(&mo, &m, &diag) == SHOAL_ERR_INVALID);
+}
+
 int main(void)
 {
     snprintf(tmp_root, sizeof tmp_root, "/tmp/shoal-load-XXXXXX");
@@ -341,6 +365,7 @@ int main(void)
     TEST_RUN(generation_config_overrides_eos);
     TEST_RUN(dummy_weights_need_only_config);
     TEST_RUN(forward_refuses_bad_rows);
+    TEST_RUN(kv_pages_zero_sizes_the_arena_from_free_memory);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
     if (system(cmd) != 0)
