@@ -66,7 +66,7 @@ static coordinator_cluster *start(const char *workers, coordinator_route route)
     o.max_model_len = 1024;
     o.max_batch_tokens = 256;
     o.heartbeat_ms = 50;
-    o.dead_after_ms = 1000;
+    o.dead_after_ms = 3000; /* generous: CI shares two cores */
     o.start_timeout_ms = 60000;
     coordinator_cluster *c = NULL;
     shoal_diag diag = {{0}};
@@ -246,7 +246,7 @@ static void stuck_worker_is_declared_dead(void)
     coordinator_cluster_stats_get(c, &st);
     kill(st.worker[1].pid, SIGSTOP); /* alive, but silent */
     bool unhealthy = false;
-    for (int t = 0; t < 5000 && !unhealthy; t += 20) {
+    for (int t = 0; t < 10000 && !unhealthy; t += 20) {
         usleep(20000);
         unhealthy = !coordinator_cluster_healthy(c);
     }
