@@ -12,6 +12,7 @@
 #define IDS_CAP 65536
 
 static coordinator_chat *qwen3_chat, *llama3_chat, *llama3_always_chat;
+static FILE *chat_ref; /* the reference, started first thing in main */
 static coordinator_tokenizer *qwen3_tok, *llama3_tok;
 
 /* Meta's Llama-3 Instruct template: the packaged one with its last
@@ -41,7 +42,7 @@ static coordinator_chat *open_meta_llama3(void)
 
 static void renderings_and_ids_match_the_jinja_reference(void)
 {
-    cJSON *ref = ref_run("ref_chat.js", "'" CHATS "'");
+    cJSON *ref = ref_collect(chat_ref, "ref_chat.js");
     char *json;
     size_t bytes;
     shoal_diag diag = {{0}};
@@ -217,6 +218,7 @@ static void bad_conversations_are_refused(void)
 int main(void)
 {
     shoal_diag diag = {{0}};
+    chat_ref = ref_start("ref_chat.js", "'" CHATS "'");
     if (coordinator_chat_open(QWEN3_CONFIG, &qwen3_chat, &diag) != SHOAL_OK ||
         coordinator_chat_open(LLAMA3_CONFIG, &llama3_always_chat, &diag) != SHOAL_OK ||
         coordinator_tokenizer_open(QWEN3_TOKENIZER, &qwen3_tok, &diag) != SHOAL_OK ||

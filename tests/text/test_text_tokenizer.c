@@ -16,6 +16,10 @@
 
 static int32_t *ids_buf;
 static char *text_buf;
+static coordinator_tokenizer *qwen3; /* the real Qwen3 tokenizer, open for all tests */
+static coordinator_tokenizer_work *qwen3_work;
+static char *qwen3_json; /* its tokenizer.json */
+static size_t qwen3_json_bytes;
 
 static coordinator_tokenizer *open_tok(const char *path)
 {
@@ -29,12 +33,11 @@ static coordinator_tokenizer *open_tok(const char *path)
 /* Encodes every corpus text with tok and with the reference; every id
  * must match, and decode must give back the text (after NFC when the
  * tokenizer normalizes) and the reference's decode. */
-static void check_corpus(const char *path, const char *model, bool nfc)
+static FILE *qwen3_ref, *llama3_ref; /* started first thing in main */
+
+static void check_corpus(coordinator_tokenizer *tok, const char *model, bool nfc)
 {
-    coordinator_tokenizer *tok = open_tok(path);
-    char args[1024];
-    snprintf(args, sizeof args, "%s '%s'", model, TEXT_CORPUS);
-    cJSON *ref = ref_run("ref_tokenize.js", args);
+    cJSON *ref = ref_collect(nfc ? qwen3_ref : llama3_ref, model);
     CHECK(ref != NULL);
     if (!tok || !ref)
         goto out;
@@ -112,21 +115,20 @@ static void check_corpus(const char *path, const char *model, bool nfc)
     coordinator_tokenizer_work_close(work);
 out:
     cJSON_Delete(ref);
-    coordinator_tokenizer_close(tok);
 }
 
 static void qwen3_ids_and_decode_match_reference(void)
 {
-    check_corpus(QWEN3_TOKENIZER, "qwen3", true);
+    check_corpus(qwen3, "qwen3", true);
 }
 
 static void llama3_ids_and_decode_match_reference(void)
 {
-    check_corpus(LLAMA3_TOKENIZER, "llama3", false);
+    coordinator_tokenizer *llama3 = open_tok(LLAMA3_TOKENIZER);
+    if (llama3)
+        check_corpus(llama3, "llama3", false);
+    coordinator_tokenizer_close(llama3);
 }
-
-static coordinator_tokenizer *qwen3;
-static coordinator_tokenizer_work *qwen3_work;
 
 static shoal_err encode(const char *text, size_t bytes, unsigned flags, size_t cap, size_t *n,
                         shoal_diag *diag)
@@ -398,8 +400,60 @@ static void nfc_cut_points_are_safe_for_every_code_point(void)
 
 /* ---- bad tokenizer files ---- */
 
-static char *qwen3_json;
-static size_t qwen3_json_bytes;
+/* Qwen3's split regex. */
+static const char qwen3_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+                                    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                                    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+/* A small byte-level tokenizer.json shaped like Qwen3's (every byte a
+ * token, one merge, three added tokens), for the tests that edit a file:
+ * parsing the real 11 MB one for each edit would cost seconds under ASan. */
+static cJSON *small_root(void)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddItemToObject(
+        root, "added_tokens",
+        cJSON_Parse(
+            "[{\"id\":256,\"content\":\"<|im_end|>\",\"special\":true,\"normalized\":false},"
+            "{\"id\":257,\"content\":\"<think>\",\"special\":false,\"normalized\":false},"
+            "{\"id\":258,\"content\":\"<|begin_of_text|>\",\"special\":true,"
+            "\"normalized\":false}]"));
+    cJSON_AddItemToObject(root, "normalizer", cJSON_Parse("{\"type\":\"NFC\"}"));
+    cJSON *split = cJSON_Parse("{\"type\":\"Split\",\"pattern\":{},\"behavior\":\"Isolated\","
+                               "\"invert\":false}");
+    cJSON_AddStringToObject(cJSON_GetObjectItem(split, "pattern"), "Regex", qwen3_pattern);
+    cJSON *pre = cJSON_Parse("{\"type\":\"Sequence\",\"pretokenizers\":[]}");
+    cJSON_AddItemToArray(cJSON_GetObjectItem(pre, "pretokenizers"), split);
+    cJSON_AddItemToArray(cJSON_GetObjectItem(pre, "pretokenizers"),
+                         cJSON_Parse("{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+                                     "\"use_regex\":false}"));
+    cJSON_AddItemToObject(root, "pre_tokenizer", pre);
+    cJSON_AddItemToObject(root, "post_processor", cJSON_Parse("{\"type\":\"ByteLevel\"}"));
+    cJSON_AddItemToObject(root, "decoder", cJSON_Parse("{\"type\":\"ByteLevel\"}"));
+    cJSON *model = cJSON_Parse("{\"type\":\"BPE\",\"merges\":[[\"a\",\"b\"]]}");
+    cJSON *vocab = cJSON_CreateObject();
+    for (unsigned b = 0; b < 256; b++) {
+        unsigned cp = b;
+        if (!((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)) {
+            unsigned j = 0;
+            for (unsigned c = 0; c < b; c++)
+                j += !((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE);
+            cp = 256 + j;
+        }
+        char name[3] = {0};
+        if (cp < 0x80) {
+            name[0] = (char)cp;
+        } else {
+            name[0] = (char)(0xC0 | cp >> 6);
+            name[1] = (char)(0x80 | (cp & 0x3F));
+        }
+        cJSON_AddNumberToObject(vocab, name, b);
+    }
+    cJSON_AddNumberToObject(vocab, "ab", 300);
+    cJSON_AddItemToObject(model, "vocab", vocab);
+    cJSON_AddItemToObject(root, "model", model);
+    return root;
+}
 
 static shoal_err parse(const char *json, size_t bytes, shoal_diag *diag)
 {
@@ -412,23 +466,15 @@ static shoal_err parse(const char *json, size_t bytes, shoal_diag *diag)
 
 static void truncated_tokenizer_json_is_refused(void)
 {
-    size_t cuts[] = {0,
-                     1,
-                     2,
-                     100,
-                     5000,
-                     qwen3_json_bytes / 3,
-                     qwen3_json_bytes / 2,
-                     qwen3_json_bytes - 2,
-                     qwen3_json_bytes - 1};
+    size_t cuts[] = {0, 1, 2, 100, 5000, qwen3_json_bytes / 2, qwen3_json_bytes - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         shoal_diag diag = {{0}};
         CHECK_EQ_INT(parse(qwen3_json, cuts[i], &diag), SHOAL_ERR_FORMAT);
         CHECK_HAS(diag.msg, "test.json");
         CHECK_HAS(diag.msg, "truncated");
     }
+    /* (The whole file parses: main opened qwen3 from it.) */
     shoal_diag diag = {{0}};
-    CHECK_EQ_INT(parse(qwen3_json, qwen3_json_bytes, &diag), SHOAL_OK);
     coordinator_tokenizer *tok = NULL;
     CHECK_EQ_INT(coordinator_tokenizer_open("/nonexistent/tokenizer.json", &tok, &diag),
                  SHOAL_ERR_NOT_FOUND);
@@ -440,7 +486,7 @@ typedef void (*edit_fn)(cJSON *root);
 
 static shoal_err parse_edited(edit_fn edit, shoal_diag *diag)
 {
-    cJSON *root = cJSON_ParseWithLength(qwen3_json, qwen3_json_bytes);
+    cJSON *root = small_root();
     edit(root);
     char *text = cJSON_PrintUnformatted(root);
     shoal_err err = parse(text, strlen(text), diag);
@@ -479,7 +525,8 @@ static void edit_decoder(cJSON *root)
 static void edit_lstrip(cJSON *root)
 {
     cJSON *t = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "added_tokens"), 2);
-    cJSON_ReplaceItemInObject(t, "lstrip", cJSON_CreateTrue());
+    cJSON_DeleteItemFromObject(t, "lstrip");
+    cJSON_AddTrueToObject(t, "lstrip");
 }
 static void edit_bad_regex(cJSON *root)
 {
@@ -549,7 +596,7 @@ static void add_tokens(cJSON *root)
  * tokenizers have no overlapping added tokens, so these are added here. */
 static void added_tokens_match_leftmost_longest_and_win_in_decode(void)
 {
-    cJSON *root = cJSON_ParseWithLength(qwen3_json, qwen3_json_bytes);
+    cJSON *root = small_root();
     add_tokens(root);
     char *json = cJSON_PrintUnformatted(root);
     coordinator_tokenizer *tok = NULL;
@@ -594,21 +641,19 @@ out:
 }
 
 /* Meta's Llama-3 tokenizer.json prepends BOS with TemplateProcessing (the
- * packaged file has a plain ByteLevel post-processor instead). */
+ * packaged file has a plain ByteLevel post-processor instead); here on the
+ * small tokenizer, whose <|begin_of_text|> is id 258. */
 static void template_processing_adds_bos_when_asked(void)
 {
-    char *json;
-    size_t bytes;
     shoal_diag diag = {{0}};
-    CHECK(common_file_read(LLAMA3_TOKENIZER, 1u << 30, &json, &bytes, &diag) == SHOAL_OK);
-    cJSON *root = cJSON_ParseWithLength(json, bytes);
+    cJSON *root = small_root();
     cJSON_ReplaceItemInObject(
         root, "post_processor",
         cJSON_Parse("{\"type\":\"Sequence\",\"processors\":[{\"type\":\"ByteLevel\"},"
                     "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":"
                     "\"<|begin_of_text|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\","
                     "\"type_id\":0}}],\"pair\":[],\"special_tokens\":{\"<|begin_of_text|>\":{"
-                    "\"id\":\"<|begin_of_text|>\",\"ids\":[128000],\"tokens\":[\"<|begin_of_"
+                    "\"id\":\"<|begin_of_text|>\",\"ids\":[258],\"tokens\":[\"<|begin_of_"
                     "text|>\"]}}}]}"));
     char *text = cJSON_PrintUnformatted(root);
     coordinator_tokenizer *tok = NULL;
@@ -617,22 +662,28 @@ static void template_processing_adds_bos_when_asked(void)
     CHECK(tok && coordinator_tokenizer_work_open(tok, &work, &diag) == SHOAL_OK);
     size_t n = 0;
     if (work) {
-        CHECK(coordinator_tokenizer_encode(tok, work, "Hello", 5, COORDINATOR_ENCODE_ADD_SPECIAL,
+        CHECK(coordinator_tokenizer_encode(tok, work, "Hi", 2, COORDINATOR_ENCODE_ADD_SPECIAL,
                                            ids_buf, 16, &n, &diag) == SHOAL_OK);
-        CHECK(n == 2 && ids_buf[0] == 128000 && ids_buf[1] == 9906);
-        CHECK(coordinator_tokenizer_encode(tok, work, "Hello", 5, 0, ids_buf, 16, &n, &diag) ==
+        CHECK(n == 3 && ids_buf[0] == 258 && ids_buf[1] == 'H' && ids_buf[2] == 'i');
+        CHECK(coordinator_tokenizer_encode(tok, work, "Hi", 2, 0, ids_buf, 16, &n, &diag) ==
               SHOAL_OK);
-        CHECK(n == 1 && ids_buf[0] == 9906);
+        CHECK(n == 2 && ids_buf[0] == 'H');
+        /* "ab" merges; the added tokens still match inside text. */
+        CHECK(coordinator_tokenizer_encode(tok, work, "ab<think>", 9, 0, ids_buf, 16, &n, &diag) ==
+              SHOAL_OK);
+        CHECK(n == 2 && ids_buf[0] == 300 && ids_buf[1] == 257);
     }
     coordinator_tokenizer_work_close(work);
     coordinator_tokenizer_close(tok);
     free(text);
     cJSON_Delete(root);
-    free(json);
 }
 
 int main(void)
 {
+    /* The references run in node while this process loads and tests. */
+    qwen3_ref = ref_start("ref_tokenize.js", "qwen3 '" TEXT_CORPUS "'");
+    llama3_ref = ref_start("ref_tokenize.js", "llama3 '" TEXT_CORPUS "'");
     ids_buf = malloc(IDS_CAP * sizeof *ids_buf);
     text_buf = malloc(3 * IDS_CAP + 1);
     shoal_diag diag = {{0}};
@@ -641,7 +692,9 @@ int main(void)
         fprintf(stderr, "%s (run tools/setup)\n", diag.msg);
         return 1;
     }
-    qwen3 = open_tok(QWEN3_TOKENIZER);
+    shoal_err err =
+        coordinator_tokenizer_parse(qwen3_json, qwen3_json_bytes, QWEN3_TOKENIZER, &qwen3, &diag);
+    CHECK_MSG(err == SHOAL_OK, "%s", diag.msg);
     if (!qwen3 || coordinator_tokenizer_work_open(qwen3, &qwen3_work, &diag) != SHOAL_OK)
         return 1;
     TEST_RUN(qwen3_ids_and_decode_match_reference);

@@ -43,14 +43,20 @@ static inline unsigned char *ref_unhex(const char *hex, size_t *bytes)
     return out;
 }
 
-/* Runs `node tools/node/<script> <args>` and returns its stdout parsed as
- * JSON lines: an array of the objects (cJSON_Delete), or NULL if node
- * failed (its stderr goes to ours). */
-static inline cJSON *ref_run(const char *script, const char *args)
+/* Starts `node tools/node/<script> <args>` (its stderr goes to ours) and
+ * returns its stdout, to read with ref_collect; node runs meanwhile, so a
+ * test can start the reference first and do its own work alongside. */
+static inline FILE *ref_start(const char *script, const char *args)
 {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "node '%s/%s' %s", SHOAL_NODE_DIR, script, args);
-    FILE *p = popen(cmd, "r");
+    return popen(cmd, "r");
+}
+
+/* Reads what ref_start's node printed as JSON lines: an array of the
+ * objects (cJSON_Delete), or NULL if node failed. */
+static inline cJSON *ref_collect(FILE *p, const char *what)
+{
     if (!p)
         return NULL;
     cJSON *all = cJSON_CreateArray();
@@ -69,11 +75,17 @@ static inline cJSON *ref_run(const char *script, const char *args)
     free(line);
     int status = pclose(p);
     if (!ok || status != 0 || cJSON_GetArraySize(all) == 0) {
-        fprintf(stderr, "  reference '%s %s' failed (status %d)\n", script, args, status);
+        fprintf(stderr, "  reference '%s' failed (status %d)\n", what, status);
         cJSON_Delete(all);
         return NULL;
     }
     return all;
+}
+
+/* ref_start and ref_collect in one. */
+static inline cJSON *ref_run(const char *script, const char *args)
+{
+    return ref_collect(ref_start(script, args), script);
 }
 
 /* The ids of a JSON array into a new int32 array (free()). */
