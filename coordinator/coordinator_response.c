@@ -241,19 +241,21 @@ bool coordinator_response_error(coordinator_buf *out, const coordinator_api_erro
 }
 
 bool coordinator_response_models(coordinator_buf *out, const char *model, long long created,
-                                 int max_model_len)
+                                 int max_model_len, bool one)
 {
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(root, "data");
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddItemToArray(data, m);
     cJSON_AddStringToObject(m, "id", model);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)created);
     cJSON_AddStringToObject(m, "owned_by", "shoal");
     cJSON_AddStringToObject(m, "root", model);
     cJSON_AddNumberToObject(m, "max_model_len", max_model_len);
+    if (one)
+        return print_into(out, m);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(root, "data");
+    cJSON_AddItemToArray(data, m);
     return print_into(out, root);
 }
 

@@ -107,9 +107,10 @@ void coordinator_response_chunk_done(coordinator_buf *out);
 /* {"error": {"message", "type", "param", "code"}} into out (cleared first). */
 bool coordinator_response_error(coordinator_buf *out, const coordinator_api_error *err);
 
-/* GET /v1/models. */
+/* GET /v1/models (a list of the one model), or with `one`
+ * GET /v1/models/{model} (the model object alone). */
 bool coordinator_response_models(coordinator_buf *out, const char *model, long long created,
-                                 int max_model_len);
+                                 int max_model_len, bool one);
 
 /* POST /tokenize: {"count", "max_model_len", "tokens", "token_strs"}. */
 bool coordinator_response_tokenize(coordinator_buf *out, const coordinator_tokenizer *tok,

@@ -358,10 +358,14 @@ static void models_tokenize_and_detokenize_bodies(void)
 {
     coordinator_buf b;
     coordinator_buf_init(&b);
-    CHECK(coordinator_response_models(&b, "qwen3", 12, 4096));
+    CHECK(coordinator_response_models(&b, "qwen3", 12, 4096, false));
     cJSON *v = cJSON_Parse(b.data);
     CHECK(strcmp(str(v, "object"), "list") == 0 && strcmp(str(v, "data.0.id"), "qwen3") == 0);
     CHECK(strcmp(str(v, "data.0.object"), "model") == 0 && num(v, "data.0.max_model_len") == 4096);
+    cJSON_Delete(v);
+    CHECK(coordinator_response_models(&b, "qwen3", 12, 4096, true));
+    v = cJSON_Parse(b.data);
+    CHECK(strcmp(str(v, "id"), "qwen3") == 0 && strcmp(str(v, "owned_by"), "shoal") == 0);
     cJSON_Delete(v);
     int32_t ids[2] = {9707, 11};
     CHECK(coordinator_response_tokenize(&b, tok, ids, 2, 4096, true));
