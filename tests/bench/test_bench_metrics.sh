@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# shoal-bench for a few seconds against a real CPU cluster (two workers), and
+# its report checked against the server's own /metrics: requests, prompt
+# tokens and generated tokens must agree exactly.
+#   test_bench_metrics.sh COORDINATOR WORKER BENCH MAKE_DEMO TOKENIZER_DIR
+set -euo pipefail
+coord=$1 worker=$2 bench=$3 make_demo=$4 tokdir=$5
+tmp=$(mktemp -d /tmp/shoal-bench-test.XXXXXX)
+pid=
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2> /dev/null && wait "$pid" 2> /dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+"$make_demo" --out "$tmp/model" --tokenizer-dir "$tokdir" > /dev/null
+"$coord" --model "$tmp/model" --workers cpu,cpu --port 0 --port-file "$tmp/port" \
+  --worker-path "$worker" --runtime-dir "$tmp/run" --kv-pages 128 --parallel 8 --threads 1 \
+  > "$tmp/coordinator.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do
+  [ -s "$tmp/port" ] && break
+  kill -0 "$pid" 2> /dev/null || { cat "$tmp/coordinator.log"; exit 1; }
+  sleep 0.1
+done
+[ -s "$tmp/port" ] || { echo "coordinator did not start"; cat "$tmp/coordinator.log"; exit 1; }
+url="http://127.0.0.1:$(cat "$tmp/port")"
+
+metric() { # name and label filter -> summed value
+  curl -sf "$url/metrics" | awk -v m="$1" -v f="$2" \
+    'index($1, m) == 1 && index($0, f) > 0 { s += $2 } END { printf "%d\n", s }'
+}
+before_req=$(metric 'shoal_http_requests_total{' 'route="/v1/completions",status="200"')
+before_prompt=$(metric shoal_prompt_tokens_total '')
+before_gen=$(metric shoal_generation_tokens_total '')
+
+"$bench" --url "$url" --model "$tmp/model" --workload shared-prefix --duration 3 \
+  --concurrency 6 --input-len 48 --prefix-len 32 --output-len 10 --vocab 150000 \
+  --json "$tmp/report.json"
+
+field() { python3 -c "import json,sys; print(int(json.load(open('$tmp/report.json'))['$1']))"; }
+ok=$(field requests_ok)
+failed=$(field requests_failed)
+out=$(field output_tokens)
+prompt=$(field prompt_tokens)
+req=$(( $(metric 'shoal_http_requests_total{' 'route="/v1/completions",status="200"') - before_req ))
+gen=$(( $(metric shoal_generation_tokens_total '') - before_gen ))
+ptok=$(( $(metric shoal_prompt_tokens_total '') - before_prompt ))
+echo "bench: $ok ok, $failed failed, $out output tokens, $prompt prompt tokens"
+echo "server: $req requests with status 200, $gen generated tokens, $ptok prompt tokens"
+status=0
+[ "$ok" -gt 0 ] || { echo "FAIL: no request completed"; status=1; }
+[ "$failed" -eq 0 ] || { echo "FAIL: $failed requests failed"; status=1; }
+[ "$ok" -eq "$req" ] || { echo "FAIL: requests differ"; status=1; }
+[ "$out" -eq "$gen" ] || { echo "FAIL: generated tokens differ"; status=1; }
+[ "$prompt" -eq "$ptok" ] || { echo "FAIL: prompt tokens differ"; status=1; }
+[ $status -eq 0 ] && echo "1 passed, 0 failed"
+exit $status
