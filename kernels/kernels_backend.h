@@ -125,6 +125,16 @@ struct kernels_backend {
                       const void *arena, const kernels_kv_layout *layout,
                       const kernels_batch *batch, int layer, float scale);
 
+    /* The same function as attention, for prompt chunks: a backend may
+     * run it on tensor-core tiles over the page table (flash attention).
+     * Correct for any rows; fast when rows come in runs of one stream at
+     * consecutive positions, as a prompt chunk does, where attention's
+     * partials would read the context once per row. The CPU backend's is
+     * its attention. */
+    void (*attention_prompt)(kernels_backend *be, void *out, const void *q, int heads,
+                             const void *arena, const kernels_kv_layout *layout,
+                             const kernels_batch *batch, int layer, float scale);
+
     /* out[r][i] = silu(gate[r][i]) * up[r][i], rows of dim. */
     void (*swiglu)(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                    int dim);
@@ -152,6 +162,20 @@ struct kernels_backend {
      * dummy model is the same on every backend, and made where it lives. */
     void (*fill_random)(kernels_backend *be, void *dst, size_t n, uint64_t state, float base,
                         float scale);
+
+    /* Optional (NULL where a backend lacks them): recorded op sequences
+     * (CUDA graphs), so that a decode step is one launch. Between
+     * graph_begin and graph_end the ops are recorded, not run; no upload,
+     * download or sync may come between. graph_end keeps the recording in
+     * slot [0, graph_slots) (replacing what was there); graph_launch runs
+     * it again, with the pointers, sizes and scalars it was recorded with
+     * and whatever the device buffers hold when it runs. graph_begin
+     * answers SHOAL_ERR_UNSUPPORTED when graphs are turned off; other
+     * errors leave the backend unusable. */
+    int graph_slots;
+    shoal_err (*graph_begin)(kernels_backend *be);
+    shoal_err (*graph_end)(kernels_backend *be, int slot);
+    shoal_err (*graph_launch)(kernels_backend *be, int slot);
 };
 
 typedef struct kernels_backend_options {

@@ -43,15 +43,63 @@ struct worker_model {
     /* activations (device), sized for opt.max_rows rows */
     void *x, *h, *q, *k, *v, *att, *pend, *gate, *up, *sel;
     float *logits;
-    /* batch description (device) */
+    /* A step's inputs go up in one upload: the host builds them in `stage`
+     * and copies them to `dstage` (device) laid out by step_layout_of().
+     * The pointers below point into dstage, where this step's layout puts
+     * them. */
+    unsigned char *stage, *dstage;
+    size_t stage_bytes;
     int32_t *ids, *positions, *row_stream, *page_table, *logit_rows;
-    /* sampling (device): params and results per logit row, penalty lists */
     kernels_sample_params *params;
+    /* sampling (device): results per logit row, penalty lists */
     kernels_sample_result *results;
     int32_t *pen_offsets, *pen_tokens, *pen_counts;
     int pen_cap;
+    /* Attention of a pass, by row ranges (host): runs of one stream of at
+     * least WORKER_ATTN_PROMPT_ROWS rows (prompt chunks) take the prompt
+     * kernel, the rest the partials. [max_rows] each. */
+    int32_t *seg_row0, *seg_rows;
+    bool *seg_prompt;
+    int segs;
+    /* Decode rounds (every row sampled, no prompt run) are recorded once
+     * per (kind, rows) and replayed: graph_ready[slot]. */
+    bool *graph_ready;
+    int graph_rows; /* rows a recorded round may have: 0 = no graphs */
     common_hash fingerprint;
 };
+
+/* A run of at least this many rows of one stream is a prompt chunk: the
+ * prompt kernel reads its context once per 64 rows where the partials
+ * read it once per row, and below this the partials' finer split wins. */
+#define WORKER_ATTN_PROMPT_ROWS 16
+
+typedef enum run_kind { RUN_FORWARD = 0, RUN_STEP, RUN_STEP_PENALTIES, RUN_KINDS } run_kind;
+
+/* Byte offsets of a step's inputs in the staging buffers. They depend on
+ * the row, logit row and page table sizes alone, so a recorded round
+ * finds its inputs where it was recorded. */
+typedef struct step_layout {
+    size_t ids, positions, row_stream, logit_rows, params, page_table, bytes;
+} step_layout;
+
+static size_t align16(size_t x)
+{
+    return (x + 15) & ~(size_t)15;
+}
+
+static step_layout step_layout_of(int rows, int logit_count, int streams, int stride)
+{
+    step_layout s;
+    size_t at = 0, r = (size_t)rows * 4;
+    s.ids = at, at += r;
+    s.positions = at, at += r;
+    s.row_stream = at, at += r;
+    s.logit_rows = at, at += (size_t)logit_count * 4;
+    s.params = at = align16(at), at += (size_t)logit_count * sizeof(kernels_sample_params);
+    s.page_table = at = align16(at), at += (size_t)streams * (size_t)stride * 4;
+    s.bytes = at;
+    return s;
+}
 
 void worker_model_options_default(worker_model_options *opt)
 {
@@ -225,7 +273,23 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
      * context, for every row that samples. */
     int64_t pen = (int64_t)m->opt.max_logit_rows * m->opt.max_pages_per_stream * m->opt.page_tokens;
     m->pen_cap = pen > (1 << 26) ? (1 << 26) : (int)pen;
-    bool ok = (m->x = dev_alloc(m, rows * hid * a)) && (m->h = dev_alloc(m, rows * hid * a)) &&
+    m->stage_bytes = step_layout_of(m->opt.max_rows, m->opt.max_logit_rows, m->opt.max_streams,
+                                    m->opt.max_pages_per_stream)
+                         .bytes;
+    m->stage = malloc(m->stage_bytes);
+    m->seg_row0 = malloc(rows * sizeof *m->seg_row0);
+    m->seg_rows = malloc(rows * sizeof *m->seg_rows);
+    m->seg_prompt = malloc(rows * sizeof *m->seg_prompt);
+    m->graph_rows = 0;
+    if (m->be->graph_begin) {
+        int per_kind = m->be->graph_slots / RUN_KINDS;
+        m->graph_rows = m->opt.max_logit_rows < per_kind ? m->opt.max_logit_rows : per_kind;
+    }
+    m->graph_ready = calloc((size_t)RUN_KINDS * (size_t)(m->graph_rows + 1), sizeof(bool));
+    if (!m->stage || !m->seg_row0 || !m->seg_rows || !m->seg_prompt || !m->graph_ready)
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "no host memory for the step buffers");
+    bool ok = (m->dstage = dev_alloc(m, m->stage_bytes)) &&
+              (m->x = dev_alloc(m, rows * hid * a)) && (m->h = dev_alloc(m, rows * hid * a)) &&
               (m->q = dev_alloc(m, rows * q_w * a)) && (m->k = dev_alloc(m, rows * kv_w * a)) &&
               (m->v = dev_alloc(m, rows * kv_w * a)) && (m->att = dev_alloc(m, rows * q_w * a)) &&
               (m->pend = dev_alloc(m, rows * wide * a)) &&
@@ -233,12 +297,6 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
               (m->up = dev_alloc(m, rows * inter * a)) &&
               (m->sel = dev_alloc(m, (size_t)m->opt.max_logit_rows * hid * a)) &&
               (m->logits = dev_alloc(m, (size_t)m->opt.max_logit_rows * (size_t)c->vocab * 4)) &&
-              (m->ids = dev_alloc(m, rows * 4)) && (m->positions = dev_alloc(m, rows * 4)) &&
-              (m->row_stream = dev_alloc(m, rows * 4)) &&
-              (m->logit_rows = dev_alloc(m, (size_t)m->opt.max_logit_rows * 4)) &&
-              (m->page_table = dev_alloc(m, (size_t)m->opt.max_streams *
-                                                (size_t)m->opt.max_pages_per_stream * 4)) &&
-              (m->params = dev_alloc(m, (size_t)m->opt.max_logit_rows * sizeof *m->params)) &&
               (m->results = dev_alloc(m, (size_t)m->opt.max_logit_rows * sizeof *m->results)) &&
               (m->pen_offsets = dev_alloc(m, (size_t)(m->opt.max_logit_rows + 1) * 4)) &&
               (m->pen_tokens = dev_alloc(m, (size_t)m->pen_cap * 4)) &&
@@ -343,6 +401,11 @@ void worker_model_close(worker_model *m)
         m->be->free(m->be, m->owned[i]);
     free(m->owned);
     free(m->layers);
+    free(m->stage);
+    free(m->seg_row0);
+    free(m->seg_rows);
+    free(m->seg_prompt);
+    free(m->graph_ready);
     worker_weights_close(m->weights);
     kernels_backend_close(m->be);
     free(m);
@@ -453,39 +516,77 @@ static shoal_err check_forward(const worker_model *m, const worker_forward *f, s
     return SHOAL_OK;
 }
 
-static shoal_err upload_batch(worker_model *m, const worker_forward *f)
+/* Cuts the pass's rows into attention segments (see seg_row0). */
+static void plan_attention(worker_model *m, const worker_forward *f)
 {
-    kernels_backend *be = m->be;
-    size_t rows = (size_t)f->rows * 4;
-    shoal_err err;
-    if ((err = be->upload(be, m->ids, f->token_ids, rows)) ||
-        (err = be->upload(be, m->positions, f->positions, rows)) ||
-        (err = be->upload(be, m->row_stream, f->row_stream, rows)) ||
-        (err = be->upload(be, m->page_table, f->page_table,
-                          (size_t)f->streams * (size_t)f->page_table_stride * 4)))
-        return err;
-    if (f->logit_count > 0)
-        err = be->upload(be, m->logit_rows, f->logit_rows, (size_t)f->logit_count * 4);
-    return err;
+    int n = 0;
+    for (int r = 0; r < f->rows;) {
+        int e = r + 1;
+        while (e < f->rows && f->row_stream[e] == f->row_stream[r])
+            e++;
+        bool prompt = e - r >= WORKER_ATTN_PROMPT_ROWS && m->be->attention_prompt;
+        if (n > 0 && m->seg_prompt[n - 1] == prompt) {
+            m->seg_rows[n - 1] += e - r;
+        } else {
+            m->seg_row0[n] = r;
+            m->seg_rows[n] = e - r;
+            m->seg_prompt[n] = prompt;
+            n++;
+        }
+        r = e;
+    }
+    m->segs = n;
 }
 
-/* Runs the pass; the logits of the wanted rows stay in m->logits (device). */
-static shoal_err model_run(worker_model *m, const worker_forward *f, shoal_diag *diag)
+/* Builds the step's inputs in the host stage, uploads them in one copy and
+ * points the model's device pointers at them. The page table goes at
+ * `stride` entries a stream (the forward's own, or the largest for a
+ * recorded round, which must not change with the streams' lengths). */
+static shoal_err stage_step(worker_model *m, const worker_forward *f,
+                            const kernels_sample_params *params, int stride)
 {
-    shoal_err err = check_forward(m, f, diag);
-    if (err)
-        return err;
-    if ((err = upload_batch(m, f)))
-        return shoal_diag_set(diag, err, "forward: cannot upload the batch");
+    step_layout L = step_layout_of(f->rows, f->logit_count, f->streams, stride);
+    unsigned char *h = m->stage, *d = m->dstage;
+    size_t r = (size_t)f->rows * 4;
+    memcpy(h + L.ids, f->token_ids, r);
+    memcpy(h + L.positions, f->positions, r);
+    memcpy(h + L.row_stream, f->row_stream, r);
+    if (f->logit_count > 0)
+        memcpy(h + L.logit_rows, f->logit_rows, (size_t)f->logit_count * 4);
+    if (params && f->logit_count > 0)
+        memcpy(h + L.params, params, (size_t)f->logit_count * sizeof *params);
+    if (stride == f->page_table_stride) {
+        memcpy(h + L.page_table, f->page_table,
+               (size_t)f->streams * (size_t)f->page_table_stride * 4);
+    } else { /* entries past a stream's own stay as they are: nothing reads them */
+        for (int s = 0; s < f->streams; s++)
+            memcpy(h + L.page_table + (size_t)s * (size_t)stride * 4,
+                   f->page_table + (size_t)s * (size_t)f->page_table_stride,
+                   (size_t)f->page_table_stride * 4);
+    }
+    m->ids = (int32_t *)(d + L.ids);
+    m->positions = (int32_t *)(d + L.positions);
+    m->row_stream = (int32_t *)(d + L.row_stream);
+    m->logit_rows = (int32_t *)(d + L.logit_rows);
+    m->params = (kernels_sample_params *)(d + L.params);
+    m->page_table = (int32_t *)(d + L.page_table);
+    return m->be->upload(m->be, d, h, L.bytes);
+}
+
+/* Enqueues the pass's ops (and, for a step, the sampling); the logits of
+ * the wanted rows stay in m->logits, sampled tokens in m->results. */
+static void model_ops(worker_model *m, const worker_forward *f, int stride, run_kind kind)
+{
     kernels_backend *be = m->be;
     const worker_config *c = &m->cfg;
     int rows = f->rows;
     int q_w = c->heads * c->head_dim, kv_w = c->kv_heads * c->head_dim;
+    size_t q_row_bytes = (size_t)q_w * kernels_act_bytes(be);
     float scale = 1.0f / sqrtf((float)c->head_dim);
     kernels_batch batch = {
         .rows = rows,
         .streams = f->streams,
-        .page_table_stride = f->page_table_stride,
+        .page_table_stride = stride,
         .row_stream = m->row_stream,
         .positions = m->positions,
         .page_table = m->page_table,
@@ -504,7 +605,19 @@ static shoal_err model_run(worker_model *m, const worker_forward *f, shoal_diag 
         be->qk_norm_rope(be, m->k, rows, c->kv_heads, c->head_dim, kv_w, L->k_norm, c->rms_eps,
                          m->positions, m->inv_freq);
         be->kv_write(be, m->arena, &m->kv, &batch, l, m->k, m->v);
-        be->attention(be, m->att, m->q, c->heads, m->arena, &m->kv, &batch, l, scale);
+        /* the segments' row tables shift with their rows; the page table,
+         * indexed by stream, does not */
+        for (int s = 0; s < m->segs; s++) {
+            kernels_batch sb = batch;
+            int r0 = m->seg_row0[s];
+            sb.rows = m->seg_rows[s];
+            sb.row_stream = m->row_stream + r0;
+            sb.positions = m->positions + r0;
+            (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
+                be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
+                (const unsigned char *)m->q + (size_t)r0 * q_row_bytes, c->heads, m->arena, &m->kv,
+                &sb, l, scale);
+        }
         be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
                    q_w);
         be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
@@ -518,20 +631,73 @@ static shoal_err model_run(worker_model *m, const worker_forward *f, shoal_diag 
         pending = m->pend;
     }
     if (f->logit_count == 0)
-        return be->sync(be);
+        return;
     /* Only the rows whose logits are wanted go through the vocabulary
      * projection, the largest matmul of a decode step. */
     be->rmsnorm(be, m->h, m->x, pending, m->final_norm, rows, c->hidden, c->rms_eps);
     be->gather(be, m->sel, m->h, m->logit_rows, f->logit_count, c->hidden);
     be->matmul(be, m->logits, SHOAL_DTYPE_F32, m->sel, m->lm_head.data, m->lm_head.dtype,
                f->logit_count, c->vocab, c->hidden);
+    if (kind == RUN_FORWARD)
+        return;
+    bool pen = kind == RUN_STEP_PENALTIES;
+    be->sample(be, m->results, m->logits, f->logit_count, c->vocab, m->params,
+               pen ? m->pen_offsets : NULL, pen ? m->pen_tokens : NULL,
+               pen ? m->pen_counts : NULL);
+}
+
+/* Runs the pass (and for a step the sampling) after checking and staging
+ * its inputs. A decode round (every row sampled, no prompt chunk) of a
+ * backend with graphs is recorded the first time its (kind, rows) comes and
+ * replayed from then on: one launch instead of some fifteen a layer. */
+static shoal_err model_run(worker_model *m, const worker_forward *f,
+                           const kernels_sample_params *params, const worker_penalties *pen,
+                           run_kind kind, shoal_diag *diag)
+{
+    shoal_err err = check_forward(m, f, diag);
+    if (err)
+        return err;
+    kernels_backend *be = m->be;
+    plan_attention(m, f);
+    bool graph = f->logit_count == f->rows && f->rows <= m->graph_rows && m->segs == 1 &&
+                 !m->seg_prompt[0];
+    int stride = graph ? m->opt.max_pages_per_stream : f->page_table_stride;
+    if ((err = stage_step(m, f, kind == RUN_FORWARD ? NULL : params, stride)))
+        return shoal_diag_set(diag, err, "forward: cannot upload the batch");
+    if (pen && ((err = be->upload(be, m->pen_offsets, pen->offsets,
+                                  (size_t)(f->logit_count + 1) * 4)) ||
+                (err = be->upload(be, m->pen_tokens, pen->tokens, (size_t)pen->entries * 4)) ||
+                (err = be->upload(be, m->pen_counts, pen->counts, (size_t)pen->entries * 4))))
+        return shoal_diag_set(diag, err, "step: cannot upload penalties");
+    if (!graph) {
+        model_ops(m, f, stride, kind);
+        return f->logit_count == 0 ? be->sync(be) : SHOAL_OK;
+    }
+    int slot = (int)kind * m->graph_rows + f->rows - 1;
+    if (!m->graph_ready[slot]) {
+        err = be->graph_begin(be);
+        if (err == SHOAL_ERR_UNSUPPORTED) { /* turned off: run, and never ask again */
+            m->graph_rows = 0;
+            model_ops(m, f, stride, kind);
+            return SHOAL_OK;
+        }
+        if (!err) {
+            model_ops(m, f, stride, kind);
+            err = be->graph_end(be, slot);
+        }
+        if (err)
+            return shoal_diag_set(diag, err, "forward: cannot record the decode round");
+        m->graph_ready[slot] = true;
+    }
+    if ((err = be->graph_launch(be, slot)))
+        return shoal_diag_set(diag, err, "forward: cannot launch the decode round");
     return SHOAL_OK;
 }
 
 shoal_err worker_model_forward(worker_model *m, const worker_forward *f, float *logits,
                                shoal_diag *diag)
 {
-    shoal_err err = model_run(m, f, diag);
+    shoal_err err = model_run(m, f, NULL, NULL, RUN_FORWARD, diag);
     if (err || f->logit_count == 0)
         return err;
     err = m->be->download(m->be, logits, m->logits,
@@ -548,18 +714,13 @@ shoal_err worker_model_step(worker_model *m, const worker_forward *f,
     if (pen && (pen->entries < 0 || pen->entries > m->pen_cap))
         return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "step: %d penalty entries, the limit is %d",
                               pen ? pen->entries : 0, m->pen_cap);
-    shoal_err err = model_run(m, f, diag);
+    shoal_err err = model_run(m, f, params, rows > 0 ? pen : NULL,
+                              rows == 0 ? RUN_FORWARD
+                              : pen     ? RUN_STEP_PENALTIES
+                                        : RUN_STEP,
+                              diag);
     if (err || rows == 0)
         return err;
-    if ((err = be->upload(be, m->params, params, (size_t)rows * sizeof *params)))
-        return shoal_diag_set(diag, err, "step: cannot upload sampling parameters");
-    if (pen && ((err = be->upload(be, m->pen_offsets, pen->offsets, (size_t)(rows + 1) * 4)) ||
-                (err = be->upload(be, m->pen_tokens, pen->tokens, (size_t)pen->entries * 4)) ||
-                (err = be->upload(be, m->pen_counts, pen->counts, (size_t)pen->entries * 4))))
-        return shoal_diag_set(diag, err, "step: cannot upload penalties");
-    be->sample(be, m->results, m->logits, rows, m->cfg.vocab, m->params,
-               pen ? m->pen_offsets : NULL, pen ? m->pen_tokens : NULL,
-               pen ? m->pen_counts : NULL);
     err = be->download(be, results, m->results, (size_t)rows * sizeof *results);
     return err ? shoal_diag_set(diag, err, "step: cannot download sampled tokens") : SHOAL_OK;
 }

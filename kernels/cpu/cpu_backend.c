@@ -92,6 +92,7 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->qk_norm_rope = cpu_qk_norm_rope;
     be->kv_write = cpu_kv_write;
     be->attention = cpu_attention;
+    be->attention_prompt = cpu_attention; /* the same function; no tiles to pick */
     be->swiglu = cpu_swiglu;
     be->gather = cpu_gather;
     be->sample = cpu_sample;

@@ -1,20 +1,32 @@
 /* Paged causal attention as split-K partials plus a merge (flash-decoding):
  * the twin of kernels/cpu/attention.c.
  *
- * A row's context (positions [0, pos]) is cut into `splits` segments of
- * whole pages. The partial kernel runs one block per (row, KV head, chunk
- * of up to ATTN_GQ query heads of that KV head, segment): it reads the
- * segment's K and V once for all the chunk's query heads (GQA) through the
- * page table, keeps an online softmax, and writes (max, sum, sum p v) per
- * query head to scratch. The merge kernel, one block per (row, query head),
- * rescales and adds the segments in order and writes the output row.
+ * A row's context (positions [0, pos]) is cut into attn_splits_of(pos + 1)
+ * segments of whole pages of 16 (attention_mma.cuh): the count depends
+ * on the row's own context alone, never on its batch, its slice or the page
+ * table's capacity, so a sliced round equals an unsliced one to the byte
+ * and a row's bits do not depend on what shares its round. The grid has
+ * splits_max segments per row (from the model's shape), and blocks past a
+ * row's count return at once: the launch is the same for every round of
+ * the same rows, as a CUDA graph needs.
+ *
+ * Two partial kernels write the same records (max, sum, sum p v) per
+ * (row, query head, segment):
+ *   - with bf16 activations and head dims 32, 64 and 128, one block per
+ *     (row, KV head, group of up to 16 query heads, segment) puts the
+ *     group's query heads in the 16 rows of mma.sync tiles and reads each
+ *     64-token K and V tile once through the page table, double-buffered
+ *     by cp.async, four warps on 16 tokens each, merged in the block;
+ *   - otherwise (f32 activations, the exact mode, and other head dims) the
+ *     SIMT kernel of the first version, one block per (row, KV head, chunk
+ *     of up to ATTN_GQ query heads, segment).
+ * The merge kernel, one block per (row, query head), rescales and adds the
+ * segments in order and writes the output row.
  *
  * The scratch has rows for KERNELS_ATTN_SLICE_ROWS rows; kernels_attention_
  * slices() cuts longer rounds, and each slice is one partial + merge pair.
- * The split count depends only on the model's shape and the page table's
- * capacity, never on the slice, so a sliced round equals an unsliced one
- * to the byte. Each block sums in a fixed order: results are deterministic. */
-#include "cuda_ops.h"
+ * Each block sums in a fixed order: results are deterministic. */
+#include "attention_mma.cuh"
 
 #include "common/common_limits.h"
 
@@ -79,11 +91,13 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     float *corr = l + ATTN_GQ;
 
     const int ctx = positions[r] + 1;
+    const int splits = attn_splits_of(ctx, a.splits);
+    if (split >= splits)
+        return; /* the merge reads this row's first `splits` records alone */
     const int32_t *pages = page_table + (size_t)row_stream[r] * (size_t)a.page_table_stride;
-    const int ctx_pages = (ctx + pt - 1) / pt;
-    const int seg_pages = (ctx_pages + a.splits - 1) / a.splits;
-    const int t_begin = split * seg_pages * pt;
-    const int t_end = min(ctx, (split + 1) * seg_pages * pt);
+    const int seg = attn_seg_tokens(ctx, a.splits);
+    const int t_begin = split * seg;
+    const int t_end = min(ctx, (split + 1) * seg);
 
     const int scale_at = a.layer * L.kv_heads + kvh;
     const bool fp8 = sizeof(KV) == 1;
@@ -166,11 +180,13 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 
 template <typename T>
 static __global__ void __launch_bounds__(MERGE_THREADS)
-    attn_merge(const float *scratch, T *out, int heads, int head_dim, int splits)
+    attn_merge(const float *scratch, T *out, int heads, int head_dim, int splits_max,
+               const int32_t *positions)
 {
     const int r = blockIdx.x, h = blockIdx.y;
     const size_t rec_floats = (size_t)head_dim + 2;
-    const float *rec = scratch + ((size_t)r * heads + h) * splits * rec_floats;
+    const float *rec = scratch + ((size_t)r * heads + h) * splits_max * rec_floats;
+    const int splits = attn_splits_of(positions[r] + 1, splits_max);
     float mx = -INFINITY;
     for (int s = 0; s < splits; s++)
         mx = fmaxf(mx, rec[s * rec_floats]);
@@ -192,27 +208,188 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
     }
 }
 
-/* Splits per row: enough segments of at least CUDA_ATTN_SPLIT_TOKENS_MIN
- * tokens for the longest context the page table can hold, within the
- * per-row scratch. From the shape alone, never from the slice. */
-static int attn_splits(int heads, int head_dim, const kernels_kv_layout *L, int stride)
+/* Segments a row may have: CUDA_ATTN_SPLITS_MAX, within the per-row
+ * scratch. From the shape alone, never from the slice. */
+static int attn_splits_max(int heads, int head_dim)
 {
-    long long capacity = (long long)stride * L->page_tokens;
-    long long s = (capacity + CUDA_ATTN_SPLIT_TOKENS_MIN - 1) / CUDA_ATTN_SPLIT_TOKENS_MIN;
     size_t per_split = (size_t)heads * ((size_t)head_dim + 2) * sizeof(float);
     long long fit = (long long)(CUDA_ATTN_ROW_SCRATCH_BYTES / per_split);
-    if (s > CUDA_ATTN_SPLITS_MAX)
-        s = CUDA_ATTN_SPLITS_MAX;
-    if (s > fit)
-        s = fit;
+    long long s = CUDA_ATTN_SPLITS_MAX < fit ? CUDA_ATTN_SPLITS_MAX : fit;
     return s < 1 ? 1 : (int)s;
 }
+
+/* ---- the tensor-core partial kernel ---- */
+
+enum { TC_GM = 16, TC_BN = 64, TC_THREADS = 128 };
+
+template <int HD> static constexpr size_t tc_partial_smem_bytes()
+{
+    return (size_t)TC_GM * HD * 2 /* Q */ + 4 * (size_t)TC_BN * HD * 2 /* K, V x 2 */;
+}
+
+template <int HD, typename KV>
+static __global__ void __launch_bounds__(TC_THREADS)
+    attn_partial_tc(attn_args a, const bf16 *q, const int32_t *row_stream,
+                    const int32_t *positions, const int32_t *page_table)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int CH = HD / 8, DT = HD / 8, REC = HD + 2;
+    const kernels_kv_layout &L = a.L;
+    const int group = a.heads / L.kv_heads;
+    const int chunks = (group + TC_GM - 1) / TC_GM;
+    const int r = blockIdx.x, kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * TC_GM;
+    const int gn = min(TC_GM, group - g0);
+    const int split = blockIdx.z;
+    const int ctx = positions[r] + 1;
+    const int splits = attn_splits_of(ctx, a.splits);
+    if (split >= splits)
+        return; /* the merge reads this row's first `splits` records alone */
+    const int seg = attn_seg_tokens(ctx, a.splits);
+    const int tb = split * seg, te = min(ctx, tb + seg);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int h0 = kvh * group + g0;
+    const uint32_t qs = mma::smem_addr(smem);
+    const uint32_t ks0 = qs + TC_GM * HD * 2, vs0 = ks0 + 2 * TC_BN * HD * 2;
+    const uint32_t tile_bytes = TC_BN * HD * 2;
+
+    /* the group's query heads are the rows of the tile; the rest are zeros */
+    for (int i = tid; i < TC_GM * CH; i += TC_THREADS) {
+        int g = i / CH, c = i % CH;
+        bool valid = g < gn;
+        mma::cp_async16(
+            qs + mma::swz<HD>(g, c),
+            valid ? (const void *)(q + ((size_t)r * a.heads + (size_t)(h0 + g)) * HD + c * 8)
+                  : (const void *)q,
+            valid);
+    }
+    const int32_t *pages = page_table + (size_t)row_stream[r] * (size_t)a.page_table_stride;
+    const int pt_shift = __ffs(L.page_tokens) - 1;
+    const size_t head_elems = (size_t)L.page_tokens * HD;
+    const size_t k_off = (((size_t)a.layer * 2 + 0) * L.kv_heads + kvh) * head_elems;
+    const size_t v_off = (((size_t)a.layer * 2 + 1) * L.kv_heads + kvh) * head_elems;
+    const int scale_at = a.layer * L.kv_heads + kvh;
+    const bool fp8 = sizeof(KV) == 1;
+    const float k_scale = fp8 && L.k_scale ? L.k_scale[scale_at] : 1.0f;
+    const float v_scale = fp8 && L.v_scale ? L.v_scale[scale_at] : 1.0f;
+    const float sl2 = a.scale * 1.4426950408889634f * k_scale;
+    typedef mma::kv_tile<HD, TC_BN, TC_THREADS, KV> tile_io;
+
+    const int ntiles = (te - tb + TC_BN - 1) / TC_BN;
+    tile_io::load(ks0, a.arena, L.page_bytes, pages, pt_shift, k_off, tb, te);
+    tile_io::load(vs0, a.arena, L.page_bytes, pages, pt_shift, v_off, tb, te);
+    mma::cp_async_commit(); /* Q and the first tile */
+
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    uint32_t qf[HD / 16][4];
+    for (int j = 0; j < ntiles; j++) {
+        const uint32_t kb = ks0 + (j & 1) * tile_bytes, vb = vs0 + (j & 1) * tile_bytes;
+        if (j + 1 < ntiles) {
+            const uint32_t nb = ((j + 1) & 1) * tile_bytes;
+            tile_io::load(ks0 + nb, a.arena, L.page_bytes, pages, pt_shift, k_off,
+                          tb + (j + 1) * TC_BN, te);
+            tile_io::load(vs0 + nb, a.arena, L.page_bytes, pages, pt_shift, v_off,
+                          tb + (j + 1) * TC_BN, te);
+            mma::cp_async_commit();
+            mma::cp_async_wait<1>();
+        } else {
+            mma::cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0)
+            mma::q_fragments<HD>(qf, qs, 0);
+        /* each warp takes 16 tokens of the tile */
+        float sc[2][4];
+        mma::scores<HD, 2>(sc, qf, kb, warp * 16);
+        const int key0 = tb + j * TC_BN + warp * 16;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+                sc[nt][e] = key < te ? sc[nt][e] * sl2 : -INFINITY;
+            }
+        mma::softmax_step<HD, 2>(sc, o, m, l);
+        mma::accumulate<HD, 2>(o, sc, vb, warp * 16);
+        __syncthreads(); /* the buffer is refilled two tiles on */
+    }
+    mma::cp_async_wait<0>();
+
+    /* the four warps' states, merged through shared memory (the tiles are
+     * done with) into one record per query head */
+    float *red = (float *)(smem + TC_GM * HD * 2); /* [4 warps][TC_GM rows][REC] */
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+        float *w = red + ((size_t)warp * TC_GM + (lane >> 2) + hr * 8) * REC;
+        if ((lane & 3) == 0) {
+            w[0] = m[hr];
+            w[1] = l[hr];
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            w[2 + dt * 8 + (lane & 3) * 2] = o[dt][2 * hr];
+            w[2 + dt * 8 + (lane & 3) * 2 + 1] = o[dt][2 * hr + 1];
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < gn * REC; e += TC_THREADS) {
+        int g = e / REC, i = e % REC;
+        float mw[4], mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            mw[w] = red[((size_t)w * TC_GM + g) * REC];
+            mx = fmaxf(mx, mw[w]);
+        }
+        float v;
+        if (mx == -INFINITY) { /* an empty segment: weight 0 in the merge */
+            v = i == 0 ? -INFINITY : 0.0f;
+        } else if (i == 0) {
+            v = mx * 0.6931471805599453f; /* log2 units back to natural ones */
+        } else {
+            v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+                v += red[((size_t)w * TC_GM + g) * REC + i] * exp2f(mw[w] - mx);
+            if (i > 1)
+                v *= v_scale;
+        }
+        a.scratch[(((size_t)r * a.heads + (size_t)(h0 + g)) * a.splits + split) * REC + i] = v;
+    }
+}
+
+template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, F f)
+{
+    bool fp8 = kv == SHOAL_DTYPE_F8_E4M3;
+    switch (hd) {
+    case 32:
+        fp8 ? f(attn_partial_tc<32, __nv_fp8_storage_t>, tc_partial_smem_bytes<32>())
+            : f(attn_partial_tc<32, bf16>, tc_partial_smem_bytes<32>());
+        return true;
+    case 64:
+        fp8 ? f(attn_partial_tc<64, __nv_fp8_storage_t>, tc_partial_smem_bytes<64>())
+            : f(attn_partial_tc<64, bf16>, tc_partial_smem_bytes<64>());
+        return true;
+    case 128:
+        fp8 ? f(attn_partial_tc<128, __nv_fp8_storage_t>, tc_partial_smem_bytes<128>())
+            : f(attn_partial_tc<128, bf16>, tc_partial_smem_bytes<128>());
+        return true;
+    default: return false;
+    }
+}
+
+/* ---- launching ---- */
 
 struct slice_ctx {
     kernels_backend *be;
     attn_args args;
     int chunks;
     size_t smem;
+    bool tc; /* the tensor-core partial kernel */
 };
 
 template <typename T, typename KV> static void launch_slice(void *p, const kernels_attn_slice *s)
@@ -221,14 +398,24 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
     cudaStream_t stream = cuda_of(c->be)->stream;
     dim3 grid((unsigned)s->rows, (unsigned)(c->args.L.kv_heads * c->chunks),
               (unsigned)c->args.splits);
-    attn_partial<T, KV><<<grid, ATTN_THREADS, c->smem, stream>>>(
-        c->args, (const T *)s->q, s->row_stream, s->positions, s->page_table);
+    if (c->tc) {
+        if constexpr (sizeof(T) == 2)
+            partial_tc_dispatch(c->args.L.head_dim, c->args.L.dtype, [&](auto kernel,
+                                                                          size_t bytes) {
+                kernel<<<grid, TC_THREADS, bytes, stream>>>(c->args, (const bf16 *)s->q,
+                                                            s->row_stream, s->positions,
+                                                            s->page_table);
+            });
+    } else {
+        attn_partial<T, KV><<<grid, ATTN_THREADS, c->smem, stream>>>(
+            c->args, (const T *)s->q, s->row_stream, s->positions, s->page_table);
+    }
     if (!cuda_launched(c->be, "attention partial"))
         return;
     dim3 mgrid((unsigned)s->rows, (unsigned)c->args.heads);
     attn_merge<T><<<mgrid, MERGE_THREADS, 0, stream>>>(c->args.scratch, (T *)s->out,
                                                        c->args.heads, c->args.L.head_dim,
-                                                       c->args.splits);
+                                                       c->args.splits, s->positions);
     cuda_launched(c->be, "attention merge");
 }
 
@@ -245,6 +432,13 @@ shoal_err cuda_attention_init(kernels_backend *be)
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0] && e == cudaSuccess; i++)
         e = cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    for (int hd : {32, 64, 128})
+        for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
+            partial_tc_dispatch(hd, kv, [&](auto kernel, size_t tc_bytes) {
+                if (e == cudaSuccess)
+                    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)tc_bytes);
+            });
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
     return cuda_of(be)->err;
@@ -260,6 +454,7 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     SHOAL_ASSERT(layout->head_dim > 0 && layout->head_dim <= SHOAL_MODEL_HEAD_DIM_MAX);
     SHOAL_ASSERT(layer >= 0 && layer < layout->layers && batch->rows >= 0);
     SHOAL_ASSERT(batch->page_table_stride > 0);
+    SHOAL_ASSERT((layout->page_tokens & (layout->page_tokens - 1)) == 0);
     /* one (max, sum, acc) record per query head fits a row's scratch */
     SHOAL_ASSERT((size_t)heads * ((size_t)layout->head_dim + 2) * sizeof(float) <=
                  CUDA_ATTN_ROW_SCRATCH_BYTES);
@@ -269,20 +464,28 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     CUDA_ASSERT_ALIGNED(arena, 16);
     if (batch->rows == 0 || !cuda_usable(be))
         return;
+    int hd = layout->head_dim;
     slice_ctx c;
     c.be = be;
     c.args.arena = (const unsigned char *)arena;
     c.args.L = *layout;
     c.args.layer = layer;
     c.args.heads = heads;
-    c.args.splits = attn_splits(heads, layout->head_dim, layout, batch->page_table_stride);
+    c.args.splits = attn_splits_max(heads, hd);
     c.args.scale = scale;
     c.args.page_table_stride = batch->page_table_stride;
     c.args.scratch = st->attn_scratch;
-    c.chunks = (heads / layout->kv_heads + ATTN_GQ - 1) / ATTN_GQ;
-    c.smem = partial_smem_floats(layout->head_dim) * sizeof(float);
+    c.tc = be->act_dtype == SHOAL_DTYPE_BF16 && st->attn_tc && (hd == 32 || hd == 64 || hd == 128);
+    if (c.tc) {
+        CUDA_ASSERT_ALIGNED(q, 16);
+        c.chunks = (heads / layout->kv_heads + TC_GM - 1) / TC_GM;
+        c.smem = 0;
+    } else {
+        c.chunks = (heads / layout->kv_heads + ATTN_GQ - 1) / ATTN_GQ;
+        c.smem = partial_smem_floats(hd) * sizeof(float);
+    }
 
-    size_t row_bytes = (size_t)heads * (size_t)layout->head_dim * a;
+    size_t row_bytes = (size_t)heads * (size_t)hd * a;
     kernels_attn_round round;
     round.rows = batch->rows;
     round.slice_rows = st->attn_slice_rows;

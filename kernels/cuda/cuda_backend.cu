@@ -91,6 +91,7 @@ static void cuda_free(kernels_backend *be, void *ptr)
 static shoal_err cuda_upload(kernels_backend *be, void *dst, const void *src, size_t bytes)
 {
     cuda_state *st = cuda_of(be);
+    SHOAL_ASSERT(!st->capturing);
     if (st->err || bytes == 0)
         return st->err;
     /* From pageable memory the call returns once src has been staged, so
@@ -102,6 +103,7 @@ static shoal_err cuda_upload(kernels_backend *be, void *dst, const void *src, si
 static shoal_err cuda_download(kernels_backend *be, void *dst, const void *src, size_t bytes)
 {
     cuda_state *st = cuda_of(be);
+    SHOAL_ASSERT(!st->capturing);
     if (st->err)
         return st->err;
     if (bytes)
@@ -115,8 +117,59 @@ static shoal_err cuda_download(kernels_backend *be, void *dst, const void *src, 
 static shoal_err cuda_sync(kernels_backend *be)
 {
     cuda_state *st = cuda_of(be);
+    SHOAL_ASSERT(!st->capturing);
     if (!st->err)
         check(be, "synchronize", cudaStreamSynchronize(st->stream));
+    return st->err;
+}
+
+/* ---- graphs: a decode step recorded once, then one launch ---- */
+
+static shoal_err cuda_graph_begin(kernels_backend *be)
+{
+    cuda_state *st = cuda_of(be);
+    SHOAL_ASSERT(!st->capturing);
+    if (st->err)
+        return st->err;
+    if (!st->graphs)
+        return SHOAL_ERR_UNSUPPORTED;
+    /* thread-local: only this thread's calls are recorded, and another
+     * thread's unrelated CUDA work does not break the recording */
+    if (check(be, "graph: begin capture",
+              cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal)))
+        st->capturing = true;
+    return st->err;
+}
+
+static shoal_err cuda_graph_end(kernels_backend *be, int slot)
+{
+    cuda_state *st = cuda_of(be);
+    SHOAL_ASSERT(st->capturing && slot >= 0 && slot < CUDA_GRAPH_SLOTS);
+    st->capturing = false;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(st->stream, &g);
+    if (e == cudaSuccess && st->err == SHOAL_OK) {
+        if (st->graph[slot]) {
+            cudaGraphExecDestroy(st->graph[slot]);
+            st->graph[slot] = NULL;
+        }
+        e = cudaGraphInstantiate(&st->graph[slot], g, 0);
+    }
+    if (g)
+        cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        st->graph[slot] = NULL;
+        cuda_fail(be, "graph: end capture and instantiate", e);
+    }
+    return st->err;
+}
+
+static shoal_err cuda_graph_launch(kernels_backend *be, int slot)
+{
+    cuda_state *st = cuda_of(be);
+    SHOAL_ASSERT(!st->capturing && slot >= 0 && slot < CUDA_GRAPH_SLOTS && st->graph[slot]);
+    if (!st->err)
+        check(be, "graph: launch", cudaGraphLaunch(st->graph[slot], st->stream));
     return st->err;
 }
 
@@ -124,8 +177,17 @@ static void cuda_close(kernels_backend *be)
 {
     cuda_state *st = cuda_of(be);
     if (st) {
+        if (st->capturing) {
+            cudaGraph_t g = NULL;
+            cudaStreamEndCapture(st->stream, &g);
+            if (g)
+                cudaGraphDestroy(g);
+        }
         if (st->stream)
             cudaStreamSynchronize(st->stream);
+        for (int i = 0; i < CUDA_GRAPH_SLOTS; i++)
+            if (st->graph[i])
+                cudaGraphExecDestroy(st->graph[i]);
         for (int i = 0; i < st->allocs.count; i++)
             cudaFree(st->allocs.ptr[i]);
         free(st->allocs.ptr);
@@ -199,6 +261,27 @@ static shoal_err pick_act_dtype(shoal_dtype asked, shoal_dtype *out, shoal_diag 
     return SHOAL_OK;
 }
 
+/* An integer from the environment, or `fallback` when unset or unparsable. */
+static int env_int(const char *name, int fallback)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return fallback;
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *end == '\0' && x >= 0 && x <= 1 << 20 ? (int)x : fallback;
+}
+
+static void pick_kernels(cuda_state *st)
+{
+    bool legacy = env_int("SHOAL_CUDA_LEGACY", 0) != 0;
+    st->attn_tc = env_int("SHOAL_CUDA_ATTN_TC", legacy ? 0 : 1) != 0;
+    st->gemv_rows_max = env_int("SHOAL_CUDA_GEMV_ROWS", legacy ? 0 : CUDA_GEMV_ROWS_MAX);
+    if (st->gemv_rows_max > CUDA_GEMV_ROWS_MAX)
+        st->gemv_rows_max = CUDA_GEMV_ROWS_MAX;
+    st->graphs = env_int("SHOAL_CUDA_GRAPHS", legacy ? 0 : 1) != 0;
+}
+
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
 {
     return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? SHOAL_OK : SHOAL_ERR_DEVICE;
@@ -229,6 +312,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     }
     be->impl = st;
     st->device = device;
+    pick_kernels(st);
     cublasStatus_t cs;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking)) != cudaSuccess) {
@@ -250,7 +334,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
         goto out_close;
     }
     if ((err = alloc_attn_scratch(be, KERNELS_ATTN_SLICE_ROWS, diag)) ||
-        (err = cuda_attention_init(be))) {
+        (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be))) {
         if (err == SHOAL_ERR_DEVICE)
             shoal_diag_set(diag, err, "%s", st->err_msg);
         goto out_close;
@@ -271,10 +355,15 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->qk_norm_rope = cuda_qk_norm_rope;
     be->kv_write = cuda_kv_write;
     be->attention = cuda_attention;
+    be->attention_prompt = cuda_attention_prompt;
     be->swiglu = cuda_swiglu;
     be->gather = cuda_gather;
     be->sample = cuda_sample;
     be->fill_random = cuda_fill_random;
+    be->graph_slots = CUDA_GRAPH_SLOTS;
+    be->graph_begin = cuda_graph_begin;
+    be->graph_end = cuda_graph_end;
+    be->graph_launch = cuda_graph_launch;
     *out = be;
     return SHOAL_OK;
 out_close:

@@ -28,15 +28,19 @@ extern "C" {
 #define CUDA_CUBLAS_WORKSPACE_BYTES (32u << 20)
 
 /* Attention partial scratch per row: one (max, sum, acc[head_dim]) F32
- * record per query head and split. 512 KiB a row holds 32 query heads of
- * 128 dims in 31 splits; the split count is capped to fit (and at
- * CUDA_ATTN_SPLITS_MAX), from the model's shape alone, so a launch's
+ * record per query head and segment. 512 KiB a row holds 32 query heads of
+ * 128 dims in 31 segments; the segment count is capped to fit (and at
+ * CUDA_ATTN_SPLITS_MAX), from the model's shape alone, and each row takes
+ * as many as its own context needs (attention_mma.cuh), so a launch's
  * results never depend on how many rows the scratch has. */
 #define CUDA_ATTN_ROW_SCRATCH_BYTES (512u << 10)
-#define CUDA_ATTN_SPLITS_MAX 16
-/* A split covers at least this many tokens of context before another
- * split pays for its partial's write and merge. */
-#define CUDA_ATTN_SPLIT_TOKENS_MIN 256
+#define CUDA_ATTN_SPLITS_MAX 64
+
+/* Matmuls of at most this many rows may take our GEMV (matmul.cu). */
+#define CUDA_GEMV_ROWS_MAX 8
+
+/* Recorded graphs a backend holds (graph_end's slots). */
+#define CUDA_GRAPH_SLOTS 1024
 
 typedef struct cuda_alloc_list {
     void **ptr;
@@ -52,6 +56,17 @@ typedef struct cuda_state {
     float *attn_scratch; /* attn_slice_rows * CUDA_ATTN_ROW_SCRATCH_BYTES */
     int attn_slice_rows;
     kernels_attn_fault attn_fault; /* tests only */
+    /* Kernel choices, read from the environment at open (benchmarks and
+     * the before/after of a change; SHOAL_CUDA_LEGACY=1 turns all three to
+     * the first version's): tensor-core attention (SHOAL_CUDA_ATTN_TC,
+     * default 1), our GEMV for matmuls of at most gemv_rows_max rows
+     * (SHOAL_CUDA_GEMV_ROWS, default 8; 0 = cuBLAS always), and CUDA
+     * graphs (SHOAL_CUDA_GRAPHS, default 1). */
+    bool attn_tc;
+    int gemv_rows_max;
+    bool graphs;
+    bool capturing;
+    cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
     /* The first CUDA error. An error leaves the context unusable (a fault
      * in a kernel poisons it), so every later call fails fast with it. */
@@ -203,6 +218,14 @@ void cuda_sample(kernels_backend *be, kernels_sample_result *results, const floa
                  const int32_t *penalty_counts);
 void cuda_fill_random(kernels_backend *be, void *dst, size_t n, uint64_t state, float base,
                       float scale);
+void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int heads,
+                           const void *arena, const kernels_kv_layout *layout,
+                           const kernels_batch *batch, int layer, float scale);
+
+/* attention_prompt.cu: whether the tensor-core prompt kernel takes this
+ * shape (else attention_prompt runs the partial path). */
+bool cuda_attention_prompt_fits(kernels_backend *be, int heads, const kernels_kv_layout *layout);
+shoal_err cuda_attention_prompt_init(kernels_backend *be);
 
 /* attention.cu: raises the kernels' shared-memory limits; once, at open. */
 shoal_err cuda_attention_init(kernels_backend *be);

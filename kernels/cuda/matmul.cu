@@ -1,6 +1,7 @@
 /* out[rows][n] = in[rows][k] x w[n][k]^T: the twin of kernels/cpu/matmul.c.
  *
- * Where cuBLAS takes the operands as they are (bf16 activations with bf16
+ * bf16 by bf16 with at most gemv_rows_max rows (decode) takes our GEMV,
+ * which streams the weights at the copy bandwidth. Otherwise, where cuBLAS takes the operands as they are (bf16 activations with bf16
  * weights, f32 with f32) it runs the GEMM, F32 accumulation. Mixed pairs
  * (bf16 or f32 activations with f16 weights, and the like) take a tiled
  * SIMT kernel of ours with F32 accumulation; checkpoints in the activation
@@ -50,6 +51,98 @@ static __global__ void __launch_bounds__(MM_THREADS)
     }
 }
 
+/* Few rows (decode): the GEMM is a stream over the weights, which cuBLAS
+ * reads well below the copy bandwidth at one row. One warp per weight row
+ * n reads it once in 16-byte loads, GEMV_UNROLL of them in flight per lane
+ * (kept out of L1, so the inputs, read by every warp, stay there), and
+ * takes the dot products with all R input rows; the k-sums go lane-local
+ * then across the warp, the same order for every row count. */
+enum { GEMV_WARPS = 4, GEMV_UNROLL = 8 };
+
+static __device__ __forceinline__ uint4 ld_stream16(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b)
+{
+    const __nv_bfloat162 *x = (const __nv_bfloat162 *)&a, *y = (const __nv_bfloat162 *)&b;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 fx = __bfloat1622float2(x[i]), fy = __bfloat1622float2(y[i]);
+        s = fmaf(fx.x, fy.x, s);
+        s = fmaf(fx.y, fy.y, s);
+    }
+    return s;
+}
+
+template <int R, typename O>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+    matmul_gemv(O *out, const bf16 *in, const bf16 *w, int n, int k)
+{
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (row >= n)
+        return;
+    const int chunks = k / 8;
+    const uint4 *wr = (const uint4 *)(w + (size_t)row * k);
+    const uint4 *x = (const uint4 *)in;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    int c = lane;
+    for (; c + (GEMV_UNROLL - 1) * 32 < chunks; c += GEMV_UNROLL * 32) {
+        uint4 wv[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++)
+            wv[u] = ld_stream16(wr + c + u * 32);
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r] += dot8_bf16(wv[u], __ldg(x + (size_t)r * chunks + c + u * 32));
+    }
+    for (; c < chunks; c += 32) {
+        uint4 wv = ld_stream16(wr + c);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            acc[r] += dot8_bf16(wv, __ldg(x + (size_t)r * chunks + c));
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = warp_reduce(acc[r], op_add());
+        if (lane == 0)
+            out[(size_t)r * n + row] = from_f32<O>(v);
+    }
+}
+
+template <typename O>
+static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 *w, int rows,
+                        int n, int k)
+{
+    unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
+    switch (rows) {
+#define GEMV_CASE(R)                                                                             \
+    case R: matmul_gemv<R, O><<<blocks, GEMV_WARPS * 32, 0, stream>>>(out, in, w, n, k); break;
+        GEMV_CASE(1)
+        GEMV_CASE(2)
+        GEMV_CASE(3)
+        GEMV_CASE(4)
+        GEMV_CASE(5)
+        GEMV_CASE(6)
+        GEMV_CASE(7)
+        GEMV_CASE(8)
+#undef GEMV_CASE
+    default: SHOAL_ASSERT(!"gemv: 1 to CUDA_GEMV_ROWS_MAX rows");
+    }
+}
+
 static cudaDataType_t cuda_type(shoal_dtype dt)
 {
     switch (dt) {
@@ -73,6 +166,15 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
     if (rows == 0 || !cuda_usable(be))
         return;
     cuda_state *st = cuda_of(be);
+    if (act == SHOAL_DTYPE_BF16 && wdtype == SHOAL_DTYPE_BF16 && rows <= st->gemv_rows_max &&
+        k % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)w % 16 == 0) {
+        if (out_dtype == SHOAL_DTYPE_F32)
+            launch_gemv(st->stream, (float *)out, (const bf16 *)in, (const bf16 *)w, rows, n, k);
+        else
+            launch_gemv(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)w, rows, n, k);
+        cuda_launched(be, "matmul (gemv)");
+        return;
+    }
     if (wdtype == act) {
         /* Row-major out = in w^T is column-major out^T = w^T(op T) in: the
          * weight is A (k x n, transposed), the input B (k x rows). */

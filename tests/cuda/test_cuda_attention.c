@@ -5,12 +5,15 @@
  *   - the sliced launches equal one unsliced launch (scratch for every row)
  *     byte for byte;
  *   - both equal the CPU reference within the tolerance of the dtype;
- *   - a planted fault (slices that leave the row tables at row 0) is red. */
+ *   - a planted fault (slices that leave the row tables at row 0) is red;
+ *   - the prompt op (tensor-core tiles over the page table with bf16
+ *     activations) equals the CPU reference within the same tolerance on
+ *     the same round, tiles of several streams included. */
 #include "tests/cuda/cuda_test.h"
 
 static kernels_backend *cpu, *gpu;
 static shoal_dtype act;
-static int cases_run, faults_seen, faults_planted;
+static int cases_run, faults_seen, faults_planted, prompt_cases;
 
 typedef struct shape {
     int heads, kv_heads, head_dim, page_tokens;
@@ -123,16 +126,26 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
         cuda_backend_set_attention_fault(gpu, KERNELS_ATTN_FAULT_NONE);
     }
 
+    /* the prompt op on the same round */
+    float *prompt = xmalloc(qn * 4);
+    dev_poison(gpu, dout, out_bytes);
+    gpu->attention_prompt(gpu, dout, dq, sh.heads, darena, &Lg, &gb, LAYER, scale);
+    f32_from_dev(gpu, prompt, dout, qn, act);
+
     double tol = act == SHOAL_DTYPE_BF16 ? 6e-3 : 1e-5;
     double err = rel_err(got, ref, qn), err_fault = rel_err(faulty, ref, qn);
+    double err_prompt = rel_err(prompt, ref, qn);
     size_t differ = count_differing(got, unsliced, qn);
-    printf("  %-34s %-7s %5d rows, %3d streams: error %.2e, sliced vs one launch %zu "
-           "differ, planted fault %.2e%s\n",
-           label, shoal_dtype_name(kv_dtype), rows, streams, err, differ, err_fault,
+    printf("  %-34s %-7s %5d rows, %3d streams: error %.2e, prompt op %.2e, sliced vs one "
+           "launch %zu differ, planted fault %.2e%s\n",
+           label, shoal_dtype_name(kv_dtype), rows, streams, err, err_prompt, differ, err_fault,
            test_dry                         ? " (dry run: no slices)"
            : rows > KERNELS_ATTN_SLICE_ROWS ? (err_fault > tol ? " (red)" : " (UNSEEN)")
                                             : "");
     CHECK_MSG(err <= tol, "%s: error %.3e over %.1e", label, err, tol);
+    CHECK_MSG(err_prompt <= tol, "%s: prompt op error %.3e over %.1e", label, err_prompt, tol);
+    prompt_cases++;
+    free(prompt);
     CHECK_MSG(differ == 0, "%s: sliced and unsliced differ in %zu elements", label, differ);
     if (rows > KERNELS_ATTN_SLICE_ROWS && !test_dry) {
         faults_planted++;
@@ -169,6 +182,7 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
 static const shape main_shape = {8, 2, 64, 16};  /* GQA 4 */
 static const shape odd_shape = {6, 3, 24, 1};    /* GQA 2, one-token pages */
 static const shape wide_shape = {32, 8, 128, 16}; /* an 8B model's layer */
+static const shape small_pages = {4, 4, 32, 4};   /* no GQA, 4-token pages */
 
 static void one_stream_at_every_slice_edge(shoal_dtype kvdt)
 {
@@ -185,10 +199,24 @@ static void one_stream_at_every_slice_edge(shoal_dtype kvdt)
             run_case(label, odd_shape, kvdt, 1, &len, &past);
         }
     }
-    if (!test_sanitize) {
-        int len = 257, past = 700;
-        run_case("one stream, 257 rows after 700", wide_shape, kvdt, 1, &len, &past);
-    }
+    int len = test_sanitize ? 129 : 257, past = test_sanitize ? 70 : 700;
+    run_case(test_sanitize ? "one stream, 129 rows after 70" : "one stream, 257 rows after 700",
+             wide_shape, kvdt, 1, &len, &past);
+    len = 200, past = 33;
+    run_case("one stream, 200 rows after 33, small pages", small_pages, kvdt, 1, &len, &past);
+}
+
+/* Decode rows of one 8B layer at long context: segments of whole tiles
+ * over many pages, the shape the partials run most. */
+static void decode_rows_at_long_context(shoal_dtype kvdt)
+{
+    int rows[3] = {1, 1, 1}, past[3] = {4095, 1000, 8191};
+    int n = test_sanitize ? 1 : 3;
+    if (test_sanitize)
+        past[0] = 700;
+    char label[64];
+    snprintf(label, sizeof label, "decode, %d streams to %d context", n, past[n - 1] + 1);
+    run_case(label, wide_shape, kvdt, n, rows, past);
 }
 
 static void two_streams_whose_slices_cross(shoal_dtype kvdt)
@@ -226,6 +254,7 @@ static void bf16_pages(void)
     one_stream_at_every_slice_edge(SHOAL_DTYPE_BF16);
     two_streams_whose_slices_cross(SHOAL_DTYPE_BF16);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_BF16);
+    decode_rows_at_long_context(SHOAL_DTYPE_BF16);
 }
 
 static void fp8_pages_with_scales(void)
@@ -233,6 +262,7 @@ static void fp8_pages_with_scales(void)
     one_stream_at_every_slice_edge(SHOAL_DTYPE_F8_E4M3);
     two_streams_whose_slices_cross(SHOAL_DTYPE_F8_E4M3);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_F8_E4M3);
+    decode_rows_at_long_context(SHOAL_DTYPE_F8_E4M3);
 }
 
 int main(int argc, char **argv)
@@ -240,7 +270,9 @@ int main(int argc, char **argv)
     cuda_test_start("test_cuda_attention", argc, argv);
     cpu = open_backend("cpu", SHOAL_DTYPE_INVALID);
     static const shoal_dtype acts[] = {SHOAL_DTYPE_F32, SHOAL_DTYPE_BF16};
-    for (int a = 0; a < (test_sanitize ? 1 : 2); a++) {
+    /* both activation dtypes under the sanitizer too: bf16 runs the
+     * tensor-core kernels */
+    for (int a = 0; a < 2; a++) {
         act = acts[a];
         gpu = open_backend(test_gpu, act);
         if (gpu->act_dtype != act) { /* a dry run: the CPU computes in f32 alone */
@@ -253,7 +285,8 @@ int main(int argc, char **argv)
         CHECK(gpu->sync(gpu) == SHOAL_OK);
         kernels_backend_close(gpu);
     }
-    printf("%d cases; planted faults seen %d of %d\n", cases_run, faults_seen, faults_planted);
+    printf("%d cases (%d of the prompt op); planted faults seen %d of %d\n", cases_run,
+           prompt_cases, faults_seen, faults_planted);
     kernels_backend_close(cpu);
     return TEST_EXIT();
 }

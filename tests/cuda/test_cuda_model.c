@@ -389,14 +389,98 @@ static void one_forward_pass_of_each_kv_dtype(void)
     }
 }
 
+/* Decode rounds replayed from a recorded graph (SHOAL_CUDA_GRAPHS=1, the
+ * default) give the bits of the same rounds run op by op (=0): rounds of 1
+ * and 3 streams of different lengths, whose page tables the graph path
+ * lays out at the largest stride, through worker_model_forward and through
+ * worker_model_step (sampled tokens and logprobs). Prompts of 40 and 17
+ * rows take the prompt kernel, 5 the partials. */
+static void graph_rounds_equal_op_by_op_rounds(void)
+{
+    enum { STREAMS = 3, PAGES = 8, ROUNDS = 6 };
+    static const int lens[STREAMS] = {40, 17, 5};
+    config c = {test_gpu, SHOAL_DTYPE_BF16, SHOAL_DTYPE_BF16, 16, 64};
+    int32_t prompts[STREAMS][40], toks[ROUNDS][STREAMS];
+    for (int s = 0; s < STREAMS; s++)
+        for (int i = 0; i < lens[s]; i++)
+            prompts[s][i] = (int32_t)rnd_below(100);
+    for (int r = 0; r < ROUNDS; r++)
+        for (int s = 0; s < STREAMS; s++)
+            toks[r][s] = (int32_t)rnd_below(100);
+    float *out[2] = {NULL, NULL};
+    kernels_sample_result res[2][ROUNDS][STREAMS];
+    int vocab = 0;
+    for (int g = 0; g < 2; g++) {
+        setenv("SHOAL_CUDA_GRAPHS", g ? "1" : "0", 1);
+        worker_model *m = open_model("qwen3-untied-f16-sharded", &c, STREAMS * PAGES);
+        unsetenv("SHOAL_CUDA_GRAPHS");
+        if (!m)
+            return;
+        vocab = worker_model_config(m)->vocab;
+        out[g] = calloc((size_t)(ROUNDS + 1) * STREAMS * (size_t)vocab, 4);
+        if (!out[g]) {
+            fprintf(stderr, "out of host memory\n");
+            exit(1);
+        }
+        int32_t table[STREAMS * PAGES], pos[STREAMS], rs[STREAMS] = {0, 1, 2}, lr[STREAMS] = {0, 1, 2};
+        for (int p = 0; p < STREAMS * PAGES; p++)
+            table[p] = STREAMS * PAGES - 1 - p;
+        shoal_diag diag = {{0}};
+        for (int s = 0; s < STREAMS; s++) {
+            int32_t ppos[40], zero[40] = {0}, last = lens[s] - 1;
+            for (int i = 0; i < lens[s]; i++)
+                ppos[i] = i;
+            worker_forward f = {lens[s], prompts[s], ppos, zero, 1, PAGES, table + s * PAGES, 1,
+                                &last};
+            CHECK_MSG(worker_model_forward(m, &f, out[g] + (size_t)s * vocab, &diag) == SHOAL_OK,
+                      "%s", diag.msg);
+            pos[s] = lens[s];
+        }
+        for (int r = 0; r < ROUNDS; r++) {
+            int n = r < 2 ? 1 : STREAMS; /* two rounds of one stream, then all three */
+            worker_forward f = {n, toks[r], pos, rs, n, PAGES, table, n, lr};
+            float *dst = out[g] + (size_t)(r + 1) * STREAMS * vocab;
+            if (r < 4) {
+                CHECK_MSG(worker_model_forward(m, &f, dst, &diag) == SHOAL_OK, "%s", diag.msg);
+            } else {
+                kernels_sample_params sp[STREAMS];
+                memset(sp, 0, sizeof sp);
+                for (int s = 0; s < STREAMS; s++) {
+                    sp[s].top_p = 1.0f;
+                    sp[s].repetition_penalty = 1.0f;
+                    sp[s].logprobs = 2;
+                }
+                CHECK_MSG(worker_model_step(m, &f, sp, NULL, res[g][r], &diag) == SHOAL_OK, "%s",
+                          diag.msg);
+            }
+            for (int s = 0; s < n; s++)
+                pos[s]++;
+        }
+        worker_model_close(m);
+    }
+    size_t differ = count_differing(out[0], out[1], (size_t)5 * STREAMS * vocab);
+    int tokens_differ = 0;
+    for (int r = 4; r < ROUNDS; r++)
+        for (int s = 0; s < STREAMS; s++)
+            tokens_differ += memcmp(&res[0][r][s], &res[1][r][s], sizeof res[0][r][s]) != 0;
+    printf("  graph rounds vs op by op: %zu logits differ, %d sampled results differ\n", differ,
+           tokens_differ);
+    CHECK_MSG(differ == 0, "graph rounds: %zu logits differ from op-by-op rounds", differ);
+    CHECK_MSG(tokens_differ == 0, "graph rounds: %d sampled results differ", tokens_differ);
+    free(out[0]);
+    free(out[1]);
+}
+
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_model", argc, argv);
     if (test_sanitize) {
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
+        TEST_RUN(graph_rounds_equal_op_by_op_rounds);
     } else {
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
+        TEST_RUN(graph_rounds_equal_op_by_op_rounds);
     }
     return TEST_EXIT();
 }

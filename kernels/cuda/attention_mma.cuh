@@ -1,0 +1,263 @@
+/* attention_mma.cuh: what the tensor-core attention kernels share (the
+ * decode partials in attention.cu and the prompt kernel in
+ * attention_prompt.cu). Private to kernels/cuda/.
+ *
+ * Tiles of K, V and Q sit in shared memory as bf16 rows of HD elements,
+ * 16-byte chunks XOR-swizzled by the row so that ldmatrix over 8 rows of
+ * one chunk column hits 8 different bank groups. Scores and outputs come
+ * from mma.sync m16n8k16 (bf16 in, f32 accumulate), which Hopper runs on
+ * its tensor cores; fp8 pages are widened to bf16 as they are staged (every
+ * e4m3 value is exact in bf16) and their scales applied to the f32 sums.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16): lane l holds A rows l/4 and
+ * l/4 + 8 at columns 2(l%4) + {0,1} (+8 in a2, a3); B columns l/4 at rows
+ * 2(l%4) + {0,1} (+8 in b1); C rows l/4 (c0, c1) and l/4 + 8 (c2, c3) at
+ * columns 2(l%4) + {0,1}. */
+#ifndef SHOAL_KERNELS_CUDA_ATTENTION_MMA_CUH
+#define SHOAL_KERNELS_CUDA_ATTENTION_MMA_CUH
+
+#include "cuda_ops.h"
+
+/* Context tokens per split of a decode row: the partial kernels cut a row
+ * of ctx tokens into segments of attn_seg_tokens(ctx) tokens (whole pages
+ * of 16), attn_splits_of(ctx) of them, from ctx and the shape's cap
+ * alone, so a row's result depends neither on its batch nor on its slice.
+ * About 128 tokens a segment give a batch-1 row of 4k context 29 segments
+ * per KV head, enough blocks to keep every multiprocessor reading. */
+#define CUDA_ATTN_SPLIT_TOKENS 128
+#define CUDA_ATTN_SEG_ALIGN 16
+
+static __host__ __device__ __forceinline__ int attn_seg_tokens(int ctx, int splits_max)
+{
+    int s = (ctx + CUDA_ATTN_SPLIT_TOKENS - 1) / CUDA_ATTN_SPLIT_TOKENS;
+    s = s < 1 ? 1 : s < splits_max ? s : splits_max;
+    int seg = (ctx + s - 1) / s;
+    return (seg + CUDA_ATTN_SEG_ALIGN - 1) / CUDA_ATTN_SEG_ALIGN * CUDA_ATTN_SEG_ALIGN;
+}
+
+/* Segments of a row of ctx tokens: every one non-empty. */
+static __host__ __device__ __forceinline__ int attn_splits_of(int ctx, int splits_max)
+{
+    int seg = attn_seg_tokens(ctx, splits_max);
+    return (ctx + seg - 1) / seg;
+}
+
+namespace mma {
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* Byte offset of 16-byte chunk c of row `row` in a tile of HD-element bf16
+ * rows. */
+template <int HD> static __device__ __forceinline__ uint32_t swz(int row, int c)
+{
+    constexpr int CH = HD / 8;
+    constexpr int MASK = CH < 8 ? CH - 1 : 7;
+    return (uint32_t)(row * (HD * 2) + ((c ^ (row & MASK)) << 4));
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+static __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 16 bytes global -> shared, asynchronously; zeros where !valid (src is
+ * then not read). */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
+{
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+static __device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N> static __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+static __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t two)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    float2 f = __half22float2(__half2(h));
+    return pack_bf16(f.x, f.y);
+}
+
+/* Stages rows [0, ROWS) of a K or V tile: token t0 + row of the stream
+ * whose pages are `pages`, at element offset `off` of each page (layer,
+ * K or V, KV head). Rows at or past t_end are zeros, and their page is
+ * never looked up. bf16 pages go by cp.async (the caller commits and
+ * waits); fp8 pages are read, widened and stored here. */
+template <int HD, int ROWS, int THREADS, typename KV> struct kv_tile;
+
+template <int HD, int ROWS, int THREADS> struct kv_tile<HD, ROWS, THREADS, bf16> {
+    static __device__ __forceinline__ void load(uint32_t dst, const unsigned char *arena,
+                                                size_t page_bytes, const int32_t *pages,
+                                                int pt_shift, size_t off, int t0, int t_end)
+    {
+        constexpr int CH = HD / 8;
+        const int pt_mask = (1 << pt_shift) - 1;
+#pragma unroll
+        for (int i = threadIdx.x; i < ROWS * CH; i += THREADS) {
+            int row = i / CH, c = i % CH, tok = t0 + row;
+            bool valid = tok < t_end;
+            const void *src = arena;
+            if (valid)
+                src = (const bf16 *)(arena + (size_t)pages[tok >> pt_shift] * page_bytes) + off +
+                      (size_t)(tok & pt_mask) * HD + c * 8;
+            cp_async16(dst + swz<HD>(row, c), src, valid);
+        }
+    }
+};
+
+template <int HD, int ROWS, int THREADS> struct kv_tile<HD, ROWS, THREADS, __nv_fp8_storage_t> {
+    static __device__ __forceinline__ void load(uint32_t dst, const unsigned char *arena,
+                                                size_t page_bytes, const int32_t *pages,
+                                                int pt_shift, size_t off, int t0, int t_end)
+    {
+        constexpr int CH = HD / 8;
+        const int pt_mask = (1 << pt_shift) - 1;
+#pragma unroll
+        for (int i = threadIdx.x; i < ROWS * CH; i += THREADS) {
+            int row = i / CH, c = i % CH, tok = t0 + row;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (tok < t_end) {
+                const uint8_t *src = arena + (size_t)pages[tok >> pt_shift] * page_bytes + off +
+                                     (size_t)(tok & pt_mask) * HD + c * 8;
+                uint2 raw = *(const uint2 *)src;
+                v.x = fp8x2_to_bf16x2((uint16_t)(raw.x & 0xffff));
+                v.y = fp8x2_to_bf16x2((uint16_t)(raw.x >> 16));
+                v.z = fp8x2_to_bf16x2((uint16_t)(raw.y & 0xffff));
+                v.w = fp8x2_to_bf16x2((uint16_t)(raw.y >> 16));
+            }
+            asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + swz<HD>(row, c)),
+                         "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+        }
+    }
+};
+
+/* One warp's scores of 16 query rows (qf, in A fragments over HD) against
+ * NT * 8 staged keys starting at tile row key0: s[nt] is a C fragment. */
+template <int HD, int NT>
+static __device__ __forceinline__ void scores(float (&s)[NT][4], const uint32_t (&qf)[HD / 16][4],
+                                              uint32_t kbase, int key0)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int kp = 0; kp < HD / 32; kp++) {
+            uint32_t b[4];
+            ldsm_x4(b, kbase + swz<HD>(key0 + nt * 8 + (lane & 7), kp * 4 + (lane >> 3)));
+            mma_bf16(s[nt], qf[2 * kp], b[0], b[1]);
+            mma_bf16(s[nt], qf[2 * kp + 1], b[2], b[3]);
+        }
+    }
+}
+
+/* o += p v over NT * 8 staged values from tile row key0 (NT even); p is the
+ * C fragment of the scores, rounded to bf16 A fragments here. */
+template <int HD, int NT>
+static __device__ __forceinline__ void accumulate(float (&o)[HD / 8][4], const float (&p)[NT][4],
+                                                  uint32_t vbase, int key0)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]),
+                         pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                         pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                         pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, vbase + swz<HD>(key0 + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                             dp * 2 + (lane >> 4)));
+            mma_bf16(o[2 * dp], a, b[0], b[1]);
+            mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* Online softmax over one tile of scores (already in log2 units, masked
+ * entries -inf) for the lane's two rows: updates the running max m and
+ * the lane's partial sum l, turns s into p, and rescales o. A row that has
+ * seen only -inf keeps m = -inf, l = 0, o = 0 (no NaN). */
+template <int HD, int NT>
+static __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&o)[HD / 8][4],
+                                                    float (&m)[2], float (&l)[2])
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = m[h];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float base = mx == -INFINITY ? 0.0f : mx;
+        float corr = exp2f(m[h] - base);
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
+            s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+            sum += s[nt][2 * h] + s[nt][2 * h + 1];
+        }
+        l[h] = l[h] * corr + sum;
+        m[h] = mx;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            o[dt][2 * h] *= corr;
+            o[dt][2 * h + 1] *= corr;
+        }
+    }
+}
+
+/* Loads 16 rows of Q (bf16, rows at q_rows[i] or zeros where NULL is
+ * given through `valid`) into A fragments: rows row0 .. row0 + 15 of the
+ * staged tile at qbase. */
+template <int HD>
+static __device__ __forceinline__ void q_fragments(uint32_t (&qf)[HD / 16][4], uint32_t qbase,
+                                                   int row0)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        ldsm_x4(qf[kk], qbase + swz<HD>(row0 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                        kk * 2 + (lane >> 4)));
+}
+
+} // namespace mma
+
+#endif

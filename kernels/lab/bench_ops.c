@@ -1,0 +1,501 @@
+/* shoal-lab-ops: the CUDA backend's ops one by one at Qwen3-8B's shape
+ * (hidden 4096, 32 query and 8 KV heads of 128, intermediate 12288, vocab
+ * 151936, bf16 weights, activations and KV in 16-token pages), each variant
+ * of a kernel beside the others, on the same buffers, in one process.
+ *
+ *   shoal-lab-ops [--device N] [--quick]
+ *
+ * Variants are backends opened with the environment switches of
+ * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
+ * SHOAL_CUDA_LEGACY=1 (the first version's kernels: SIMT attention
+ * partials for every round, cuBLAS for every matmul, scalar norms). Both
+ * run on the same device memory.
+ *
+ * Timing: each measurement records `n` calls of one op as a CUDA graph and
+ * replays it `reps` times; the figure is the median replay over n. Weights
+ * rotate through a 3 GiB pool and KV through an 8.6 GiB arena of random
+ * bf16, so nothing is served from the 60 MB L2 that a model's step would
+ * not find there either. Bytes are the fewest each call must move (inputs
+ * read once, outputs written once); GB/s and TFLOP/s are those over the
+ * time.
+ *
+ * Prints, in order: the ops of one decode step at batch 1 (4k context)
+ * and of a 2,048-token prefill, with a per-layer and per-model sum; the
+ * GEMV against cuBLAS at 1 to 8 rows; paged decode attention at batch
+ * 1/32/64 and 4k/8k/32k context (effective read bandwidth); causal prompt
+ * attention at 4,096 tokens (TFLOP/s). */
+#include "common/common_dtype.h"
+#include "kernels/kernels_backend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum {
+    HID = 4096,
+    HEADS = 32,
+    KVH = 8,
+    HD = 128,
+    INTER = 12288,
+    VOCAB = 151936,
+    LAYERS = 36,
+    PT = 16,
+    ROWS_MAX = 4096,
+    STREAMS_MAX = 64,
+    CTX_MAX = 32768,
+    PAGES_PER_STREAM = CTX_MAX / PT,
+    LOGIT_ROWS = 64,
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "shoal-lab-ops: %s\n", what);
+    exit(1);
+}
+
+/* Everything the ops read and write (device), allocated once. */
+typedef struct bufs {
+    uint16_t *pool; /* weights: bf16 */
+    size_t pool_elems;
+    void *x, *h, *q, *k, *v, *att, *pend, *gate, *up, *sel;
+    float *logits, *norm_w, *qk_norm_w, *inv_freq;
+    void *arena;
+    kernels_kv_layout kv;
+    int32_t *positions, *row_stream, *page_table, *logit_rows;
+    kernels_sample_params *params;
+    kernels_sample_result *results;
+} bufs;
+
+typedef enum op_kind {
+    OP_RMSNORM,
+    OP_MATMUL,
+    OP_ROPE_Q,
+    OP_ROPE_K,
+    OP_KV_WRITE,
+    OP_ATTENTION,
+    OP_ATTENTION_PROMPT,
+    OP_SWIGLU,
+    OP_GATHER,
+    OP_SAMPLE,
+} op_kind;
+
+typedef struct op {
+    op_kind kind;
+    kernels_backend *be;
+    bufs *b;
+    int rows;
+    int n, k;          /* matmul: out [rows][n], weights [n][k] */
+    bool logits_out;   /* matmul into the f32 logits */
+    kernels_batch batch;
+} op;
+
+/* A weight matrix of n x k for call i: consecutive calls read different
+ * parts of the pool. */
+static const void *weight_at(const bufs *b, int n, int k, int i)
+{
+    size_t elems = (size_t)n * (size_t)k;
+    size_t span = b->pool_elems - elems;
+    size_t off = ((size_t)i * ((elems + 63) & ~(size_t)63)) % span;
+    return b->pool + (off & ~(size_t)63);
+}
+
+static void call(op *o, int i)
+{
+    kernels_backend *be = o->be;
+    bufs *b = o->b;
+    float scale = 1.0f / sqrtf((float)HD);
+    kernels_batch kb = o->batch;
+    if (o->kind == OP_ATTENTION && kb.rows == kb.streams) /* a decode round: rotate */
+        kb.row_stream += (size_t)i * (size_t)kb.rows % STREAMS_MAX;
+    switch (o->kind) {
+    case OP_RMSNORM: be->rmsnorm(be, b->h, b->x, b->pend, b->norm_w, o->rows, HID, 1e-6f); break;
+    case OP_MATMUL:
+        be->matmul(be, o->logits_out ? (void *)b->logits : b->gate,
+                   o->logits_out ? SHOAL_DTYPE_F32 : SHOAL_DTYPE_BF16,
+                   o->k == INTER ? b->up : b->h, weight_at(b, o->n, o->k, i), SHOAL_DTYPE_BF16,
+                   o->rows, o->n, o->k);
+        break;
+    case OP_ROPE_Q:
+        be->qk_norm_rope(be, b->q, o->rows, HEADS, HD, HEADS * HD, b->qk_norm_w, 1e-6f,
+                         o->batch.positions, b->inv_freq);
+        break;
+    case OP_ROPE_K:
+        be->qk_norm_rope(be, b->k, o->rows, KVH, HD, KVH * HD, b->qk_norm_w, 1e-6f,
+                         o->batch.positions, b->inv_freq);
+        break;
+    case OP_KV_WRITE: be->kv_write(be, b->arena, &b->kv, &o->batch, 0, b->k, b->v); break;
+    case OP_ATTENTION:
+        be->attention(be, b->att, b->q, HEADS, b->arena, &b->kv, &kb, 0, scale);
+        break;
+    case OP_ATTENTION_PROMPT:
+        be->attention_prompt(be, b->att, b->q, HEADS, b->arena, &b->kv, &o->batch, 0, scale);
+        break;
+    case OP_SWIGLU: be->swiglu(be, b->gate, b->gate, b->up, o->rows, INTER); break;
+    case OP_GATHER: be->gather(be, b->sel, b->h, b->logit_rows, o->rows, HID); break;
+    case OP_SAMPLE:
+        be->sample(be, b->results, b->logits, o->rows, VOCAB, b->params, NULL, NULL, NULL);
+        break;
+    }
+}
+
+/* Seconds per call: n calls recorded once, the recording replayed. */
+static double time_op(op *o, int n, int reps)
+{
+    kernels_backend *be = o->be;
+    if (be->graph_begin(be) != SHOAL_OK)
+        die("cannot record a graph (SHOAL_CUDA_GRAPHS=0?)");
+    for (int i = 0; i < n; i++)
+        call(o, i);
+    if (be->graph_end(be, 0) != SHOAL_OK || be->graph_launch(be, 0) != SHOAL_OK ||
+        be->sync(be) != SHOAL_OK)
+        die("the recorded op failed");
+    double t[32];
+    if (reps > 32)
+        reps = 32;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        be->graph_launch(be, 0);
+        if (be->sync(be) != SHOAL_OK)
+            die("the recorded op failed");
+        t[r] = now_s() - t0;
+    }
+    for (int i = 1; i < reps; i++) /* median */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[reps / 2] / n;
+}
+
+static kernels_backend *open_variant(int device, bool v1)
+{
+    if (v1) {
+        setenv("SHOAL_CUDA_LEGACY", "1", 1);
+        setenv("SHOAL_CUDA_GRAPHS", "1", 1); /* for the timing itself */
+    }
+    char dev[16];
+    snprintf(dev, sizeof dev, "%d", device);
+    kernels_backend_options opt = {.device = dev, .act_dtype = SHOAL_DTYPE_BF16};
+    kernels_backend *be = NULL;
+    shoal_diag diag = {{0}};
+    if (kernels_backend_open(&opt, &be, &diag) != SHOAL_OK) {
+        fprintf(stderr, "shoal-lab-ops: %s\n", diag.msg);
+        exit(1);
+    }
+    unsetenv("SHOAL_CUDA_LEGACY");
+    unsetenv("SHOAL_CUDA_GRAPHS");
+    return be;
+}
+
+static void *dalloc(kernels_backend *be, size_t bytes)
+{
+    void *p = be->alloc(be, bytes);
+    if (!p)
+        die("out of device memory");
+    return p;
+}
+
+static void *dupload(kernels_backend *be, const void *src, size_t bytes)
+{
+    void *p = dalloc(be, bytes);
+    if (be->upload(be, p, src, bytes) != SHOAL_OK)
+        die("upload failed");
+    return p;
+}
+
+static void setup(kernels_backend *be, bufs *b)
+{
+    uint64_t seed = 1;
+    b->pool_elems = (size_t)3 << 29; /* 3 GiB of bf16 */
+    b->pool = dalloc(be, b->pool_elems * 2);
+    be->fill_random(be, b->pool, b->pool_elems, seed++, 0.0f, 0.02f);
+    size_t r = ROWS_MAX, a = 2;
+    void **acts[] = {&b->x, &b->h, &b->q, &b->att, &b->pend};
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+        *acts[i] = dalloc(be, r * HID * a);
+        be->fill_random(be, *acts[i], r * HID, seed++, 0.0f, 1.0f);
+    }
+    b->k = dalloc(be, r * KVH * HD * a);
+    b->v = dalloc(be, r * KVH * HD * a);
+    b->gate = dalloc(be, r * INTER * a);
+    b->up = dalloc(be, r * INTER * a);
+    b->sel = dalloc(be, (size_t)LOGIT_ROWS * HID * a);
+    be->fill_random(be, b->k, r * KVH * HD, seed++, 0.0f, 1.0f);
+    be->fill_random(be, b->v, r * KVH * HD, seed++, 0.0f, 1.0f);
+    be->fill_random(be, b->gate, r * INTER, seed++, 0.0f, 1.0f);
+    be->fill_random(be, b->up, r * INTER, seed++, 0.0f, 1.0f);
+    b->logits = dalloc(be, (size_t)LOGIT_ROWS * VOCAB * 4);
+
+    float w[HID], inv[HD / 2];
+    for (int i = 0; i < HID; i++)
+        w[i] = 1.0f + 0.001f * (float)(i % 7);
+    for (int i = 0; i < HD / 2; i++)
+        inv[i] = powf(1e6f, -2.0f * (float)i / (float)HD);
+    b->norm_w = dupload(be, w, sizeof w);
+    b->qk_norm_w = dupload(be, w, HD * sizeof(float));
+    b->inv_freq = dupload(be, inv, sizeof inv);
+
+    kernels_kv_layout_init(&b->kv, 1, KVH, HD, PT, SHOAL_DTYPE_BF16);
+    size_t pages = (size_t)STREAMS_MAX * PAGES_PER_STREAM;
+    b->arena = dalloc(be, pages * b->kv.page_bytes);
+    be->fill_random(be, b->arena, pages * b->kv.page_bytes / 2, seed++, 0.0f, 1.0f);
+    /* every stream's pages, shuffled over the arena */
+    int32_t *table = malloc(pages * 4);
+    if (!table)
+        die("out of host memory");
+    for (size_t p = 0; p < pages; p++)
+        table[p] = (int32_t)p;
+    uint64_t rng = 42;
+    for (size_t p = pages - 1; p > 0; p--) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        size_t q = (size_t)(rng >> 33) % (p + 1);
+        int32_t t = table[p];
+        table[p] = table[q];
+        table[q] = t;
+    }
+    b->page_table = dupload(be, table, pages * 4);
+    free(table);
+    b->positions = dalloc(be, ROWS_MAX * 4);
+    b->row_stream = dalloc(be, ROWS_MAX * 4);
+    int32_t lr[LOGIT_ROWS];
+    for (int i = 0; i < LOGIT_ROWS; i++)
+        lr[i] = i;
+    b->logit_rows = dupload(be, lr, sizeof lr);
+    kernels_sample_params sp[LOGIT_ROWS];
+    memset(sp, 0, sizeof sp);
+    for (int i = 0; i < LOGIT_ROWS; i++) {
+        sp[i].top_p = 1.0f;
+        sp[i].repetition_penalty = 1.0f;
+    }
+    b->params = dupload(be, sp, sizeof sp);
+    b->results = dalloc(be, LOGIT_ROWS * sizeof(kernels_sample_result));
+    be->fill_random(be, b->logits, (size_t)LOGIT_ROWS * VOCAB * 2, seed++, 0.0f, 1.0f);
+    if (be->sync(be) != SHOAL_OK)
+        die("setup failed");
+}
+
+/* The round: `streams` streams of `rows_each` rows ending at context ctx.
+ * A decode round (one row a stream) has its row table laid out over all
+ * STREAMS_MAX streams and call i starts it at row i * streams (mod
+ * STREAMS_MAX), so that repeats read other streams' KV, not the L2. */
+static kernels_batch make_batch(kernels_backend *be, bufs *b, int streams, int rows_each, int ctx)
+{
+    static int32_t pos[ROWS_MAX], rs[ROWS_MAX];
+    int rows = streams * rows_each;
+    for (int s = 0, r = 0; s < streams; s++)
+        for (int i = 0; i < rows_each; i++, r++) {
+            rs[r] = s;
+            pos[r] = ctx - rows_each + i;
+        }
+    int n = rows;
+    if (rows_each == 1) {
+        n = ROWS_MAX;
+        for (int r = 0; r < n; r++) {
+            rs[r] = r % STREAMS_MAX;
+            pos[r] = ctx - 1;
+        }
+    }
+    if (be->upload(be, b->positions, pos, (size_t)n * 4) ||
+        be->upload(be, b->row_stream, rs, (size_t)n * 4) || be->sync(be))
+        die("upload failed");
+    kernels_batch kb = {rows, streams, PAGES_PER_STREAM, b->row_stream, b->positions,
+                        b->page_table};
+    return kb;
+}
+
+static void row(const char *what, const char *variant, int rows, double s, double bytes,
+                double flops, int per_layer, double *layer_sum)
+{
+    printf("  %-26s %-4s %5d rows %10.2f us", what, variant, rows, s * 1e6);
+    if (bytes > 0)
+        printf("  %7.0f GB/s", bytes / s / 1e9);
+    if (flops > 0)
+        printf("  %6.1f TFLOP/s", flops / s / 1e12);
+    if (per_layer && layer_sum)
+        *layer_sum += s * per_layer;
+    printf("\n");
+}
+
+/* One layer's ops and the head, both variants; returns the new variant's
+ * model time (36 layers + head). */
+static double step_ops(kernels_backend *nb, kernels_backend *vb, bufs *b, int streams, int rows_each,
+                       int ctx, int n, int reps)
+{
+    int rows = streams * rows_each;
+    bool prefill = rows_each > 1;
+    kernels_batch kb = make_batch(nb, b, streams, rows_each, ctx);
+    double layer[2] = {0, 0}, head[2] = {0, 0};
+    kernels_backend *bes[2] = {nb, vb};
+    const char *names[2] = {"new", "v1"};
+    struct {
+        const char *what;
+        int n, k, per_layer;
+    } mms[] = {{"matmul q 4096x4096", HEADS * HD, HID, 1},   {"matmul k 1024x4096", KVH * HD, HID, 1},
+               {"matmul v 1024x4096", KVH * HD, HID, 1},    {"matmul o 4096x4096", HID, HEADS * HD, 1},
+               {"matmul gate 12288x4096", INTER, HID, 1}, {"matmul up 12288x4096", INTER, HID, 1},
+               {"matmul down 4096x12288", HID, INTER, 1}};
+    double act = 2.0, r = rows;
+    for (int vi = 0; vi < 2; vi++) {
+        kernels_backend *be = bes[vi];
+        op o = {.be = be, .b = b, .rows = rows, .batch = kb};
+        int nn = n, rr = reps;
+        o.kind = OP_RMSNORM;
+        row("rmsnorm + residual", names[vi], rows, time_op(&o, nn, rr), r * HID * act * 4, 0, 2,
+            &layer[vi]);
+        for (size_t i = 0; i < sizeof mms / sizeof mms[0]; i++) {
+            o.kind = OP_MATMUL;
+            o.n = mms[i].n;
+            o.k = mms[i].k;
+            o.logits_out = false;
+            double w = (double)o.n * o.k * 2;
+            row(mms[i].what, names[vi], rows, time_op(&o, nn, rr),
+                w + r * (o.n + o.k) * act, 2.0 * r * o.n * o.k, mms[i].per_layer, &layer[vi]);
+        }
+        o.kind = OP_ROPE_Q;
+        row("qk_norm_rope q", names[vi], rows, time_op(&o, nn, rr), r * HEADS * HD * act * 2, 0, 1,
+            &layer[vi]);
+        o.kind = OP_ROPE_K;
+        row("qk_norm_rope k", names[vi], rows, time_op(&o, nn, rr), r * KVH * HD * act * 2, 0, 1,
+            &layer[vi]);
+        o.kind = OP_KV_WRITE;
+        row("kv_write", names[vi], rows, time_op(&o, nn, rr), r * KVH * HD * act * 4, 0, 1,
+            &layer[vi]);
+        /* attention: the model's choice for the round (prompt op for
+         * prompt runs, partials for decode rows) */
+        o.kind = prefill ? OP_ATTENTION_PROMPT : OP_ATTENTION;
+        double kv_bytes = (double)streams * ctx * KVH * HD * 2 * 2;
+        double causal = prefill ? 2.0 * (double)rows * rows * HD * HEADS : 0;
+        int an = prefill && vi == 1 ? 1 : nn, ar = prefill && vi == 1 ? 2 : rr;
+        row(prefill ? "attention (prompt)" : "attention (decode)", names[vi], rows,
+            time_op(&o, an, ar), kv_bytes + r * HEADS * HD * act * 2, causal, 1, &layer[vi]);
+        o.kind = OP_SWIGLU;
+        row("swiglu", names[vi], rows, time_op(&o, nn, rr), r * INTER * act * 3, 0, 1, &layer[vi]);
+        /* the head: final norm, gather, lm_head and (decode) sampling */
+        int lrows = prefill ? 1 : rows;
+        o.rows = lrows;
+        o.kind = OP_GATHER;
+        row("gather", names[vi], lrows, time_op(&o, nn, rr), lrows * HID * act * 2, 0, 1,
+            &head[vi]);
+        o.kind = OP_MATMUL;
+        o.n = VOCAB;
+        o.k = HID;
+        o.logits_out = true;
+        row("matmul lm_head (f32 out)", names[vi], lrows, time_op(&o, nn > 8 ? 8 : nn, rr),
+            (double)VOCAB * HID * 2, 2.0 * lrows * VOCAB * HID, 1, &head[vi]);
+        if (!prefill) {
+            o.kind = OP_SAMPLE;
+            row("sample (greedy)", names[vi], lrows, time_op(&o, nn, rr),
+                (double)lrows * VOCAB * 4, 0, 1, &head[vi]);
+        }
+        o.rows = rows;
+    }
+    for (int vi = 0; vi < 2; vi++) {
+        double model = layer[vi] * LAYERS + head[vi] + 1 * 0;
+        printf("  => %-4s per layer %.1f us, model (36 layers + head) %.3f ms GPU time%s\n",
+               names[vi], layer[vi] * 1e6, model * 1e3,
+               prefill ? "" : " per step");
+    }
+    return layer[0] * LAYERS + head[0];
+}
+
+static void gemv_vs_cublas(kernels_backend *nb, kernels_backend *vb, bufs *b, int reps)
+{
+    static const int shapes[][2] = {
+        {HEADS * HD, HID}, {KVH * HD, HID}, {INTER, HID}, {HID, INTER}, {VOCAB, HID}};
+    static const int rowss[] = {1, 2, 4, 8};
+    printf("\nGEMV (new) vs cuBLAS (v1), bf16 weights, GB/s of weights + activations\n");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
+            int rows = rowss[ri], n = shapes[s][0], k = shapes[s][1];
+            char what[64];
+            snprintf(what, sizeof what, "matmul %dx%d", n, k);
+            for (int vi = 0; vi < 2; vi++) {
+                op o = {.kind = OP_MATMUL, .be = vi ? vb : nb, .b = b, .rows = rows, .n = n,
+                        .k = k, .logits_out = n == VOCAB};
+                double w = (double)n * k * 2 + (double)rows * (n + k) * 2;
+                row(what, vi ? "v1" : "new", rows, time_op(&o, n == VOCAB ? 8 : 32, reps), w,
+                    2.0 * rows * n * k, 0, NULL);
+            }
+        }
+}
+
+static void attention_sweep(kernels_backend *nb, kernels_backend *vb, bufs *b, int reps,
+                            bool quick)
+{
+    static const int batches[] = {1, 32, 64};
+    static const int ctxs[] = {4096, 8192, 32768};
+    printf("\npaged decode attention (32 q heads, 8 KV heads, 128 dims, bf16 KV in 16-token "
+           "pages), effective KV read bandwidth\n");
+    for (int bi = 0; bi < 3; bi++)
+        for (int ci = 0; ci < 3; ci++) {
+            int B = batches[bi], C = ctxs[ci];
+            kernels_batch kb = make_batch(nb, b, B, 1, C);
+            double kv = (double)B * C * KVH * HD * 2 * 2;
+            char what[64];
+            snprintf(what, sizeof what, "decode b%d ctx%d", B, C);
+            for (int vi = 0; vi < (quick ? 1 : 2); vi++) {
+                op o = {.kind = OP_ATTENTION, .be = vi ? vb : nb, .b = b, .rows = B, .batch = kb};
+                int n = vi ? 2 : (int)(4e8 / kv) + 2;
+                if (n > 50)
+                    n = 50;
+                row(what, vi ? "v1" : "new", B, time_op(&o, n, vi ? 3 : reps), kv, 0, 0, NULL);
+            }
+        }
+    printf("\ncausal prompt attention, one stream (32 q heads, 8 KV heads, 128 dims, bf16), "
+           "FLOPs 2 n^2 d heads (causal half of 4 n^2 d)\n");
+    static const int ns[] = {2048, 4096};
+    for (int i = 0; i < 2; i++) {
+        int n = ns[i];
+        kernels_batch kb = make_batch(nb, b, 1, n, n);
+        char what[64];
+        snprintf(what, sizeof what, "prompt %d tokens", n);
+        for (int vi = 0; vi < (quick ? 1 : 2); vi++) {
+            op o = {.kind = OP_ATTENTION_PROMPT, .be = vi ? vb : nb, .b = b, .rows = n,
+                    .batch = kb};
+            row(what, vi ? "v1" : "new", n, time_op(&o, vi ? 1 : 10, vi ? 2 : reps), 0,
+                2.0 * n * n * HD * HEADS, 0, NULL);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int device = 0;
+    bool quick = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+            device = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--quick") == 0)
+            quick = true;
+    }
+    kernels_backend *nb = open_variant(device, false), *vb = open_variant(device, true);
+    bufs b;
+    memset(&b, 0, sizeof b);
+    setup(nb, &b);
+    int reps = 7;
+    printf("decode step ops, batch 1, context 4096 (per call)\n");
+    double dec = step_ops(nb, vb, &b, 1, 1, 4096, 20, reps);
+    double weights = 2.0 * ((double)VOCAB * HID +
+                            LAYERS * ((double)HID * HEADS * HD * 2 + 2.0 * HID * KVH * HD +
+                                      3.0 * HID * INTER));
+    printf("  => new: %.1f tokens/s if the step were its ops' GPU time alone; %.2f GB of "
+           "weights per step\n",
+           1.0 / dec, weights / 1e9);
+    printf("\nprefill ops, 2048 tokens of one stream (per call)\n");
+    step_ops(nb, vb, &b, 1, 2048, 2048, 3, 5);
+    gemv_vs_cublas(nb, vb, &b, reps);
+    attention_sweep(nb, vb, &b, reps, quick);
+    kernels_backend_close(vb);
+    kernels_backend_close(nb);
+    return 0;
+}
