@@ -97,9 +97,17 @@ void coordinator_buf_printf(coordinator_buf *b, const char *fmt, ...)
 
 void coordinator_buf_int(coordinator_buf *b, long long v)
 {
+    /* Digits written backwards; no printf on the streaming path. */
     char tmp[24];
-    int n = snprintf(tmp, sizeof tmp, "%lld", v);
-    coordinator_buf_append(b, tmp, (size_t)n);
+    char *p = tmp + sizeof tmp;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        *--p = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *--p = '-';
+    coordinator_buf_append(b, p, (size_t)(tmp + sizeof tmp - p));
 }
 
 void coordinator_buf_json_float(coordinator_buf *b, float v)

@@ -579,6 +579,7 @@ static coordinator_usage usage_of(const http_req *r)
 static void write_chunks(http_req *r)
 {
     bool chat = r->req.kind == COORDINATOR_REQUEST_CHAT;
+    int chunks = 0;
     for (int i = 0; i < r->n; i++) {
         http_choice *c = &r->choices[i];
         bool content = c->text.len || c->ids_len || c->lps_len;
@@ -598,6 +599,7 @@ static void write_chunks(http_req *r)
                 k.prompt_len = r->prompt_len;
             }
             coordinator_response_chunk(&r->out, &r->meta, &k);
+            chunks++;
             c->started = true;
             coordinator_buf_clear(&c->text);
             c->ids_len = 0;
@@ -619,6 +621,9 @@ static void write_chunks(http_req *r)
             c->finish_sent = true;
         }
     }
+    if (chunks)
+        atomic_fetch_add_explicit(&r->h->metrics.stream_chunks, (uint64_t)chunks,
+                                  memory_order_relaxed);
     if (all_done(r) && !r->ended) {
         if (r->req.include_usage) {
             coordinator_usage u = usage_of(r);

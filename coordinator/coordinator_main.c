@@ -50,6 +50,7 @@ static void usage(FILE *f)
         "  --workers LIST          auto (default), none, or GPU indices and 'cpu', e.g. cpu,cpu\n"
         "  --route R               prefix (default), least-loaded or round-robin\n"
         "  --load-format F         auto or dummy\n"
+        "  --kv-dtype D            KV pages: bf16 (default) or fp8\n"
         "  --page-tokens N, --kv-pages N, --parallel N, --max-batch-tokens N,\n"
         "  --max-model-len N, --threads N\n"
         "  --runtime-dir DIR       worker sockets (default: a new /tmp/shoal.XXXXXX)\n"
@@ -142,6 +143,7 @@ int main(int argc, char **argv)
         OPT_WORKERS,
         OPT_ROUTE,
         OPT_LOAD,
+        OPT_KV_DTYPE,
         OPT_PAGE,
         OPT_PAGES,
         OPT_PARALLEL,
@@ -170,6 +172,7 @@ int main(int argc, char **argv)
         {"workers", required_argument, 0, OPT_WORKERS},
         {"route", required_argument, 0, OPT_ROUTE},
         {"load-format", required_argument, 0, OPT_LOAD},
+        {"kv-dtype", required_argument, 0, OPT_KV_DTYPE},
         {"page-tokens", required_argument, 0, OPT_PAGE},
         {"kv-pages", required_argument, 0, OPT_PAGES},
         {"parallel", required_argument, 0, OPT_PARALLEL},
@@ -248,6 +251,9 @@ int main(int argc, char **argv)
             break;
         case OPT_LOAD:
             co.load_format = optarg;
+            break;
+        case OPT_KV_DTYPE:
+            co.kv_dtype = optarg;
             break;
         case OPT_RUNTIME:
             co.runtime_dir = optarg;

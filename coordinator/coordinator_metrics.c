@@ -53,6 +53,7 @@ void coordinator_metrics_init(coordinator_metrics *m)
     atomic_init(&m->generation_tokens, 0);
     atomic_init(&m->prefix_queries, 0);
     atomic_init(&m->prefix_hits, 0);
+    atomic_init(&m->stream_chunks, 0);
     atomic_init(&m->http_running, 0);
     histogram_init(&m->ttft, ttft_bounds, (int)(sizeof ttft_bounds / sizeof ttft_bounds[0]));
     histogram_init(&m->itl, itl_bounds, (int)(sizeof itl_bounds / sizeof itl_bounds[0]));
@@ -232,6 +233,8 @@ bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_
             load(&m->prefix_queries));
     counter(out, "prefix_cache_hits_total", "Prompt tokens served from the prefix cache.",
             load(&m->prefix_hits));
+    counter(out, "stream_chunks_total", "SSE events sent on streamed responses.",
+            load(&m->stream_chunks));
     histogram(out, "time_to_first_token_seconds",
               "From a request's arrival to its first token, per choice.", &m->ttft);
     histogram(out, "inter_token_latency_seconds",

@@ -11,6 +11,9 @@
  *   prompt_tokens_total, generation_tokens_total
  *   prefix_cache_queries_total               prompt tokens sent to workers
  *   prefix_cache_hits_total                  of those, served from cache
+ *   stream_chunks_total                      SSE events sent (a chunk carries
+ *                                            every token of a stream that
+ *                                            arrived since its last one)
  *   time_to_first_token_seconds              histogram, per choice
  *   inter_token_latency_seconds              histogram, per token after the first
  *   request_duration_seconds                 histogram, per generation request
@@ -64,6 +67,7 @@ typedef struct coordinator_metrics {
     _Atomic uint64_t generation_tokens;
     _Atomic uint64_t prefix_queries;
     _Atomic uint64_t prefix_hits;
+    _Atomic uint64_t stream_chunks;
     _Atomic int64_t http_running;
     coordinator_histogram ttft;
     coordinator_histogram itl;

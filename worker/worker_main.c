@@ -57,7 +57,9 @@ static void usage(FILE *f)
             "  --worker-index N       this worker's index in the cluster\n"
             "  --heartbeat-ms N       report at least this often while idle (default 200)\n"
             "  --fake-tokens          serving benchmark: no model, one token per stream per\n"
-            "                         step, to measure the coordinator alone\n");
+            "                         step, to measure the coordinator alone\n"
+            "  --fake-step-us N       with --fake-tokens: a step at most every N us (default 0:\n"
+            "                         as fast as the coordinator takes them)\n");
 }
 
 static int parse_int(const char *flag, const char *s, long lo, long hi, int *out)
@@ -161,14 +163,14 @@ out:
 }
 
 static int run_serve(worker_model_options *mo, const char *connect, int index, int heartbeat_ms,
-                     bool fake, int parallel, int kv_pages, int max_model_len)
+                     bool fake, int fake_step_us, int parallel, int kv_pages, int max_model_len)
 {
     shoal_diag diag = {{0}};
     worker_serve_options so = {.socket_path = connect, .worker_index = index,
                                .heartbeat_ms = heartbeat_ms, .device = mo->device,
                                .fake_tokens = fake, .fake_vocab = 1000,
                                .fake_max_model_len = max_model_len ? max_model_len : 32768,
-                               .fake_parallel = parallel};
+                               .fake_parallel = parallel, .fake_step_us = fake_step_us};
     signal(SIGPIPE, SIG_IGN);
     if (fake) {
         shoal_err err = worker_serve_run(&so, NULL, NULL, &diag);
@@ -213,7 +215,8 @@ int main(int argc, char **argv)
 {
     enum { OPT_MODEL = 1, OPT_LOAD, OPT_DEVICE, OPT_THREADS, OPT_IDS, OPT_RANDOM, OPT_MAX,
            OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_BENCH, OPT_PARALLEL, OPT_PAGES, OPT_LEN, OPT_SERVE,
-           OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_KVDTYPE, OPT_KVFRAC, OPT_HELP };
+           OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_FAKE_STEP, OPT_KVDTYPE, OPT_KVFRAC,
+           OPT_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"load-format", required_argument, 0, OPT_LOAD},
@@ -234,6 +237,7 @@ int main(int argc, char **argv)
         {"worker-index", required_argument, 0, OPT_INDEX},
         {"heartbeat-ms", required_argument, 0, OPT_HEARTBEAT},
         {"fake-tokens", no_argument, 0, OPT_FAKE},
+        {"fake-step-us", required_argument, 0, OPT_FAKE_STEP},
         {"kv-dtype", required_argument, 0, OPT_KVDTYPE},
         {"kv-memory-fraction", required_argument, 0, OPT_KVFRAC},
         {"help", no_argument, 0, OPT_HELP},
@@ -244,7 +248,7 @@ int main(int argc, char **argv)
     worker_model_options_default(&mo);
     const char *ids_text = NULL;
     int random_len = 0, max_tokens = 16, bench_streams = 0, parallel = 64, kv_pages = 0;
-    int max_model_len = 0, worker_index = 0, heartbeat_ms = 200;
+    int max_model_len = 0, worker_index = 0, heartbeat_ms = 200, fake_step_us = 0;
     bool serve = false, fake = false, batch_given = false;
     const char *connect = NULL;
     bool ignore_eos = false;
@@ -266,6 +270,7 @@ int main(int argc, char **argv)
         {OPT_LEN, "--max-model-len", 2, 1 << 20, &max_model_len},
         {OPT_INDEX, "--worker-index", 0, 1023, &worker_index},
         {OPT_HEARTBEAT, "--heartbeat-ms", 10, 60000, &heartbeat_ms},
+        {OPT_FAKE_STEP, "--fake-step-us", 0, 1000000, &fake_step_us},
     };
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -326,8 +331,8 @@ int main(int argc, char **argv)
         }
         if (!batch_given)
             mo.max_rows = 512;
-        return run_serve(&mo, connect, worker_index, heartbeat_ms, fake, parallel, kv_pages,
-                         max_model_len);
+        return run_serve(&mo, connect, worker_index, heartbeat_ms, fake, fake_step_us, parallel,
+                         kv_pages, max_model_len);
     }
     if (!mo.model_dir || (!ids_text && !random_len) || (ids_text && random_len) || optind < argc ||
         (bench_streams && !random_len)) {

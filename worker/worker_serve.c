@@ -142,6 +142,21 @@ static shoal_err handle(serve *sv, const void *msg, size_t bytes)
     return SHOAL_OK;
 }
 
+/* Fake mode's pace: waits until *next_ns, then sets the next step's time. */
+static void fake_pace(long long *next_ns, int step_us)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+    if (*next_ns > now) {
+        struct timespec wait = {(time_t)((*next_ns - now) / 1000000000ll),
+                                (long)((*next_ns - now) % 1000000000ll)};
+        nanosleep(&wait, NULL);
+        now = *next_ns;
+    }
+    *next_ns = now + (long long)step_us * 1000;
+}
+
 static int fake_step(serve *sv)
 {
     int n = 0;
@@ -240,7 +255,7 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
         goto out;
     }
     LOG_INFO("worker %d serving on %s", o->worker_index, o->socket_path);
-    long long last_sent = now_ms();
+    long long last_sent = now_ms(), next_step_ns = 0;
     while (!(sv.shutdown && !busy(&sv))) {
         /* everything that arrived; wait for it only when idle */
         int wait = busy(&sv) ? 0 : o->heartbeat_ms;
@@ -266,6 +281,8 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
                 if ((err = worker_engine_step(e, sv.events, &n, diag)))
                     goto out;
             } else {
+                if (o->fake_step_us > 0)
+                    fake_pace(&next_step_ns, o->fake_step_us);
                 n = fake_step(&sv);
             }
             if (n > 0 || now_ms() - last_sent >= o->heartbeat_ms) {

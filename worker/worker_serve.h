@@ -21,6 +21,8 @@ typedef struct worker_serve_options {
     int fake_vocab;
     int fake_max_model_len;
     int fake_parallel;
+    int fake_step_us; /* a step at most every this many us (0: as fast as the
+                       * coordinator takes them), as a real engine's steps */
 } worker_serve_options;
 
 /* Serves until SHUTDOWN (SHOAL_OK) or a failure (the engine broke, the

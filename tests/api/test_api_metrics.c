@@ -30,6 +30,7 @@ static void counters_and_requests_by_status(void)
     coordinator_metrics_request(&m, COORDINATOR_ENDPOINT_COMPLETIONS, 418);
     coordinator_metrics_tokens(&m, 100, 20, 64);
     coordinator_metrics_tokens(&m, 5, 1, 0);
+    atomic_fetch_add(&m.stream_chunks, 3);
     coordinator_metrics_cluster c = {0};
     coordinator_buf b;
     coordinator_buf_init(&b);
@@ -45,6 +46,7 @@ static void counters_and_requests_by_status(void)
     CHECK(sample(t, "shoal_generation_tokens_total") == 21);
     CHECK(sample(t, "shoal_prefix_cache_queries_total") == 105);
     CHECK(sample(t, "shoal_prefix_cache_hits_total") == 64);
+    CHECK(sample(t, "shoal_stream_chunks_total") == 3);
     CHECK_HAS(t, "# TYPE shoal_generation_tokens_total counter\n");
     coordinator_buf_fini(&b);
 }

@@ -105,6 +105,16 @@ static void any_text_survives_json_escaping(void)
     CHECK((float)num(v, "1") == -0.693147182f);
     CHECK(num(v, "2") == -9999.0);
     cJSON_Delete(v);
+    /* integers at their extremes */
+    coordinator_buf_clear(&b);
+    coordinator_buf_int(&b, 0);
+    coordinator_buf_str(&b, " ");
+    coordinator_buf_int(&b, -42);
+    coordinator_buf_str(&b, " ");
+    coordinator_buf_int(&b, (long long)(-9223372036854775807ll - 1));
+    coordinator_buf_str(&b, " ");
+    coordinator_buf_int(&b, 9223372036854775807ll);
+    CHECK_MSG(strcmp(b.data, "0 -42 -9223372036854775808 9223372036854775807") == 0, "%s", b.data);
     coordinator_buf_fini(&b);
 }
 

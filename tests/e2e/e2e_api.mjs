@@ -225,6 +225,7 @@ const tests = [
     assert(await s.metric('shoal_prefix_cache_hits_total') >= 64, 'prefix cache hits');
     assert(await s.metric('shoal_time_to_first_token_seconds_count') > 10, 'ttft samples');
     assert(await s.metric('shoal_inter_token_latency_seconds_count') > 100, 'itl samples');
+    assert(await s.metric('shoal_stream_chunks_total') > 50, 'SSE events');
   }],
 ];
 
