@@ -18,6 +18,10 @@ typedef struct model_matrix {
 
 typedef struct model_layer {
     model_matrix q, k, v, o, gate, up, down;
+    /* q, k and v sit back to back in one allocation, as do gate and up:
+     * a one-row pass (decode at batch 1) takes each group as one matmul,
+     * whose output row is the three (two) outputs back to back. */
+    bool qkv_joined, gate_up_joined;
     float *attn_norm, *mlp_norm; /* (device) F32 [hidden] */
     float *q_norm, *k_norm;      /* (device) F32 [head_dim], Qwen3 only */
 } model_layer;
@@ -179,6 +183,62 @@ static shoal_err load_matrix(worker_model *m, const char *name, int64_t rows, in
     return SHOAL_OK;
 }
 
+/* Places the matrices `names` (rows[i] x cols each) back to back in one
+ * device allocation, when the backend keeps its own copy and they share a
+ * dtype: *joined says whether it did; else each is placed alone. */
+static shoal_err load_joined(worker_model *m, const char *const *names, const int64_t *rows,
+                             int n, int64_t cols, model_matrix *const *out, bool *joined,
+                             shoal_diag *diag)
+{
+    enum { JOIN_MAX = 3 };
+    SHOAL_ASSERT(n <= JOIN_MAX);
+    shoal_err err;
+    bool dummy = worker_weights_is_dummy(m->weights) && m->be->fill_random;
+    worker_tensor_ref t[JOIN_MAX];
+    size_t total = 0;
+    *joined = !m->be->host_memory;
+    for (int i = 0; i < n && *joined; i++) {
+        if (dummy) {
+            total += (size_t)rows[i] * (size_t)cols * 2;
+            continue;
+        }
+        int64_t shape[2] = {rows[i], cols};
+        if ((err = worker_weights_get(m->weights, names[i], 2, shape, &t[i], diag)))
+            return err;
+        *joined = t[i].dtype == t[0].dtype;
+        total += (size_t)t[i].bytes;
+    }
+    if (!*joined) {
+        for (int i = 0; i < n; i++)
+            if ((err = load_matrix(m, names[i], rows[i], cols, out[i], diag)))
+                return err;
+        return SHOAL_OK;
+    }
+    unsigned char *dst = dev_alloc(m, total);
+    if (!dst)
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                              "tensor '%s' and the next: cannot place %zu bytes on the device",
+                              names[0], total);
+    for (int i = 0; i < n; i++) {
+        out[i]->data = dst;
+        if (dummy) {
+            uint64_t state;
+            float base, scale;
+            size_t elems = (size_t)rows[i] * (size_t)cols;
+            worker_weights_dummy_recipe(m->weights, names[i], 2, &state, &base, &scale);
+            m->be->fill_random(m->be, dst, elems, state, base, scale);
+            out[i]->dtype = SHOAL_DTYPE_BF16;
+            dst += elems * 2;
+        } else {
+            out[i]->dtype = t[i].dtype;
+            if ((err = m->be->upload(m->be, dst, t[i].data, (size_t)t[i].bytes)))
+                return shoal_diag_set(diag, err, "tensor '%s': cannot upload it", names[i]);
+            dst += t[i].bytes;
+        }
+    }
+    return SHOAL_OK;
+}
+
 /* Norm weights are small: always kept as F32 on the device. */
 static shoal_err load_vector(worker_model *m, const char *name, int64_t n, float **out,
                              shoal_diag *diag)
@@ -207,15 +267,22 @@ static shoal_err load_layer(worker_model *m, int i, shoal_diag *diag)
     char name[SHOAL_TENSOR_NAME_BYTES_MAX];
     shoal_err err;
     int64_t q_out = (int64_t)c->heads * c->head_dim, kv_out = (int64_t)c->kv_heads * c->head_dim;
+    char qn[SHOAL_TENSOR_NAME_BYTES_MAX], kn[SHOAL_TENSOR_NAME_BYTES_MAX],
+        vn[SHOAL_TENSOR_NAME_BYTES_MAX], gn[SHOAL_TENSOR_NAME_BYTES_MAX],
+        un[SHOAL_TENSOR_NAME_BYTES_MAX];
+    snprintf(qn, sizeof qn, "model.layers.%d.self_attn.q_proj.weight", i);
+    snprintf(kn, sizeof kn, "model.layers.%d.self_attn.k_proj.weight", i);
+    snprintf(vn, sizeof vn, "model.layers.%d.self_attn.v_proj.weight", i);
+    snprintf(gn, sizeof gn, "model.layers.%d.mlp.gate_proj.weight", i);
+    snprintf(un, sizeof un, "model.layers.%d.mlp.up_proj.weight", i);
+    const char *qkv_names[] = {qn, kn, vn}, *gu_names[] = {gn, un};
+    const int64_t qkv_rows[] = {q_out, kv_out, kv_out};
+    const int64_t gu_rows[] = {c->intermediate, c->intermediate};
+    model_matrix *qkv[] = {&L->q, &L->k, &L->v}, *gu[] = {&L->gate, &L->up};
 #define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), name)
-    if ((err = load_matrix(m, NAME("self_attn.q_proj.weight"), q_out, c->hidden, &L->q, diag)) ||
-        (err = load_matrix(m, NAME("self_attn.k_proj.weight"), kv_out, c->hidden, &L->k, diag)) ||
-        (err = load_matrix(m, NAME("self_attn.v_proj.weight"), kv_out, c->hidden, &L->v, diag)) ||
+    if ((err = load_joined(m, qkv_names, qkv_rows, 3, c->hidden, qkv, &L->qkv_joined, diag)) ||
         (err = load_matrix(m, NAME("self_attn.o_proj.weight"), c->hidden, q_out, &L->o, diag)) ||
-        (err = load_matrix(m, NAME("mlp.gate_proj.weight"), c->intermediate, c->hidden, &L->gate,
-                           diag)) ||
-        (err = load_matrix(m, NAME("mlp.up_proj.weight"), c->intermediate, c->hidden, &L->up,
-                           diag)) ||
+        (err = load_joined(m, gu_names, gu_rows, 2, c->hidden, gu, &L->gate_up_joined, diag)) ||
         (err = load_matrix(m, NAME("mlp.down_proj.weight"), c->hidden, c->intermediate, &L->down,
                            diag)) ||
         (err = load_vector(m, NAME("input_layernorm.weight"), c->hidden, &L->attn_norm, diag)) ||
@@ -594,17 +661,31 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
 
     be->embed(be, m->x, m->embed.data, m->embed.dtype, m->ids, rows, c->hidden);
     const void *pending = NULL; /* the last block's output, still to add to x */
+    size_t a = kernels_act_bytes(be);
+    /* gate and up as one matmul needs room for both outputs of the row */
+    bool one_row = rows == 1, gate_up_room = m->opt.max_rows >= 2;
+    bool qkv_room = (size_t)m->opt.max_rows * (size_t)c->intermediate >= (size_t)(q_w + 2 * kv_w);
     for (int l = 0; l < c->layers; l++) {
         const model_layer *L = &m->layers[l];
+        void *q = m->q, *k = m->k, *v = m->v;
         be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
-        be->matmul(be, m->q, be->act_dtype, m->h, L->q.data, L->q.dtype, rows, q_w, c->hidden);
-        be->matmul(be, m->k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
-        be->matmul(be, m->v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
-        be->qk_norm_rope(be, m->q, rows, c->heads, c->head_dim, q_w, L->q_norm, c->rms_eps,
+        if (one_row && L->qkv_joined && qkv_room) {
+            /* one row of [q | k | v] in the up buffer, free until the MLP */
+            q = m->up;
+            k = (unsigned char *)q + (size_t)q_w * a;
+            v = (unsigned char *)k + (size_t)kv_w * a;
+            be->matmul(be, q, be->act_dtype, m->h, L->q.data, L->q.dtype, 1, q_w + 2 * kv_w,
+                       c->hidden);
+        } else {
+            be->matmul(be, q, be->act_dtype, m->h, L->q.data, L->q.dtype, rows, q_w, c->hidden);
+            be->matmul(be, k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
+            be->matmul(be, v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
+        }
+        be->qk_norm_rope(be, q, rows, c->heads, c->head_dim, q_w, L->q_norm, c->rms_eps,
                          m->positions, m->inv_freq);
-        be->qk_norm_rope(be, m->k, rows, c->kv_heads, c->head_dim, kv_w, L->k_norm, c->rms_eps,
+        be->qk_norm_rope(be, k, rows, c->kv_heads, c->head_dim, kv_w, L->k_norm, c->rms_eps,
                          m->positions, m->inv_freq);
-        be->kv_write(be, m->arena, &m->kv, &batch, l, m->k, m->v);
+        be->kv_write(be, m->arena, &m->kv, &batch, l, k, v);
         /* the segments' row tables shift with their rows; the page table,
          * indexed by stream, does not */
         for (int s = 0; s < m->segs; s++) {
@@ -615,17 +696,25 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             sb.positions = m->positions + r0;
             (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
                 be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
-                (const unsigned char *)m->q + (size_t)r0 * q_row_bytes, c->heads, m->arena, &m->kv,
+                (const unsigned char *)q + (size_t)r0 * q_row_bytes, c->heads, m->arena, &m->kv,
                 &sb, l, scale);
         }
         be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
                    q_w);
         be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
-        be->matmul(be, m->gate, be->act_dtype, m->h, L->gate.data, L->gate.dtype, rows,
-                   c->intermediate, c->hidden);
-        be->matmul(be, m->up, be->act_dtype, m->h, L->up.data, L->up.dtype, rows,
-                   c->intermediate, c->hidden);
-        be->swiglu(be, m->gate, m->gate, m->up, rows, c->intermediate);
+        if (one_row && L->gate_up_joined && gate_up_room) {
+            /* one row of [gate | up] in the gate buffer */
+            void *up = (unsigned char *)m->gate + (size_t)c->intermediate * a;
+            be->matmul(be, m->gate, be->act_dtype, m->h, L->gate.data, L->gate.dtype, 1,
+                       2 * c->intermediate, c->hidden);
+            be->swiglu(be, m->gate, m->gate, up, 1, c->intermediate);
+        } else {
+            be->matmul(be, m->gate, be->act_dtype, m->h, L->gate.data, L->gate.dtype, rows,
+                       c->intermediate, c->hidden);
+            be->matmul(be, m->up, be->act_dtype, m->h, L->up.data, L->up.dtype, rows,
+                       c->intermediate, c->hidden);
+            be->swiglu(be, m->gate, m->gate, m->up, rows, c->intermediate);
+        }
         be->matmul(be, m->pend, be->act_dtype, m->gate, L->down.data, L->down.dtype, rows,
                    c->hidden, c->intermediate);
         pending = m->pend;

@@ -1,14 +1,16 @@
 /* Paged causal attention as split-K partials plus a merge (flash-decoding):
  * the twin of kernels/cpu/attention.c.
  *
- * A row's context (positions [0, pos]) is cut into attn_splits_of(pos + 1)
- * segments of whole pages of 16 (attention_mma.cuh): the count depends
- * on the row's own context alone, never on its batch, its slice or the page
- * table's capacity, so a sliced round equals an unsliced one to the byte
- * and a row's bits do not depend on what shares its round. The grid has
- * splits_max segments per row (from the model's shape), and blocks past a
- * row's count return at once: the launch is the same for every round of
- * the same rows, as a CUDA graph needs.
+ * A row's context (positions [0, pos]) is cut into attn_splits_of(pos + 1,
+ * cap) segments of whole pages of 16 (attention_mma.cuh). The cap comes
+ * from the round's row count and the shape (enough blocks to fill the GPU
+ * about four times, within the per-row scratch; eight measured slower at
+ * batch 32 and 64, kernels/lab/README.md), never from a slice or
+ * the page table's capacity, so a sliced round equals an unsliced one to
+ * the byte. The grid has `cap` segments per row, and blocks past a row's
+ * count return at once: the launch is the same for every round of the
+ * same rows, as a CUDA graph needs, and a large round of short contexts
+ * launches few empty blocks.
  *
  * Two partial kernels write the same records (max, sum, sum p v) per
  * (row, query head, segment):
@@ -183,6 +185,7 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
     attn_merge(const float *scratch, T *out, int heads, int head_dim, int splits_max,
                const int32_t *positions)
 {
+    pdl_trigger(); /* a GEMV after may start fetching its weights */
     const int r = blockIdx.x, h = blockIdx.y;
     const size_t rec_floats = (size_t)head_dim + 2;
     const float *rec = scratch + ((size_t)r * heads + h) * splits_max * rec_floats;
@@ -208,23 +211,29 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
     }
 }
 
-/* Segments a row may have: CUDA_ATTN_SPLITS_MAX, within the per-row
- * scratch. From the shape alone, never from the slice. */
-static int attn_splits_max(int heads, int head_dim)
+/* Segments a row of a round of `rows` rows may have: enough for about
+ * four blocks a multiprocessor over the round (blocks_per_row is the
+ * grid's other factor per row), within CUDA_ATTN_SPLITS_MAX and the
+ * per-row scratch. From the round and the shape, never from the slice. */
+static int attn_splits_cap(int sm_count, int rows, int blocks_per_row, int heads, int head_dim)
 {
     size_t per_split = (size_t)heads * ((size_t)head_dim + 2) * sizeof(float);
     long long fit = (long long)(CUDA_ATTN_ROW_SCRATCH_BYTES / per_split);
     long long s = CUDA_ATTN_SPLITS_MAX < fit ? CUDA_ATTN_SPLITS_MAX : fit;
+    long long per_round = (long long)rows * blocks_per_row;
+    long long want = (4LL * sm_count + per_round - 1) / per_round;
+    if (want < s)
+        s = want;
     return s < 1 ? 1 : (int)s;
 }
 
 /* ---- the tensor-core partial kernel ---- */
 
-enum { TC_GM = 16, TC_BN = 64, TC_THREADS = 128 };
+enum { TC_GM = 16, TC_BN = 64, TC_THREADS = 128, TC_STAGES = 3 };
 
 template <int HD> static constexpr size_t tc_partial_smem_bytes()
 {
-    return (size_t)TC_GM * HD * 2 /* Q */ + 4 * (size_t)TC_BN * HD * 2 /* K, V x 2 */;
+    return (size_t)TC_GM * HD * 2 /* Q */ + 2 * TC_STAGES * (size_t)TC_BN * HD * 2 /* K, V */;
 }
 
 template <int HD, typename KV>
@@ -249,7 +258,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int h0 = kvh * group + g0;
     const uint32_t qs = mma::smem_addr(smem);
-    const uint32_t ks0 = qs + TC_GM * HD * 2, vs0 = ks0 + 2 * TC_BN * HD * 2;
+    const uint32_t ks0 = qs + TC_GM * HD * 2, vs0 = ks0 + TC_STAGES * TC_BN * HD * 2;
     const uint32_t tile_bytes = TC_BN * HD * 2;
 
     /* the group's query heads are the rows of the tile; the rest are zeros */
@@ -274,10 +283,20 @@ static __global__ void __launch_bounds__(TC_THREADS)
     const float sl2 = a.scale * 1.4426950408889634f * k_scale;
     typedef mma::kv_tile<HD, TC_BN, TC_THREADS, KV> tile_io;
 
+    /* three stages: tiles j + 1 and j + 2 are in flight while j is used;
+     * one commit group a tile (empty past the last), so waiting for all
+     * but the last two groups means tile j has landed */
     const int ntiles = (te - tb + TC_BN - 1) / TC_BN;
     tile_io::load(ks0, a.arena, L.page_bytes, pages, pt_shift, k_off, tb, te);
     tile_io::load(vs0, a.arena, L.page_bytes, pages, pt_shift, v_off, tb, te);
     mma::cp_async_commit(); /* Q and the first tile */
+    if (ntiles > 1) {
+        tile_io::load(ks0 + tile_bytes, a.arena, L.page_bytes, pages, pt_shift, k_off,
+                      tb + TC_BN, te);
+        tile_io::load(vs0 + tile_bytes, a.arena, L.page_bytes, pages, pt_shift, v_off,
+                      tb + TC_BN, te);
+    }
+    mma::cp_async_commit();
 
     float o[DT][4];
 #pragma unroll
@@ -286,18 +305,17 @@ static __global__ void __launch_bounds__(TC_THREADS)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     uint32_t qf[HD / 16][4];
     for (int j = 0; j < ntiles; j++) {
-        const uint32_t kb = ks0 + (j & 1) * tile_bytes, vb = vs0 + (j & 1) * tile_bytes;
-        if (j + 1 < ntiles) {
-            const uint32_t nb = ((j + 1) & 1) * tile_bytes;
+        const uint32_t kb = ks0 + (j % TC_STAGES) * tile_bytes;
+        const uint32_t vb = vs0 + (j % TC_STAGES) * tile_bytes;
+        if (j + 2 < ntiles) { /* into the stage that tile j - 1 used */
+            const uint32_t nb = ((j + 2) % TC_STAGES) * tile_bytes;
             tile_io::load(ks0 + nb, a.arena, L.page_bytes, pages, pt_shift, k_off,
-                          tb + (j + 1) * TC_BN, te);
+                          tb + (j + 2) * TC_BN, te);
             tile_io::load(vs0 + nb, a.arena, L.page_bytes, pages, pt_shift, v_off,
-                          tb + (j + 1) * TC_BN, te);
-            mma::cp_async_commit();
-            mma::cp_async_wait<1>();
-        } else {
-            mma::cp_async_wait<0>();
+                          tb + (j + 2) * TC_BN, te);
         }
+        mma::cp_async_commit();
+        mma::cp_async_wait<2>();
         __syncthreads();
         if (j == 0)
             mma::q_fragments<HD>(qf, qs, 0);
@@ -314,7 +332,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
             }
         mma::softmax_step<HD, 2>(sc, o, m, l);
         mma::accumulate<HD, 2>(o, sc, vb, warp * 16);
-        __syncthreads(); /* the buffer is refilled two tiles on */
+        __syncthreads(); /* the stage is refilled three tiles on */
     }
     mma::cp_async_wait<0>();
 
@@ -471,7 +489,6 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     c.args.L = *layout;
     c.args.layer = layer;
     c.args.heads = heads;
-    c.args.splits = attn_splits_max(heads, hd);
     c.args.scale = scale;
     c.args.page_table_stride = batch->page_table_stride;
     c.args.scratch = st->attn_scratch;
@@ -484,6 +501,8 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
         c.chunks = (heads / layout->kv_heads + ATTN_GQ - 1) / ATTN_GQ;
         c.smem = partial_smem_floats(hd) * sizeof(float);
     }
+    c.args.splits = attn_splits_cap(st->sm_count, batch->rows, layout->kv_heads * c.chunks,
+                                    heads, hd);
 
     size_t row_bytes = (size_t)heads * (size_t)hd * a;
     kernels_attn_round round;

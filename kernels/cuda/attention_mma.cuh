@@ -19,12 +19,15 @@
 #include "cuda_ops.h"
 
 /* Context tokens per split of a decode row: the partial kernels cut a row
- * of ctx tokens into segments of attn_seg_tokens(ctx) tokens (whole pages
- * of 16), attn_splits_of(ctx) of them, from ctx and the shape's cap
- * alone, so a row's result depends neither on its batch nor on its slice.
- * About 128 tokens a segment give a batch-1 row of 4k context 29 segments
- * per KV head, enough blocks to keep every multiprocessor reading. */
-#define CUDA_ATTN_SPLIT_TOKENS 128
+ * of ctx tokens into segments of attn_seg_tokens(ctx, cap) tokens (whole
+ * pages of 16), attn_splits_of(ctx, cap) of them, where cap is the round's
+ * (cuda_attention picks it from the round's rows and the shape, never
+ * from a slice): a row's result depends on its context and the size of
+ * its round, not on how the round is sliced. About 192 tokens a segment
+ * (three tiles) give a batch-1 row of 4k context 22 segments per KV head,
+ * enough blocks to keep every multiprocessor reading, and each block a
+ * pipeline of three tiles. */
+#define CUDA_ATTN_SPLIT_TOKENS 192
 #define CUDA_ATTN_SEG_ALIGN 16
 
 static __host__ __device__ __forceinline__ int attn_seg_tokens(int ctx, int splits_max)

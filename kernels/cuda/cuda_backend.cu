@@ -276,7 +276,7 @@ static void pick_kernels(cuda_state *st)
 {
     bool legacy = env_int("SHOAL_CUDA_LEGACY", 0) != 0;
     st->attn_tc = env_int("SHOAL_CUDA_ATTN_TC", legacy ? 0 : 1) != 0;
-    st->gemv_rows_max = env_int("SHOAL_CUDA_GEMV_ROWS", legacy ? 0 : CUDA_GEMV_ROWS_MAX);
+    st->gemv_rows_max = env_int("SHOAL_CUDA_GEMV_ROWS", legacy ? 0 : CUDA_GEMV_ROWS_DEFAULT);
     if (st->gemv_rows_max > CUDA_GEMV_ROWS_MAX)
         st->gemv_rows_max = CUDA_GEMV_ROWS_MAX;
     st->graphs = env_int("SHOAL_CUDA_GRAPHS", legacy ? 0 : 1) != 0;
@@ -316,6 +316,12 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     cublasStatus_t cs;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        err = shoal_diag_set(diag, SHOAL_ERR_DEVICE, "cuda: GPU %d: %s", device,
+                             cudaGetErrorString(e));
+        goto out_close;
+    }
+    if ((e = cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device)) !=
+        cudaSuccess) {
         err = shoal_diag_set(diag, SHOAL_ERR_DEVICE, "cuda: GPU %d: %s", device,
                              cudaGetErrorString(e));
         goto out_close;

@@ -30,14 +30,17 @@ extern "C" {
 /* Attention partial scratch per row: one (max, sum, acc[head_dim]) F32
  * record per query head and segment. 512 KiB a row holds 32 query heads of
  * 128 dims in 31 segments; the segment count is capped to fit (and at
- * CUDA_ATTN_SPLITS_MAX), from the model's shape alone, and each row takes
- * as many as its own context needs (attention_mma.cuh), so a launch's
- * results never depend on how many rows the scratch has. */
+ * CUDA_ATTN_SPLITS_MAX), from the shape and the round's rows, and each row
+ * takes as many as its own context needs (attention_mma.cuh), so a
+ * launch's results never depend on how many rows the scratch has. */
 #define CUDA_ATTN_ROW_SCRATCH_BYTES (512u << 10)
 #define CUDA_ATTN_SPLITS_MAX 64
 
-/* Matmuls of at most this many rows may take our GEMV (matmul.cu). */
+/* Matmuls of at most this many rows may take our GEMV (matmul.cu), and
+ * by default those of one row do: at one row it streams the weights
+ * faster than cuBLAS, at two and more cuBLAS's kernels win (lab, H200). */
 #define CUDA_GEMV_ROWS_MAX 8
+#define CUDA_GEMV_ROWS_DEFAULT 1
 
 /* Recorded graphs a backend holds (graph_end's slots). */
 #define CUDA_GRAPH_SLOTS 1024
@@ -60,8 +63,9 @@ typedef struct cuda_state {
      * the before/after of a change; SHOAL_CUDA_LEGACY=1 turns all three to
      * the first version's): tensor-core attention (SHOAL_CUDA_ATTN_TC,
      * default 1), our GEMV for matmuls of at most gemv_rows_max rows
-     * (SHOAL_CUDA_GEMV_ROWS, default 8; 0 = cuBLAS always), and CUDA
+     * (SHOAL_CUDA_GEMV_ROWS, default 1; 0 = cuBLAS always), and CUDA
      * graphs (SHOAL_CUDA_GRAPHS, default 1). */
+    int sm_count;
     bool attn_tc;
     int gemv_rows_max;
     bool graphs;
@@ -151,6 +155,28 @@ template <typename F> static void cuda_dispatch_weight(shoal_dtype dt, F f)
         f(float());
     else
         SHOAL_ASSERT(!"weight dtype is BF16, F16 or F32");
+}
+
+/* ---- programmatic dependent launch (sm_90) ----
+ * A kernel launched with the programmatic-serialization attribute (the
+ * GEMV, matmul.cu) may start while the kernel before it on the stream
+ * finishes; it reads nothing that kernel writes, and writes nothing,
+ * before pdl_wait(), which returns once that kernel has completed and its
+ * writes are visible. Kernels that come before one call pdl_trigger() at
+ * their start so that it may be scheduled early. Both are no-ops where
+ * there is no such dependency. */
+static __device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
 }
 
 /* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */

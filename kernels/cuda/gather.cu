@@ -4,6 +4,7 @@
 template <typename T>
 static __global__ void gather_kernel(T *out, const T *in, const int32_t *idx, int dim)
 {
+    pdl_trigger(); /* a GEMV after may start fetching its weights */
     size_t r = blockIdx.x;
     const T *src = in + (size_t)idx[r] * (size_t)dim;
     T *o = out + r * (size_t)dim;

@@ -1,7 +1,8 @@
 /* KV write into pages: the twin of kernels/cpu/kv_write.c. One block per
- * row; K and V of all KV heads. fp8 goes through the hardware e4m3
- * conversion (round to nearest even, saturating), which the contract test
- * holds to the bytes of the CPU encoder. */
+ * row; K and V of all KV heads (bf16 into bf16 pages in 16-byte moves).
+ * fp8 goes through the hardware e4m3 conversion (round to nearest even,
+ * saturating), which the contract test holds to the bytes of the CPU
+ * encoder. */
 #include "cuda_ops.h"
 
 static __device__ __forceinline__ void kv_store(bf16 *dst, float x, float scale)
@@ -42,6 +43,31 @@ static __global__ void kv_write_kernel(unsigned char *arena, kernels_kv_layout L
     }
 }
 
+/* bf16 rows into bf16 pages, head dims of a multiple of 8: the same bytes
+ * in 16-byte moves (a prompt chunk's KV write at copy speed). */
+static __global__ void kv_write_bf16x8(unsigned char *arena, kernels_kv_layout L, kernels_batch B,
+                                       int layer, const uint4 *k, const uint4 *v)
+{
+    int r = blockIdx.x;
+    int pos = B.positions[r];
+    int stream = B.row_stream[r];
+    int page = B.page_table[(size_t)stream * (size_t)B.page_table_stride +
+                            (size_t)(pos / L.page_tokens)];
+    int slot = pos % L.page_tokens;
+    int hv = L.head_dim / 8, vw = L.kv_heads * hv; /* vectors a head, a row */
+    uint4 *base = (uint4 *)(arena + (size_t)page * L.page_bytes);
+    for (int e = threadIdx.x; e < 2 * vw; e += blockDim.x) {
+        int kv = e >= vw, rem = kv ? e - vw : e;
+        int h = rem / hv, d = rem % hv;
+        size_t at = ((((size_t)layer * 2 + (size_t)kv) * (size_t)L.kv_heads + (size_t)h) *
+                         (size_t)L.page_tokens +
+                     (size_t)slot) *
+                        (size_t)hv +
+                    (size_t)d;
+        base[at] = (kv ? v : k)[(size_t)r * (size_t)vw + (size_t)rem];
+    }
+}
+
 void cuda_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
                    const kernels_batch *batch, int layer, const void *k, const void *v)
 {
@@ -52,6 +78,13 @@ void cuda_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *la
     CUDA_ASSERT_ALIGNED(v, shoal_dtype_bytes(be->act_dtype));
     if (batch->rows == 0 || !cuda_usable(be))
         return;
+    if (be->act_dtype == SHOAL_DTYPE_BF16 && layout->dtype == SHOAL_DTYPE_BF16 &&
+        layout->head_dim % 8 == 0 && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0) {
+        kv_write_bf16x8<<<batch->rows, 256, 0, cuda_of(be)->stream>>>(
+            (unsigned char *)arena, *layout, *batch, layer, (const uint4 *)k, (const uint4 *)v);
+        cuda_launched(be, "kv_write");
+        return;
+    }
     cuda_dispatch_act(be->act_dtype, [&](auto act) {
         using T = decltype(act);
         if (layout->dtype == SHOAL_DTYPE_BF16)

@@ -81,24 +81,45 @@ static __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b)
     return s;
 }
 
+/* Launched with programmatic serialization (pdl_wait in cuda_ops.h): the
+ * first GEMV_UNROLL loads of each lane, weights only, are issued before
+ * waiting for the kernel that writes the input, so the weight stream
+ * starts while that kernel drains. */
 template <int R, typename O>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     matmul_gemv(O *out, const bf16 *in, const bf16 *w, int n, int k)
 {
+    pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (row >= n)
-        return;
     const int chunks = k / 8;
-    const uint4 *wr = (const uint4 *)(w + (size_t)row * k);
+    const uint4 *wr = (const uint4 *)(w + (size_t)(row < n ? row : 0) * k);
     const uint4 *x = (const uint4 *)in;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
         acc[r] = 0.0f;
+    /* the first group of loads, before the wait; the loops after are
+     * the plain ones (unpredicated full groups, then a tail) */
+    uint4 wv[GEMV_UNROLL];
     int c = lane;
+    const bool first = row < n && c + (GEMV_UNROLL - 1) * 32 < chunks;
+    if (first)
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++)
+            wv[u] = ld_stream16(wr + c + u * 32);
+    pdl_wait();
+    if (row >= n)
+        return;
+    if (first) {
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r] += dot8_bf16(wv[u], __ldg(x + (size_t)r * chunks + c + u * 32));
+        c += GEMV_UNROLL * 32;
+    }
     for (; c + (GEMV_UNROLL - 1) * 32 < chunks; c += GEMV_UNROLL * 32) {
-        uint4 wv[GEMV_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++)
             wv[u] = ld_stream16(wr + c + u * 32);
@@ -109,10 +130,10 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
                 acc[r] += dot8_bf16(wv[u], __ldg(x + (size_t)r * chunks + c + u * 32));
     }
     for (; c < chunks; c += 32) {
-        uint4 wv = ld_stream16(wr + c);
+        uint4 w1 = ld_stream16(wr + c);
 #pragma unroll
         for (int r = 0; r < R; r++)
-            acc[r] += dot8_bf16(wv, __ldg(x + (size_t)r * chunks + c));
+            acc[r] += dot8_bf16(w1, __ldg(x + (size_t)r * chunks + c));
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -122,6 +143,23 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
+template <int R, typename O>
+static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
+                          const bf16 *w, int n, int k)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(GEMV_WARPS * 32);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, matmul_gemv<R, O>, out, in, w, n, k);
+}
+
 template <typename O>
 static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 *w, int rows,
                         int n, int k)
@@ -129,7 +167,7 @@ static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 
     unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
     switch (rows) {
 #define GEMV_CASE(R)                                                                             \
-    case R: matmul_gemv<R, O><<<blocks, GEMV_WARPS * 32, 0, stream>>>(out, in, w, n, k); break;
+    case R: launch_gemv_r<R, O>(stream, blocks, out, in, w, n, k); break;
         GEMV_CASE(1)
         GEMV_CASE(2)
         GEMV_CASE(3)

@@ -10,6 +10,7 @@ static __global__ void rmsnorm_kernel(T *out, T *x, const T *residual, const flo
                                       int dim, float eps)
 {
     __shared__ float red[32];
+    pdl_trigger(); /* a GEMV after may start fetching its weights */
     size_t off = (size_t)blockIdx.x * (size_t)dim;
     T *xr = x + off;
     float ss = 0.0f;
@@ -35,6 +36,7 @@ static __global__ void rmsnorm_bf16x8(bf16 *out, bf16 *x, const bf16 *residual,
                                       const float *weight, int dim, float eps)
 {
     __shared__ float red[32];
+    pdl_trigger(); /* a GEMV after may start fetching its weights */
     size_t off = (size_t)blockIdx.x * (size_t)dim;
     uint4 *xr = (uint4 *)(x + off);
     const uint4 *rr = residual ? (const uint4 *)(residual + off) : NULL;

@@ -4,6 +4,7 @@
 template <typename T>
 static __global__ void swiglu_kernel(T *out, const T *gate, const T *up, size_t n)
 {
+    pdl_trigger(); /* a GEMV after may start fetching its weights */
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float g = to_f32(gate[i]);
@@ -14,6 +15,7 @@ static __global__ void swiglu_kernel(T *out, const T *gate, const T *up, size_t 
 /* bf16, a multiple of 8 elements: 16-byte loads and stores. */
 static __global__ void swiglu_bf16x8(uint4 *out, const uint4 *gate, const uint4 *up, size_t vecs)
 {
+    pdl_trigger(); /* a GEMV after may start fetching its weights */
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < vecs;
          i += (size_t)gridDim.x * blockDim.x) {
         uint4 gv = gate[i], uv = up[i], ov;

@@ -8,8 +8,9 @@
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
  * SHOAL_CUDA_LEGACY=1 (the first version's kernels: SIMT attention
- * partials for every round, cuBLAS for every matmul, scalar norms). Both
- * run on the same device memory.
+ * partials for every round, cuBLAS for every matmul), and for the GEMV
+ * sweep "new" with SHOAL_CUDA_GEMV_ROWS=8. All run on the same device
+ * memory.
  *
  * Timing: each measurement records `n` calls of one op as a CUDA graph and
  * replays it `reps` times; the figure is the median replay over n. Weights
@@ -177,11 +178,16 @@ static double time_op(op *o, int n, int reps)
     return t[reps / 2] / n;
 }
 
-static kernels_backend *open_variant(int device, bool v1)
+static kernels_backend *open_variant(int device, bool v1, int gemv_rows)
 {
     if (v1) {
         setenv("SHOAL_CUDA_LEGACY", "1", 1);
         setenv("SHOAL_CUDA_GRAPHS", "1", 1); /* for the timing itself */
+    }
+    if (gemv_rows > 0) {
+        char v[8];
+        snprintf(v, sizeof v, "%d", gemv_rows);
+        setenv("SHOAL_CUDA_GEMV_ROWS", v, 1);
     }
     char dev[16];
     snprintf(dev, sizeof dev, "%d", device);
@@ -194,6 +200,7 @@ static kernels_backend *open_variant(int device, bool v1)
     }
     unsetenv("SHOAL_CUDA_LEGACY");
     unsetenv("SHOAL_CUDA_GRAPHS");
+    unsetenv("SHOAL_CUDA_GEMV_ROWS");
     return be;
 }
 
@@ -478,7 +485,8 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--quick") == 0)
             quick = true;
     }
-    kernels_backend *nb = open_variant(device, false), *vb = open_variant(device, true);
+    kernels_backend *nb = open_variant(device, false, 0), *vb = open_variant(device, true, 0);
+    kernels_backend *gb = open_variant(device, false, 8); /* our GEMV up to 8 rows */
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
@@ -493,8 +501,9 @@ int main(int argc, char **argv)
            1.0 / dec, weights / 1e9);
     printf("\nprefill ops, 2048 tokens of one stream (per call)\n");
     step_ops(nb, vb, &b, 1, 2048, 2048, 3, 5);
-    gemv_vs_cublas(nb, vb, &b, reps);
+    gemv_vs_cublas(gb, vb, &b, reps);
     attention_sweep(nb, vb, &b, reps, quick);
+    kernels_backend_close(gb);
     kernels_backend_close(vb);
     kernels_backend_close(nb);
     return 0;
