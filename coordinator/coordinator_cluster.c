@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,7 @@ struct coordinator_cluster {
     int rr_next;
     pthread_t supervisor;
     bool supervisor_started;
+    _Atomic long long supervisor_ran_ms; /* the supervisor's last round */
     volatile bool stopping;
 };
 
@@ -505,6 +507,7 @@ static void *supervisor_main(void *arg)
     while (!c->stopping) {
         struct timespec ts = {0, 50 * 1000000L};
         nanosleep(&ts, NULL);
+        atomic_store(&c->supervisor_ran_ms, now_ms());
         void *out[MOVE_MAX];
         size_t out_bytes[MOVE_MAX];
         int out_worker[MOVE_MAX], n_out = 0;
@@ -712,6 +715,7 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
         goto out_close;
     }
     c->supervisor_started = true;
+    atomic_store(&c->supervisor_ran_ms, now_ms());
     *out = c;
     return SHOAL_OK;
 out_close:
@@ -884,6 +888,11 @@ void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_s
         out->alive += ws->alive;
     }
     pthread_mutex_unlock(&c->lock);
+}
+
+bool coordinator_cluster_alive(coordinator_cluster *c)
+{
+    return now_ms() - atomic_load(&c->supervisor_ran_ms) < 5000;
 }
 
 bool coordinator_cluster_healthy(coordinator_cluster *c)

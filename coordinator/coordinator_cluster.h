@@ -118,6 +118,10 @@ typedef struct coordinator_cluster_stats {
 
 void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_stats *out);
 
+/* True while the cluster's own supervision runs (its thread went round in
+ * the last 5 s): the coordinator's liveness, for systemd's watchdog. */
+bool coordinator_cluster_alive(coordinator_cluster *c);
+
 /* True when every worker answered within dead_after_ms. */
 bool coordinator_cluster_healthy(coordinator_cluster *c);
 

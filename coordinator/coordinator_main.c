@@ -20,6 +20,9 @@
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
+#ifdef SHOAL_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +127,27 @@ static void remove_runtime_dir(const char *dir)
         unlink(path);
     }
     rmdir(dir);
+}
+
+/* sd_notify where libsystemd is built in; nothing otherwise. */
+static void coordinator_notify(const char *state)
+{
+#ifdef SHOAL_HAVE_SYSTEMD
+    sd_notify(0, state);
+#else
+    (void)state;
+#endif
+}
+
+/* The watchdog interval systemd asks for, in microseconds; 0 for none. */
+static uint64_t coordinator_watchdog_us(void)
+{
+    uint64_t us = 0;
+#ifdef SHOAL_HAVE_SYSTEMD
+    if (sd_watchdog_enabled(0, &us) <= 0)
+        us = 0;
+#endif
+    return us;
 }
 
 int main(int argc, char **argv)
@@ -354,10 +378,26 @@ int main(int argc, char **argv)
              ho.api_key && ho.api_key[0] ? ", API key required" : "");
     if (port_file && write_port_file(port_file, coordinator_http_port(http)))
         goto out;
+    /* systemd (Type=notify): ready once the workers registered and HTTP
+     * listens; the watchdog is fed only while the cluster's supervision
+     * runs, so a hung coordinator is restarted. No-ops outside systemd. */
+    coordinator_notify("READY=1\nSTATUS=serving");
+    uint64_t watchdog_us = coordinator_watchdog_us();
 
     int sig;
-    while ((sig = sigwaitinfo(&sigs, NULL)) < 0 && errno == EINTR)
-        ;
+    for (;;) {
+        struct timespec wait = {0, 500 * 1000000L};
+        if (watchdog_us) {
+            wait.tv_sec = (time_t)(watchdog_us / 2 / 1000000);
+            wait.tv_nsec = (long)(watchdog_us / 2 % 1000000) * 1000;
+        }
+        sig = sigtimedwait(&sigs, NULL, &wait);
+        if (sig >= 0)
+            break;
+        if (errno == EAGAIN && watchdog_us && coordinator_cluster_alive(cluster))
+            coordinator_notify("WATCHDOG=1");
+    }
+    coordinator_notify("STOPPING=1");
     LOG_INFO("signal %d: draining (%d requests in flight, up to %d s)", sig,
              coordinator_http_active(http), drain_s);
     coordinator_http_drain(http);
