@@ -60,4 +60,55 @@
 /* Path lengths we build (model directory + file name). */
 #define SHOAL_PATH_BYTES_MAX 4096
 
+/* The state store (store/). */
+
+/* A page record, header included: a 16-token bf16 page of a 405B model is
+ * ~8 MiB and of an 8B model ~2.3 MiB; 256-token pages of the largest shapes
+ * stay under this. LMDB keeps values below 4 GiB; one value this large is
+ * still one contiguous read. */
+#define SHOAL_STORE_RECORD_BYTES_MAX (256ull * 1024 * 1024)
+
+/* The writer queue of one store handle: copies of pages waiting to be
+ * written, allocated once at open. 256 MiB is ~110 pages of an 8B model
+ * (1.7k tokens), about one long turn of spills, or 0.1-0.3 s of NVMe
+ * writes: enough to ride out a slow commit, small enough to stay a minor
+ * share of host memory. Past it a spill is dropped and counted (the page is
+ * recomputed later) rather than stall the engine's step. Slots bound the
+ * count for small pages (a bigger queue of tiny pages only delays drops). */
+#define SHOAL_STORE_QUEUE_BYTES_MAX (256ull * 1024 * 1024)
+#define SHOAL_STORE_QUEUE_SLOTS_MAX 256
+
+/* Last-use updates waiting for the writer (32 bytes each): one restore of a
+ * 64k-token conversation at 16 tokens a page. Past it an update is dropped;
+ * eviction order is then slightly stale, nothing else. */
+#define SHOAL_STORE_TOUCH_QUEUE_MAX 4096
+
+/* Record bytes written in one transaction. Every worker of the cluster
+ * shares the environment's single write lock; 64 MiB keeps one batch to
+ * tens of milliseconds on NVMe, and far from LMDB's per-transaction limit
+ * of dirty pages. */
+#define SHOAL_STORE_BATCH_BYTES_MAX (64ull * 1024 * 1024)
+
+/* --spill-gib: 64 TiB is beyond any local disk; it keeps map sizes (a few
+ * times the spill bytes) far inside the 47-bit address space. */
+#define SHOAL_STORE_SPILL_BYTES_MAX (64ull << 40)
+
+/* Attempts of one write transaction that found the map full: each clears
+ * stale readers and grows the map or evicts, so a few suffice; past them the
+ * batch is dropped and counted rather than retried forever. */
+#define SHOAL_STORE_MAP_FULL_RETRIES 6
+
+/* Blocks walked along one chain (show, list, rm): the longest context at
+ * the smallest page. Also stops a walk on a parent loop in a damaged index. */
+#define SHOAL_STORE_CHAIN_BLOCKS_MAX (SHOAL_CONTEXT_TOKENS_MAX / SHOAL_PAGE_TOKENS_MIN)
+
+/* Store handles open at once in one process (LMDB allows one environment
+ * handle per directory per process; a worker needs one). */
+#define SHOAL_STORE_OPEN_MAX 16
+
+/* How long open waits for a running `shoalctl states compact` to swap the
+ * environment in before it gives up: a compaction copies at disk speed,
+ * about a minute for tens of GiB. */
+#define SHOAL_STORE_OPEN_WAIT_MS 60000
+
 #endif

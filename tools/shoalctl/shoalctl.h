@@ -1,0 +1,22 @@
+/* shoalctl.h: the admin CLI's subcommands, one file each.
+ *
+ * shoalctl_main.c dispatches `shoalctl NAME ...` to the command of that
+ * name with argv[0] = NAME. A command returns the process's exit status:
+ * SHOALCTL_OK, SHOALCTL_ERROR (it ran and found or hit a problem, said on
+ * stderr naming the file and what to do) or SHOALCTL_USAGE (the command
+ * line is wrong; usage on stderr). */
+#ifndef SHOAL_TOOLS_SHOALCTL_H
+#define SHOAL_TOOLS_SHOALCTL_H
+
+enum { SHOALCTL_OK = 0, SHOALCTL_ERROR = 1, SHOALCTL_USAGE = 2 };
+
+typedef struct shoalctl_command {
+    const char *name;
+    const char *summary; /* one line for `shoalctl --help` */
+    int (*run)(int argc, char **argv);
+} shoalctl_command;
+
+/* shoalctl_states.c: the LMDB state store. */
+int shoalctl_states(int argc, char **argv);
+
+#endif

@@ -1,0 +1,40 @@
+/* shoalctl: the admin CLI of a shoal cluster. Each subcommand lives in its
+ * own file (shoalctl_<name>.c) and is listed in `commands` below. */
+#include "shoalctl.h"
+
+#include "common/common_log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const shoalctl_command commands[] = {
+    {"states", "conversation states in the LMDB store: list, show, rm, verify, stats, compact",
+     shoalctl_states},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: shoalctl COMMAND [ARGS...]   (shoalctl COMMAND --help for more)\n\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nexit status: 0 ok, 1 error (or problems found), 2 usage\n");
+}
+
+int main(int argc, char **argv)
+{
+    common_log_init("shoalctl", COMMON_LOG_WARN);
+    if (argc < 2) {
+        usage(stderr);
+        return SHOALCTL_USAGE;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(stdout);
+        return SHOALCTL_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "shoalctl: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return SHOALCTL_USAGE;
+}
