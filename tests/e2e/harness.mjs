@@ -48,6 +48,11 @@ export class Server {
     s.proc.stdout.on('data', (d) => { s.logText += d; });
     s.proc.stderr.on('data', (d) => { s.logText += d; });
     s.exited = new Promise((resolve) => s.proc.on('exit', (code, sig) => resolve({ code, sig })));
+    // However this script ends (a failed check, an exception nobody
+    // caught), the coordinator does not outlive it; its workers die with it.
+    process.on('exit', () => {
+      if (s.proc.exitCode === null && s.proc.signalCode === null) s.proc.kill('SIGKILL');
+    });
     const deadline = Date.now() + 180000;
     const portFile = path.join(s.dir, 'port');
     while (!fs.existsSync(portFile)) {
@@ -190,6 +195,7 @@ export async function run(server, tests, finish, perTestMs = 120000) {
   }
   if (failed) {
     console.log(`--- coordinator log ---\n${server.logText}`);
+    await server.stop(5000).catch(() => {});
     process.exit(1);
   }
   process.exit(0);
