@@ -606,5 +606,14 @@ int main(int argc, char **argv)
     write_report(&r, now_s() - r.t0);
     curl_multi_cleanup(r.multi);
     curl_global_cleanup();
+    bench_samples_free(&r.ttft);
+    bench_samples_free(&r.itl);
+    bench_samples_free(&r.e2e);
+    for (int p = 0; r.prefix_ids && p < r.c.prefixes; p++)
+        free(r.prefix_ids[p]);
+    free(r.prefix_ids);
+    for (int i = 0; r.convs && i < r.c.conversations; i++)
+        cJSON_Delete(r.convs[i].messages);
+    free(r.convs);
     return r.ok > 0 && r.failed == 0 ? 0 : 1;
 }
