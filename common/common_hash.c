@@ -37,6 +37,35 @@ uint64_t common_hash_u64(const common_hash *h)
     return v;
 }
 
+void common_block_root(const common_hash *fingerprint, const common_hash *salt, common_hash *out)
+{
+    static const char tag[] = "shoal-blocks-v1";
+    common_hash_part parts[3] = {{tag, sizeof tag},
+                                 {fingerprint->bytes, COMMON_HASH_BYTES},
+                                 {salt ? salt->bytes : NULL, salt ? COMMON_HASH_BYTES : 0}};
+    common_hash_parts(parts, 3, out);
+}
+
+void common_block_hash(const common_hash *parent, const int32_t *tokens, int n, common_hash *out)
+{
+    uint8_t le[1024];
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned int len = 0;
+    SHOAL_ASSERT(ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1);
+    SHOAL_ASSERT(EVP_DigestUpdate(ctx, parent->bytes, COMMON_HASH_BYTES) == 1);
+    /* little-endian on every host, in pieces of 256 tokens */
+    for (int i = 0; i < n;) {
+        int k = n - i < 256 ? n - i : 256;
+        for (int t = 0; t < k; t++)
+            for (int b = 0; b < 4; b++)
+                le[4 * t + b] = (uint8_t)((uint32_t)tokens[i + t] >> (8 * b));
+        SHOAL_ASSERT(EVP_DigestUpdate(ctx, le, (size_t)k * 4) == 1);
+        i += k;
+    }
+    SHOAL_ASSERT(EVP_DigestFinal_ex(ctx, out->bytes, &len) == 1 && len == COMMON_HASH_BYTES);
+    EVP_MD_CTX_free(ctx);
+}
+
 void common_hash_hex(const common_hash *h, char buf[2 * COMMON_HASH_BYTES + 1])
 {
     static const char digits[] = "0123456789abcdef";

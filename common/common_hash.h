@@ -35,6 +35,13 @@ bool common_hash_equal(const common_hash *a, const common_hash *b);
 /* The first 8 bytes as a number (little-endian): for hash tables. */
 uint64_t common_hash_u64(const common_hash *h);
 
+/* The prefix cache's block hashes, shared by the engine, the router and the
+ * store so that all name a block alike: the chain's root is
+ * SHA-256("shoal-blocks-v1", fingerprint, salt) (salt only when given), and a
+ * block's hash is SHA-256(parent hash, its token ids as little-endian int32). */
+void common_block_root(const common_hash *fingerprint, const common_hash *salt, common_hash *out);
+void common_block_hash(const common_hash *parent, const int32_t *tokens, int n, common_hash *out);
+
 /* Lower-case hex, 64 characters and a NUL, into buf (65 bytes). */
 void common_hash_hex(const common_hash *h, char buf[2 * COMMON_HASH_BYTES + 1]);
 

@@ -153,27 +153,14 @@ static cstream *stream_take(coordinator_cluster *c, uint64_t id)
 static int prompt_blocks(const coordinator_cluster *c, const cstream *s, common_hash *out,
                          int max)
 {
-    static const char tag[] = "shoal-blocks-v1";
     common_hash root;
-    common_hash_part parts[3] = {{tag, sizeof tag},
-                                 {c->fingerprint.bytes, COMMON_HASH_BYTES},
-                                 {s->salt.bytes, s->has_salt ? COMMON_HASH_BYTES : 0}};
-    common_hash_parts(parts, 3, &root);
+    common_block_root(&c->fingerprint, s->has_salt ? &s->salt : NULL, &root);
     int blocks = (s->prompt_len - 1) / c->page_tokens;
     if (blocks > max)
         blocks = max;
-    uint8_t toks[SHOAL_PAGE_TOKENS_MAX * 4];
-    for (int b = 0; b < blocks; b++) {
-        for (int i = 0; i < c->page_tokens; i++) {
-            uint32_t t = (uint32_t)s->tokens[b * c->page_tokens + i];
-            for (int j = 0; j < 4; j++)
-                toks[4 * i + j] = (uint8_t)(t >> (8 * j));
-        }
-        const common_hash *parent = b == 0 ? &root : &out[b - 1];
-        common_hash_part p2[2] = {{parent->bytes, COMMON_HASH_BYTES},
-                                  {toks, (size_t)c->page_tokens * 4}};
-        common_hash_parts(p2, 2, &out[b]);
-    }
+    for (int b = 0; b < blocks; b++)
+        common_block_hash(b == 0 ? &root : &out[b - 1], s->tokens + b * c->page_tokens,
+                          c->page_tokens, &out[b]);
     return blocks;
 }
 

@@ -8,6 +8,7 @@
  * ends the drain at once. */
 #include "common/common_file.h"
 #include "common/common_limits.h"
+#include "common/common_args.h"
 #include "common/common_log.h"
 #include "coordinator/coordinator_chat.h"
 #include "coordinator/coordinator_cluster.h"
@@ -64,16 +65,7 @@ static void usage(FILE *f)
 
 static int parse_int(const char *flag, const char *s, long lo, long hi, int *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "shoal-coordinator: %s '%s': expected an integer in [%ld, %ld]\n", flag, s,
-                lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
+    return common_parse_int("shoal-coordinator", flag, s, lo, hi, out);
 }
 
 /* shoal-worker next to this binary (installed), or in the build tree's

@@ -79,22 +79,14 @@ static void release_pages(worker_engine *e, stream *s)
     s->published = 0;
 }
 
-/* Hash of block b: SHA-256(parent hash, the block's token ids). */
+/* Hash of block b (common_block_hash), computed once and kept. */
 static const common_hash *block_hash(worker_engine *e, stream *s, int b)
 {
     while (s->hashed <= b) {
         int k = s->hashed;
         SHOAL_ASSERT((k + 1) * e->pt <= s->len);
-        uint8_t toks[SHOAL_PAGE_TOKENS_MAX * 4];
-        for (int i = 0; i < e->pt; i++) {
-            uint32_t t = (uint32_t)s->tokens[k * e->pt + i];
-            for (int j = 0; j < 4; j++)
-                toks[4 * i + j] = (uint8_t)(t >> (8 * j)); /* little-endian on every host */
-        }
-        const common_hash *parent = k == 0 ? &s->root : &s->hashes[k - 1];
-        common_hash_part parts[2] = {{parent->bytes, COMMON_HASH_BYTES},
-                                     {toks, (size_t)e->pt * 4}};
-        common_hash_parts(parts, 2, &s->hashes[k]);
+        common_block_hash(k == 0 ? &s->root : &s->hashes[k - 1], s->tokens + k * e->pt, e->pt,
+                          &s->hashes[k]);
         s->hashed++;
     }
     return &s->hashes[b];
@@ -319,13 +311,8 @@ shoal_err worker_engine_submit(worker_engine *e, const worker_request *r, shoal_
     s->ignore_eos = r->ignore_eos;
     s->stop_count = r->stop_count;
     memcpy(s->stop_ids, r->stop_ids, sizeof s->stop_ids);
-    /* root = H("shoal-blocks-v1", fingerprint, salt): streams share pages
-     * only with the same model, layout and salt */
-    static const char tag[] = "shoal-blocks-v1";
-    common_hash_part parts[3] = {{tag, sizeof tag},
-                                 {e->fingerprint.bytes, COMMON_HASH_BYTES},
-                                 {r->salt.bytes, r->has_salt ? COMMON_HASH_BYTES : 0}};
-    common_hash_parts(parts, 3, &s->root);
+    /* streams share pages only with the same model, layout and salt */
+    common_block_root(&e->fingerprint, r->has_salt ? &r->salt : NULL, &s->root);
     s->batch_slot = -1;
     wait_push_back(e, s);
     return SHOAL_OK;

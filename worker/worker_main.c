@@ -9,6 +9,7 @@
  * and the serving mode, started by the coordinator (or systemd):
  *   --serve --connect SOCKET --worker-index N: the engine loop, driven over
  *     the coordinator's socket (worker_serve.h). */
+#include "common/common_args.h"
 #include "common/common_log.h"
 #include "common/common_rng.h"
 #include "worker/worker_bench.h"
@@ -64,16 +65,7 @@ static void usage(FILE *f)
 
 static int parse_int(const char *flag, const char *s, long lo, long hi, int *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "shoal-worker: %s '%s': expected an integer in [%ld, %ld]\n", flag, s, lo,
-                hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
+    return common_parse_int("shoal-worker", flag, s, lo, hi, out);
 }
 
 /* Parses "1,2,3" into a new array. */

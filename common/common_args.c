@@ -1,0 +1,20 @@
+#include "common_args.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int common_parse_int(const char *program, const char *flag, const char *s, long lo, long hi,
+                     int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "%s: %s '%s': expected an integer in [%ld, %ld]\n", program, flag, s, lo,
+                hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}

@@ -1,0 +1,11 @@
+/* common_args.h: command-line values, checked the same way in every program. */
+#ifndef SHOAL_COMMON_ARGS_H
+#define SHOAL_COMMON_ARGS_H
+
+/* Parses s as an integer in [lo, hi] into *out. On a bad value it prints
+ * "<program>: <flag> '<s>': expected an integer in [lo, hi]" to stderr and
+ * returns -1 (the caller exits with status 2); else 0. */
+int common_parse_int(const char *program, const char *flag, const char *s, long lo, long hi,
+                     int *out);
+
+#endif
