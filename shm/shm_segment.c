@@ -47,13 +47,68 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* The layout, carved in one pass: header, then the worker table. */
-static size_t layout(uint64_t *workers_offset)
+static size_t align_up(size_t x, size_t a)
 {
-    size_t off = (sizeof(shm_segment_header) + 63) & ~(size_t)63;
-    *workers_offset = off;
-    off += SHM_SEGMENT_WORKERS_MAX * sizeof(shm_worker_row);
-    return (off + 4095) & ~(size_t)4095;
+    return (x + a - 1) & ~(a - 1);
+}
+
+static uint32_t index_slots_for(const shm_segment_sizes *z)
+{
+    uint64_t want = 2ull * (uint64_t)z->workers * (uint64_t)z->pages;
+    uint32_t slots = 64;
+    while (slots < want)
+        slots <<= 1;
+    return slots;
+}
+
+/* The layout, carved in one pass; offsets go into h when not NULL. */
+static size_t layout(const shm_segment_sizes *z, shm_segment_header *h)
+{
+    size_t off = align_up(sizeof(shm_segment_header), 64);
+    size_t workers = off;
+    off = align_up(off + (size_t)z->workers * sizeof(shm_worker_row), 64);
+    size_t pages = off;
+    off = align_up(off + (size_t)z->workers * (size_t)z->pages * sizeof(shm_page_row), 64);
+    size_t index = off;
+    uint32_t slots = index_slots_for(z);
+    off = align_up(off + (size_t)slots * sizeof(uint64_t), 64);
+    size_t leases = off;
+    off = align_up(off + (size_t)z->leases * sizeof(shm_lease_slot), 64);
+    size_t streams = off;
+    off += (size_t)z->workers * (size_t)z->streams * sizeof(shm_stream_row);
+    if (h) {
+        h->workers_max = z->workers;
+        h->pages_max = z->pages;
+        h->streams_max = z->streams;
+        h->leases_max = z->leases;
+        h->index_slots = slots;
+        h->workers_offset = workers;
+        h->pages_offset = pages;
+        h->index_offset = index;
+        h->leases_offset = leases;
+        h->streams_offset = streams;
+    }
+    return align_up(off, 4096);
+}
+
+void shm_segment_sizes_default(int workers, shm_segment_sizes *out)
+{
+    out->workers = workers;
+    out->pages = 65536;
+    out->streams = 512;
+    out->leases = 65536;
+}
+
+size_t shm_segment_bytes(const shm_segment_sizes *sizes)
+{
+    return layout(sizes, NULL);
+}
+
+static bool good_sizes(const shm_segment_sizes *z)
+{
+    return z->workers >= 1 && z->workers <= SHM_SEGMENT_WORKERS_MAX && z->pages >= 1 &&
+           z->pages <= (1 << 24) && z->streams >= 1 && z->streams <= 65536 && z->leases >= 1 &&
+           z->leases <= (1 << 24);
 }
 
 /* Checks a mapped header; diag says what to do when it is not ours. */
@@ -70,7 +125,11 @@ static shoal_err check_header(const shm_segment_header *h, size_t bytes, const c
                               "/dev/shm%s has layout version %u, this build uses %u: stop the "
                               "cluster that made it and start one build throughout",
                               path, h->version, SHM_SEGMENT_VERSION);
-    if (h->total_bytes != bytes || h->header_bytes != sizeof *h)
+    shm_segment_sizes z = {h->workers_max, h->pages_max, h->streams_max, h->leases_max};
+    shm_segment_header want;
+    if (!good_sizes(&z) || h->total_bytes != bytes || h->header_bytes != sizeof *h ||
+        layout(&z, &want) != bytes || want.index_slots != h->index_slots ||
+        want.streams_offset != h->streams_offset)
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
                               "/dev/shm%s: header says %llu bytes, the object has %zu", path,
                               (unsigned long long)h->total_bytes, bytes);
@@ -88,7 +147,8 @@ static shoal_err map_fd(int fd, size_t bytes, bool read_only, shm_segment *s, sh
     return SHOAL_OK;
 }
 
-shoal_err shm_segment_create(const char *name, shm_segment **out, shoal_diag *diag)
+shoal_err shm_segment_create(const char *name, const shm_segment_sizes *sizes, shm_segment **out,
+                             shoal_diag *diag)
 {
     shoal_err err;
     *out = NULL;
@@ -99,9 +159,16 @@ shoal_err shm_segment_create(const char *name, shm_segment **out, shoal_diag *di
     shm_segment *s = calloc(1, sizeof *s);
     if (!s)
         return SHOAL_ERR_NOMEM;
+    if (!good_sizes(sizes)) {
+        free(s);
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "segment sizes: %d workers (1..%d), %d pages, %d streams, %d leases "
+                              "per segment must be positive and at most 2^24",
+                              sizes->workers, SHM_SEGMENT_WORKERS_MAX, sizes->pages,
+                              sizes->streams, sizes->leases);
+    }
     snprintf(s->path, sizeof s->path, "/shoal.%s", name);
-    uint64_t workers_offset;
-    size_t bytes = layout(&workers_offset);
+    size_t bytes = layout(sizes, NULL);
     int fd = shm_open(s->path, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0 && errno == EEXIST) {
         /* A segment is there: refuse a live cluster's, replace a dead one's. */
@@ -138,7 +205,7 @@ shoal_err shm_segment_create(const char *name, shm_segment **out, shoal_diag *di
     int rc = posix_fallocate(fd, 0, (off_t)bytes);
     if (rc != 0) {
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
-                             "/dev/shm%s: cannot reserve %zu bytes: %s (is /dev/shm full?)",
+                             "/dev/shm%s: cannot reserve %zu bytes: %s (is /dev/shm full? free room there or lower --segment-pages)",
                              s->path, bytes, strerror(rc));
         goto out_close_fd;
     }
@@ -152,9 +219,8 @@ shoal_err shm_segment_create(const char *name, shm_segment **out, shoal_diag *di
     h->total_bytes = bytes;
     h->created_ns = now_ns();
     h->creator_pid = (int32_t)getpid();
-    h->workers_max = SHM_SEGMENT_WORKERS_MAX;
+    layout(sizes, h);
     snprintf(h->cluster, sizeof h->cluster, "%s", name);
-    h->workers_offset = workers_offset;
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -229,11 +295,456 @@ shm_segment_header *shm_segment_header_of(shm_segment *s)
     return s->base;
 }
 
+const char *shm_segment_name(const shm_segment *s)
+{
+    return s->path + 7; /* after "/shoal." */
+}
+
 shm_worker_row *shm_segment_worker(shm_segment *s, int index)
 {
-    SHOAL_ASSERT(index >= 0 && index < SHM_SEGMENT_WORKERS_MAX);
     shm_segment_header *h = s->base;
+    SHOAL_ASSERT(index >= 0 && index < h->workers_max);
     return (shm_worker_row *)((char *)s->base + h->workers_offset) + index;
+}
+
+shm_page_row *shm_segment_pages(shm_segment *s, int worker)
+{
+    shm_segment_header *h = s->base;
+    SHOAL_ASSERT(worker >= 0 && worker < h->workers_max);
+    return (shm_page_row *)((char *)s->base + h->pages_offset) + (size_t)worker * (size_t)h->pages_max;
+}
+
+shm_stream_row *shm_segment_streams(shm_segment *s, int worker)
+{
+    shm_segment_header *h = s->base;
+    SHOAL_ASSERT(worker >= 0 && worker < h->workers_max);
+    return (shm_stream_row *)((char *)s->base + h->streams_offset) +
+           (size_t)worker * (size_t)h->streams_max;
+}
+
+shm_lease_slot *shm_segment_leases(shm_segment *s)
+{
+    shm_segment_header *h = s->base;
+    return (shm_lease_slot *)((char *)s->base + h->leases_offset);
+}
+
+static uint64_t *index_of(shm_segment *s)
+{
+    shm_segment_header *h = s->base;
+    return (uint64_t *)((char *)s->base + h->index_offset);
+}
+
+/* ---- prefix index: linear probing over the page rows' hashes ---- */
+
+static uint64_t entry_of(int worker, int page)
+{
+    return ((uint64_t)(worker + 1) << 32) | (uint32_t)page;
+}
+
+static shm_page_row *row_of_entry(shm_segment *s, uint64_t e)
+{
+    return shm_segment_pages(s, (int)(e >> 32) - 1) + (uint32_t)e;
+}
+
+static uint32_t home_of(const shm_segment_header *h, const common_hash *hash)
+{
+    return (uint32_t)common_hash_u64(hash) & (h->index_slots - 1);
+}
+
+void shm_index_insert(shm_segment *s, int worker, int page, const common_hash *hash)
+{
+    shm_segment_header *h = s->base;
+    uint64_t *ix = index_of(s);
+    shm_page_row *r = shm_segment_pages(s, worker) + page;
+    r->hash = *hash;
+    atomic_fetch_or(&r->flags, SHM_PAGE_HASHED);
+    uint32_t mask = h->index_slots - 1;
+    uint32_t i = home_of(h, hash);
+    while (atomic_load_explicit((_Atomic uint64_t *)&ix[i], memory_order_relaxed) != 0)
+        i = (i + 1) & mask;
+    atomic_store_explicit((_Atomic uint64_t *)&ix[i], entry_of(worker, page), memory_order_release);
+    h->generation++;
+}
+
+/* Removes entry e at its slot, shifting later entries of the run back. */
+static void index_delete(shm_segment *s, uint64_t e)
+{
+    shm_segment_header *h = s->base;
+    uint64_t *ix = index_of(s);
+    uint32_t mask = h->index_slots - 1;
+    uint32_t i = home_of(h, &row_of_entry(s, e)->hash);
+    while (ix[i] != e) {
+        if (ix[i] == 0)
+            return; /* not there (a repair rebuilt without it) */
+        i = (i + 1) & mask;
+    }
+    uint32_t hole = i;
+    for (uint32_t t = (i + 1) & mask; ix[t] != 0; t = (t + 1) & mask) {
+        uint32_t home = home_of(h, &row_of_entry(s, ix[t])->hash);
+        bool stays = hole <= t ? (home > hole && home <= t) : (home > hole || home <= t);
+        if (!stays) {
+            atomic_store_explicit((_Atomic uint64_t *)&ix[hole], ix[t], memory_order_release);
+            hole = t;
+        }
+    }
+    atomic_store_explicit((_Atomic uint64_t *)&ix[hole], 0, memory_order_release);
+}
+
+bool shm_index_remove(shm_segment *s, int worker, int page)
+{
+    shm_page_row *r = shm_segment_pages(s, worker) + page;
+    if (atomic_load(&r->leases) > 0)
+        return false;
+    if (atomic_load(&r->flags) & SHM_PAGE_HASHED)
+        index_delete(s, entry_of(worker, page));
+    atomic_fetch_and(&r->flags, ~(uint32_t)(SHM_PAGE_HASHED | SHM_PAGE_STORED));
+    ((shm_segment_header *)s->base)->generation++;
+    return true;
+}
+
+/* Calls fn for every published page of `hash` (any worker). Stops when fn
+ * returns false. */
+static void index_each(shm_segment *s, const common_hash *hash,
+                       bool (*fn)(void *ctx, int worker, int page), void *ctx)
+{
+    shm_segment_header *h = s->base;
+    uint64_t *ix = index_of(s);
+    uint32_t mask = h->index_slots - 1;
+    for (uint32_t i = home_of(h, hash), n = 0; n <= mask; i = (i + 1) & mask, n++) {
+        uint64_t e = atomic_load_explicit((_Atomic uint64_t *)&ix[i], memory_order_acquire);
+        if (e == 0)
+            return;
+        int w = (int)(e >> 32) - 1, page = (int)(uint32_t)e;
+        if (w < 0 || w >= h->workers_max || page >= h->pages_max)
+            continue; /* a torn read by a lock-free reader */
+        shm_page_row *r = shm_segment_pages(s, w) + page;
+        if ((atomic_load(&r->flags) & SHM_PAGE_HASHED) && common_hash_equal(&r->hash, hash) &&
+            !fn(ctx, w, page))
+            return;
+    }
+}
+
+typedef struct leads_walk {
+    int32_t *lead;
+    int block;
+    int best;
+} leads_walk;
+
+static bool extend_lead(void *ctx, int worker, int page)
+{
+    (void)page;
+    leads_walk *w = ctx;
+    if (w->lead[worker] == w->block) {
+        w->lead[worker]++;
+        if (w->lead[worker] > w->best)
+            w->best = w->lead[worker];
+    }
+    return true;
+}
+
+int shm_index_leads(shm_segment *s, const common_hash *hashes, int n, int32_t *lead)
+{
+    shm_segment_header *h = s->base;
+    for (int w = 0; w < h->workers_max; w++)
+        lead[w] = 0;
+    leads_walk walk = {lead, 0, 0};
+    for (int b = 0; b < n && walk.best == b; b++) {
+        walk.block = b;
+        index_each(s, &hashes[b], extend_lead, &walk);
+    }
+    return walk.best;
+}
+
+/* ---- leases ---- */
+
+static int lease_slot_take(shm_segment *s, int worker, int page, uint64_t epoch)
+{
+    shm_segment_header *h = s->base;
+    shm_lease_slot *slots = shm_segment_leases(s);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < h->leases_max; i++)
+            if (slots[i].pid == 0) {
+                slots[i].worker = worker;
+                slots[i].page = page;
+                slots[i].epoch = (uint32_t)epoch;
+                slots[i].pid = (int32_t)getpid(); /* last: the slot is whole */
+                return i;
+            }
+        if (pass == 0 && shm_lease_reclaim_locked(s) == 0)
+            break;
+    }
+    return -1;
+}
+
+int shm_lease_reclaim_locked(shm_segment *s)
+{
+    shm_segment_header *h = s->base;
+    shm_lease_slot *slots = shm_segment_leases(s);
+    int dropped = 0;
+    for (int i = 0; i < h->leases_max; i++)
+        if (slots[i].pid != 0 && !shm_pid_alive(slots[i].pid)) {
+            memset(&slots[i], 0, sizeof slots[i]);
+            dropped++;
+        }
+    if (dropped == 0)
+        return 0;
+    /* recount every page's leases from the slots that remain */
+    for (int w = 0; w < h->workers_max; w++) {
+        shm_page_row *rows = shm_segment_pages(s, w);
+        for (int p = 0; p < h->pages_max; p++)
+            atomic_store(&rows[p].leases, 0);
+    }
+    for (int i = 0; i < h->leases_max; i++) {
+        shm_lease_slot *l = &slots[i];
+        if (l->pid == 0)
+            continue;
+        if (l->worker < 0 || l->worker >= h->workers_max || l->page < 0 ||
+            l->page >= h->pages_max ||
+            (uint32_t)atomic_load(&shm_segment_worker(s, l->worker)->epoch) != l->epoch)
+            continue; /* a lease on a process that is gone: it holds nothing */
+        atomic_fetch_add(&shm_segment_pages(s, l->worker)[l->page].leases, 1);
+    }
+    atomic_fetch_add(&h->leases_reclaimed, (uint64_t)dropped);
+    h->generation++;
+    return dropped;
+}
+
+typedef struct chain_walk {
+    shm_segment *s;
+    int self;
+    int block;
+    int32_t *lead; /* per worker, as shm_index_leads */
+    int32_t *page; /* per worker: its page of the current block */
+} chain_walk;
+
+static bool chain_step(void *ctx, int worker, int page)
+{
+    chain_walk *c = ctx;
+    if (worker != c->self && c->lead[worker] == c->block) {
+        shm_worker_row *w = shm_segment_worker(c->s, worker);
+        if (atomic_load(&w->state) == SHM_WORKER_READY ||
+            atomic_load(&w->state) == SHM_WORKER_DRAINING)
+            c->lead[worker]++;
+    }
+    return true;
+}
+
+void shm_lease_chain(shm_segment *s, int self, const common_hash *hashes, int n, int max,
+                     shm_lease *lease)
+{
+    shm_segment_header *h = s->base;
+    lease->count = 0;
+    lease->worker = -1;
+    if (n > max)
+        n = max;
+    if (n <= 0)
+        return;
+    int32_t lead[SHM_SEGMENT_WORKERS_MAX] = {0};
+    chain_walk c = {s, self, 0, lead, NULL};
+    shm_segment_lock(s);
+    int best = 0, owner = -1;
+    for (int b = 0; b < n; b++) {
+        c.block = b;
+        index_each(s, &hashes[b], chain_step, &c);
+        int any = 0;
+        for (int w = 0; w < h->workers_max; w++)
+            if (lead[w] == b + 1) {
+                any = 1;
+                if (b + 1 > best) {
+                    best = b + 1;
+                    owner = w;
+                }
+            }
+        if (!any)
+            break;
+    }
+    if (owner < 0) {
+        shm_segment_unlock(s);
+        return;
+    }
+    uint64_t epoch = atomic_load(&shm_segment_worker(s, owner)->epoch);
+    shm_page_row *rows = shm_segment_pages(s, owner);
+    for (int b = 0; b < best; b++) {
+        /* the owner's page of block b */
+        int page = -1;
+        uint64_t *ix = index_of(s);
+        uint32_t mask = h->index_slots - 1;
+        for (uint32_t i = home_of(h, &hashes[b]); ix[i] != 0; i = (i + 1) & mask)
+            if ((int)(ix[i] >> 32) - 1 == owner &&
+                common_hash_equal(&rows[(uint32_t)ix[i]].hash, &hashes[b])) {
+                page = (int)(uint32_t)ix[i];
+                break;
+            }
+        if (page < 0)
+            break;
+        int slot = lease_slot_take(s, owner, page, epoch);
+        if (slot < 0)
+            break;
+        atomic_fetch_add(&rows[page].leases, 1);
+        atomic_fetch_add(&rows[page].uses, 1);
+        lease->pages[lease->count] = page;
+        lease->slots[lease->count] = slot;
+        lease->count++;
+        shm_test_pause("lease-locked"); /* a test kills us here, lock held */
+    }
+    lease->worker = owner;
+    lease->epoch = epoch;
+    atomic_fetch_add(&h->leases_taken, (uint64_t)lease->count);
+    h->generation++;
+    shm_segment_unlock(s);
+}
+
+void shm_lease_release(shm_segment *s, const shm_lease *lease)
+{
+    if (lease->count == 0)
+        return;
+    shm_segment_lock(s);
+    shm_lease_slot *slots = shm_segment_leases(s);
+    bool same = atomic_load(&shm_segment_worker(s, lease->worker)->epoch) == lease->epoch;
+    shm_page_row *rows = shm_segment_pages(s, lease->worker);
+    for (int i = 0; i < lease->count; i++) {
+        shm_lease_slot *l = &slots[lease->slots[i]];
+        if (l->pid != (int32_t)getpid() || l->worker != lease->worker || l->page != lease->pages[i])
+            continue; /* reclaimed by a repair meanwhile */
+        memset(l, 0, sizeof *l);
+        if (same && atomic_load(&rows[lease->pages[i]].leases) > 0)
+            atomic_fetch_sub(&rows[lease->pages[i]].leases, 1);
+    }
+    ((shm_segment_header *)s->base)->generation++;
+    shm_segment_unlock(s);
+}
+
+/* ---- workers ---- */
+
+/* Drops the slot's index entries and the leases on its pages. Lock held. */
+static void worker_clear_locked(shm_segment *s, int index)
+{
+    shm_segment_header *h = s->base;
+    shm_page_row *rows = shm_segment_pages(s, index);
+    for (int p = 0; p < h->pages_max; p++) {
+        if (atomic_load(&rows[p].flags) & SHM_PAGE_HASHED)
+            index_delete(s, entry_of(index, p));
+        memset(&rows[p], 0, sizeof rows[p]);
+    }
+    shm_lease_slot *slots = shm_segment_leases(s);
+    for (int i = 0; i < h->leases_max; i++)
+        if (slots[i].pid != 0 && slots[i].worker == index && slots[i].pid != (int32_t)getpid() &&
+            !shm_pid_alive(slots[i].pid))
+            memset(&slots[i], 0, sizeof slots[i]);
+    memset(shm_segment_streams(s, index), 0, (size_t)h->streams_max * sizeof(shm_stream_row));
+    h->generation++;
+}
+
+shoal_err shm_worker_register(shm_segment *s, int index, pid_t pid, const char *device, int pages,
+                              uint64_t page_bytes, uint64_t *epoch, shoal_diag *diag)
+{
+    shm_segment_header *h = s->base;
+    if (index < 0 || index >= h->workers_max)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "worker index %d: the segment of cluster '%s' has %d worker slots",
+                              index, h->cluster, h->workers_max);
+    if (pages < 1 || pages > h->pages_max)
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT,
+                              "worker %d: %d KV pages, the segment of cluster '%s' has rows for "
+                              "%d; start the coordinator with --segment-pages %d or lower "
+                              "--kv-pages",
+                              index, pages, h->cluster, h->pages_max, pages);
+    shm_segment_lock(s);
+    worker_clear_locked(s, index);
+    shm_worker_row *w = shm_segment_worker(s, index);
+    uint32_t drain = atomic_load(&w->drain);
+    uint64_t next = atomic_load(&w->epoch) + 1;
+    memset((char *)w + sizeof w->state, 0, sizeof *w - sizeof w->state);
+    atomic_store(&w->epoch, next);
+    atomic_store(&w->drain, drain);
+    w->pid = (int32_t)pid;
+    snprintf(w->device, sizeof w->device, "%s", device);
+    atomic_store(&w->pages_total, pages);
+    atomic_store(&w->pages_free, pages);
+    atomic_store(&w->page_bytes, page_bytes);
+    atomic_store(&w->started_ns, now_ns());
+    atomic_store(&w->heartbeat_ns, now_ns());
+    atomic_store(&w->state, SHM_WORKER_READY);
+    shm_segment_unlock(s);
+    *epoch = next;
+    return SHOAL_OK;
+}
+
+void shm_worker_forget(shm_segment *s, int index, shm_worker_state state, int exit_code)
+{
+    shm_segment_header *h = s->base;
+    if (index < 0 || index >= h->workers_max)
+        return;
+    shm_segment_lock(s);
+    worker_clear_locked(s, index);
+    shm_lease_reclaim_locked(s);
+    shm_worker_row *w = shm_segment_worker(s, index);
+    atomic_store(&w->running, 0);
+    atomic_store(&w->waiting, 0);
+    atomic_store(&w->pages_active, 0);
+    atomic_store(&w->pages_cached, 0);
+    atomic_store(&w->pages_free, 0);
+    atomic_store(&w->pages_total, 0);
+    atomic_store(&w->exit_code, exit_code);
+    atomic_store(&w->dead_ns, now_ns());
+    atomic_store(&w->epoch, atomic_load(&w->epoch) + 1); /* old leases hold nothing now */
+    atomic_store(&w->state, state);
+    shm_segment_unlock(s);
+}
+
+/* ---- the lock ---- */
+
+/* The last holder died inside its critical section: drop dead lessees'
+ * slots, recount leases, and rebuild the index from live page rows. */
+static void repair_locked(shm_segment *s)
+{
+    shm_segment_header *h = s->base;
+    shm_lease_slot *slots = shm_segment_leases(s);
+    for (int i = 0; i < h->leases_max; i++)
+        if (slots[i].pid != 0 && !shm_pid_alive(slots[i].pid))
+            slots[i].pid = -1; /* marked; reclaim below sees a dead pid */
+    for (int i = 0; i < h->leases_max; i++)
+        if (slots[i].pid == -1) {
+            memset(&slots[i], 0, sizeof slots[i]);
+            atomic_fetch_add(&h->leases_reclaimed, 1);
+        }
+    /* a slot half-written by the dead holder has pid 0 (written last) */
+    for (int w = 0; w < h->workers_max; w++) {
+        shm_page_row *rows = shm_segment_pages(s, w);
+        for (int p = 0; p < h->pages_max; p++)
+            atomic_store(&rows[p].leases, 0);
+    }
+    for (int i = 0; i < h->leases_max; i++) {
+        shm_lease_slot *l = &slots[i];
+        if (l->pid != 0 && l->worker >= 0 && l->worker < h->workers_max && l->page >= 0 &&
+            l->page < h->pages_max &&
+            (uint32_t)atomic_load(&shm_segment_worker(s, l->worker)->epoch) == l->epoch)
+            atomic_fetch_add(&shm_segment_pages(s, l->worker)[l->page].leases, 1);
+    }
+    memset(index_of(s), 0, (size_t)h->index_slots * sizeof(uint64_t));
+    uint64_t *ix = index_of(s);
+    uint32_t mask = h->index_slots - 1;
+    for (int w = 0; w < h->workers_max; w++) {
+        shm_worker_row *row = shm_segment_worker(s, w);
+        uint32_t st = atomic_load(&row->state);
+        bool live = (st == SHM_WORKER_READY || st == SHM_WORKER_DRAINING) &&
+                    shm_pid_alive(row->pid);
+        shm_page_row *rows = shm_segment_pages(s, w);
+        for (int p = 0; p < h->pages_max; p++) {
+            if (!(atomic_load(&rows[p].flags) & SHM_PAGE_HASHED))
+                continue;
+            if (!live) {
+                atomic_fetch_and(&rows[p].flags, ~(uint32_t)SHM_PAGE_HASHED);
+                continue;
+            }
+            uint32_t i = home_of(h, &rows[p].hash);
+            while (ix[i] != 0)
+                i = (i + 1) & mask;
+            ix[i] = entry_of(w, p);
+        }
+    }
+    h->repairs++;
+    h->generation++;
 }
 
 void shm_segment_lock(shm_segment *s)
@@ -241,10 +752,7 @@ void shm_segment_lock(shm_segment *s)
     shm_segment_header *h = s->base;
     int rc = pthread_mutex_lock(&h->lock);
     if (rc == EOWNERDEAD) {
-        /* The holder died inside its critical section. What the lock guards
-         * today is the generation counter, bumped as the last step: nothing
-         * is half-written. Later regions recount here. */
-        h->repairs++;
+        repair_locked(s);
         pthread_mutex_consistent(&h->lock);
         rc = 0;
     }
@@ -255,4 +763,11 @@ void shm_segment_unlock(shm_segment *s)
 {
     shm_segment_header *h = s->base;
     pthread_mutex_unlock(&h->lock);
+}
+
+void shm_test_pause(const char *point)
+{
+    const char *want = getenv("SHOAL_TEST_PAUSE");
+    if (want && strcmp(want, point) == 0)
+        raise(SIGSTOP);
 }
