@@ -187,7 +187,7 @@ static shoal_err parse_pre_tokenizer(coordinator_pretok *pt, const cJSON *v, con
                                      shoal_diag *diag)
 {
     shoal_err err;
-    bool use_regex;
+    bool use_regex = false;
     const char *type = json_type(v);
     if (!v || cJSON_IsNull(v) || !type)
         return shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,

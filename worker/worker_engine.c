@@ -169,7 +169,8 @@ shoal_err worker_engine_open(worker_model *m, const worker_engine_options *opt,
     e->cancel_cap = opt->max_queued + opt->parallel;
     int rows = opt->max_batch_tokens, streams = opt->parallel;
     e->pen_cap = worker_model_penalty_cap(m);
-    if (worker_pages_open(worker_model_kv_pages(m), &e->pages) != SHOAL_OK)
+    if (worker_pages_open(worker_model_kv_pages(m), opt->segment, opt->worker_index, &e->pages) !=
+        SHOAL_OK)
         goto out_nomem;
     e->running = calloc((size_t)streams, sizeof *e->running);
     e->waiting = calloc((size_t)e->wait_cap, sizeof *e->waiting);
@@ -363,6 +364,33 @@ const worker_pages *worker_engine_pages(const worker_engine *e)
     return e->pages;
 }
 
+worker_pages *worker_engine_pages_mut(worker_engine *e)
+{
+    return e->pages;
+}
+
+static void stream_info(const stream *s, bool running, worker_stream_info *out)
+{
+    out->id = s->id;
+    out->running = running;
+    out->prefilling = running && s->computed < s->len - 1;
+    out->prompt_tokens = s->prompt_len;
+    out->tokens = s->len;
+    out->generated = s->generated;
+    out->pages = s->n_pages;
+    out->cached_tokens = s->cached_tokens;
+}
+
+int worker_engine_streams(const worker_engine *e, worker_stream_info *out, int max)
+{
+    int n = 0;
+    for (int i = 0; i < e->n_running && n < max; i++)
+        stream_info(e->running[i], true, &out[n++]);
+    for (int i = 0; i < e->n_waiting && n < max; i++)
+        stream_info(e->waiting[(e->wait_head + i) % e->wait_cap], false, &out[n++]);
+    return n;
+}
+
 /* ---- one step ---- */
 
 /* Preempts the most recently admitted running stream after index `after`:
@@ -388,7 +416,7 @@ static bool grow(worker_engine *e, int idx, stream *s, int upto, bool preempt)
 {
     int need = (upto + e->pt - 1) / e->pt;
     while (s->n_pages < need) {
-        int pg = worker_pages_alloc(e->pages);
+        int pg = worker_pages_alloc(e->pages, s->id);
         if (pg < 0) {
             if (preempt && preempt_latest(e, idx))
                 continue;
@@ -441,9 +469,25 @@ static void add_prefill(worker_engine *e, batch_build *b, int idx, stream *s)
         add_rows(e, b, s, n);
 }
 
+/* Blocks [from, max_blocks) from a prefix source; returns how many. */
+static int fill_from(worker_engine *e, stream *s, const worker_prefix_source *src, int from,
+                     int max_blocks)
+{
+    if (!src->fill || from >= max_blocks)
+        return 0;
+    block_hash(e, s, max_blocks - 1);
+    const common_hash *parent = from == 0 ? &s->root : &s->hashes[from - 1];
+    int n = src->fill(src->ctx, e->pages, s->id, s->hashes + from, parent, max_blocks - from,
+                      s->pages + s->n_pages);
+    SHOAL_ASSERT(n >= 0 && n <= max_blocks - from);
+    s->n_pages += n;
+    return n;
+}
+
 /* Takes the longest cached prefix of s's known tokens (leaving at least
- * one token to compute, whose logits start its output). */
-static int take_prefix(worker_engine *e, stream *s)
+ * one token to compute, whose logits start its output): this worker's own
+ * pages first, then another worker's, then the state store's. */
+static int take_prefix(worker_engine *e, stream *s, int *imported, int *restored)
 {
     int max_blocks = (s->len - 1) / e->pt;
     int hits = 0;
@@ -454,6 +498,10 @@ static int take_prefix(worker_engine *e, stream *s)
         s->pages[s->n_pages++] = pg;
         hits++;
     }
+    *imported = fill_from(e, s, &e->o.import, hits, max_blocks);
+    hits += *imported;
+    *restored = fill_from(e, s, &e->o.restore, hits, max_blocks);
+    hits += *restored;
     s->computed = hits * e->pt;
     s->published = hits;
     return hits;
@@ -463,7 +511,8 @@ static void admit(worker_engine *e, batch_build *b)
 {
     while (e->n_waiting > 0 && e->n_running < e->o.parallel && b->budget > 0) {
         stream *s = e->waiting[e->wait_head];
-        int hits = take_prefix(e, s);
+        int imported, restored;
+        int hits = take_prefix(e, s, &imported, &restored);
         int need = (s->len + e->pt - 1) / e->pt - hits;
         if (worker_pages_available(e->pages) < need) {
             release_pages(e, s); /* first come, first served: wait for room */
@@ -476,6 +525,8 @@ static void admit(worker_engine *e, batch_build *b)
             e->stats.prompt_tokens += (uint64_t)s->prompt_len;
             e->stats.cached_tokens += (uint64_t)s->cached_tokens;
         }
+        e->stats.import_tokens += (uint64_t)(imported * e->pt);
+        e->stats.restore_tokens += (uint64_t)(restored * e->pt);
         e->running[e->n_running++] = s;
         add_prefill(e, b, e->n_running - 1, s);
     }
@@ -484,7 +535,8 @@ static void admit(worker_engine *e, batch_build *b)
 static void publish_blocks(worker_engine *e, stream *s)
 {
     for (; (s->published + 1) * e->pt <= s->computed; s->published++)
-        worker_pages_publish(e->pages, s->pages[s->published], block_hash(e, s, s->published));
+        worker_pages_publish(e->pages, s->pages[s->published], block_hash(e, s, s->published),
+                             s->published == 0 ? &s->root : &s->hashes[s->published - 1]);
 }
 
 static int cmp_i32(const void *a, const void *b)

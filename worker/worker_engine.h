@@ -29,11 +29,30 @@
 
 enum { WORKER_STOP_IDS_MAX = 16 };
 
+/* A place a prefix's KV can come from besides this worker's own pages:
+ * another worker's arena (issue #8) or the state store (issue #9). Given
+ * the chain hashes[0..n) of blocks that follow the stream's local hits
+ * (parent: the hash before hashes[0]), it takes pages from `pages` with
+ * worker_pages_alloc, fills them with those blocks' KV, publishes them,
+ * writes their ids to pages_out, and returns how many leading blocks it
+ * filled (0 when it has none). It may not fill a block it cannot vouch for. */
+typedef struct worker_prefix_source {
+    int (*fill)(void *ctx, worker_pages *pages, uint64_t stream, const common_hash *hashes,
+                const common_hash *parent, int n, int32_t *pages_out);
+    void *ctx;
+} worker_prefix_source;
+
 typedef struct worker_engine_options {
     int max_batch_tokens; /* rows of one step (the model's max_rows) */
     int parallel;         /* running streams at most */
     int max_queued;       /* waiting streams at most */
     int max_model_len;    /* prompt + output tokens of one stream */
+    /* The cluster's shared segment and this worker's slot in it, or NULL:
+     * the page state then lives there (worker_pages.h). */
+    shm_segment *segment;
+    int worker_index;
+    worker_prefix_source import;  /* tried after local hits; fill NULL: none */
+    worker_prefix_source restore; /* tried after imports */
 } worker_engine_options;
 
 typedef struct worker_request {
@@ -80,7 +99,9 @@ typedef struct worker_engine_stats {
     uint64_t steps;
     uint64_t prompt_tokens;   /* prompt tokens of admitted streams */
     uint64_t computed_tokens; /* rows run through the model */
-    uint64_t cached_tokens;   /* prompt tokens taken from the prefix cache */
+    uint64_t cached_tokens;   /* prompt tokens not computed: local, imported and restored */
+    uint64_t import_tokens;   /* of which copied from other workers */
+    uint64_t restore_tokens;  /* of which read back from the state store */
     uint64_t generated_tokens;
     uint64_t preemptions;
     worker_pages_stats pages;
@@ -124,5 +145,21 @@ void worker_engine_stats_get(const worker_engine *e, worker_engine_stats *out);
 
 /* The page pool, for accounting and tests. */
 const worker_pages *worker_engine_pages(const worker_engine *e);
+worker_pages *worker_engine_pages_mut(worker_engine *e);
+
+/* A running or waiting stream, for the stream table (shoalctl streams). */
+typedef struct worker_stream_info {
+    uint64_t id;
+    bool running;
+    bool prefilling;
+    int prompt_tokens;
+    int tokens;
+    int generated;
+    int pages;
+    int cached_tokens;
+} worker_stream_info;
+
+/* Streams now (running first, then waiting), at most max, into out. */
+int worker_engine_streams(const worker_engine *e, worker_stream_info *out, int max);
 
 #endif

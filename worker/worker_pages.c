@@ -7,17 +7,18 @@
 
 enum { NONE = -1 };
 
-typedef struct page {
-    int32_t refs;
-    bool hashed;
+typedef struct link {
     int32_t prev, next; /* free list (next only) or LRU list of cached pages */
-    uint64_t last_use;
-    common_hash hash;
-} page;
+} link;
 
 struct worker_pages {
     int count;
-    page *pages;
+    shm_page_row *rows; /* the truth: segment rows or own_rows */
+    shm_page_row *own_rows;
+    shm_segment *seg; /* NULL without a cluster */
+    int worker;
+    link *links;
+    common_hash *parents;
     int free_head;
     int free_count;
     int lru_head; /* oldest cached page */
@@ -28,8 +29,35 @@ struct worker_pages {
      * page id or NONE; at most half full */
     int32_t *table;
     uint32_t mask;
-    uint64_t lookups, hits, evictions;
+    uint64_t lookups, hits, evictions, lease_skips;
+    worker_pages_evict_fn on_evict;
+    void *on_evict_ctx;
 };
+
+static bool hashed(const worker_pages *p, int id)
+{
+    return atomic_load_explicit(&p->rows[id].flags, memory_order_relaxed) & SHM_PAGE_HASHED;
+}
+
+static int refs_of(const worker_pages *p, int id)
+{
+    return atomic_load_explicit(&p->rows[id].refs, memory_order_relaxed);
+}
+
+static void set_refs(worker_pages *p, int id, int refs)
+{
+    atomic_store_explicit(&p->rows[id].refs, refs, memory_order_relaxed);
+}
+
+static void set_state(worker_pages *p, int id, shm_page_state st)
+{
+    atomic_store_explicit(&p->rows[id].state, (uint32_t)st, memory_order_release);
+}
+
+static void touch(worker_pages *p, int id)
+{
+    atomic_store_explicit(&p->rows[id].last_use, ++p->clock, memory_order_relaxed);
+}
 
 static uint32_t slot_of(const worker_pages *p, const common_hash *h)
 {
@@ -42,14 +70,14 @@ static int table_find(const worker_pages *p, const common_hash *h)
         int id = p->table[s];
         if (id == NONE)
             return NONE;
-        if (common_hash_equal(&p->pages[id].hash, h))
+        if (common_hash_equal(&p->rows[id].hash, h))
             return id;
     }
 }
 
 static void table_insert(worker_pages *p, int id)
 {
-    uint32_t s = slot_of(p, &p->pages[id].hash);
+    uint32_t s = slot_of(p, &p->rows[id].hash);
     while (p->table[s] != NONE)
         s = (s + 1) & p->mask;
     p->table[s] = id;
@@ -57,7 +85,7 @@ static void table_insert(worker_pages *p, int id)
 
 static void table_remove(worker_pages *p, int id)
 {
-    uint32_t s = slot_of(p, &p->pages[id].hash);
+    uint32_t s = slot_of(p, &p->rows[id].hash);
     while (p->table[s] != id) {
         SHOAL_ASSERT(p->table[s] != NONE);
         s = (s + 1) & p->mask;
@@ -65,7 +93,7 @@ static void table_remove(worker_pages *p, int id)
     /* Shift later entries of the run back so no probe sequence breaks. */
     uint32_t hole = s;
     for (uint32_t t = (s + 1) & p->mask; p->table[t] != NONE; t = (t + 1) & p->mask) {
-        uint32_t home = slot_of(p, &p->pages[p->table[t]].hash);
+        uint32_t home = slot_of(p, &p->rows[p->table[t]].hash);
         /* t's entry may move to the hole if its home is not in (hole, t] */
         bool stays = hole <= t ? (home > hole && home <= t) : (home > hole || home <= t);
         if (!stays) {
@@ -78,13 +106,13 @@ static void table_remove(worker_pages *p, int id)
 
 static void lru_unlink(worker_pages *p, int id)
 {
-    page *g = &p->pages[id];
+    link *g = &p->links[id];
     if (g->prev != NONE)
-        p->pages[g->prev].next = g->next;
+        p->links[g->prev].next = g->next;
     else
         p->lru_head = g->next;
     if (g->next != NONE)
-        p->pages[g->next].prev = g->prev;
+        p->links[g->next].prev = g->prev;
     else
         p->lru_tail = g->prev;
     g->prev = g->next = NONE;
@@ -93,11 +121,11 @@ static void lru_unlink(worker_pages *p, int id)
 
 static void lru_push(worker_pages *p, int id)
 {
-    page *g = &p->pages[id];
+    link *g = &p->links[id];
     g->prev = p->lru_tail;
     g->next = NONE;
     if (p->lru_tail != NONE)
-        p->pages[p->lru_tail].next = id;
+        p->links[p->lru_tail].next = id;
     else
         p->lru_head = id;
     p->lru_tail = id;
@@ -106,16 +134,18 @@ static void lru_push(worker_pages *p, int id)
 
 static void free_push(worker_pages *p, int id)
 {
-    p->pages[id].next = p->free_head;
-    p->pages[id].prev = NONE;
+    p->links[id].next = p->free_head;
+    p->links[id].prev = NONE;
     p->free_head = id;
     p->free_count++;
 }
 
-shoal_err worker_pages_open(int count, worker_pages **out)
+shoal_err worker_pages_open(int count, shm_segment *seg, int worker, worker_pages **out)
 {
     *out = NULL;
-    if (count < 1 || count > (1 << 28))
+    if (count < 1 || count > (1 << 28) ||
+        (seg && (count > shm_segment_header_of(seg)->pages_max || worker < 0 ||
+                 worker >= shm_segment_header_of(seg)->workers_max)))
         return SHOAL_ERR_INVALID;
     worker_pages *p = calloc(1, sizeof *p);
     if (!p)
@@ -125,17 +155,27 @@ shoal_err worker_pages_open(int count, worker_pages **out)
         slots <<= 1;
     p->count = count;
     p->mask = slots - 1;
-    p->pages = calloc((size_t)count, sizeof *p->pages);
+    p->seg = seg;
+    p->worker = worker;
+    if (seg)
+        p->rows = shm_segment_pages(seg, worker);
+    else
+        p->rows = p->own_rows = calloc((size_t)count, sizeof *p->own_rows);
+    p->links = calloc((size_t)count, sizeof *p->links);
+    p->parents = calloc((size_t)count, sizeof *p->parents);
     p->table = malloc((size_t)slots * sizeof *p->table);
-    if (!p->pages || !p->table) {
+    if (!p->rows || !p->links || !p->parents || !p->table) {
         worker_pages_close(p);
         return SHOAL_ERR_NOMEM;
     }
     memset(p->table, 0xff, (size_t)slots * sizeof *p->table); /* NONE */
     p->free_head = p->lru_head = p->lru_tail = NONE;
     /* lowest ids first, so a fresh pool hands out 0, 1, 2, ... */
-    for (int i = count - 1; i >= 0; i--)
+    for (int i = count - 1; i >= 0; i--) {
+        set_refs(p, i, 0);
+        set_state(p, i, SHM_PAGE_FREE);
         free_push(p, i);
+    }
     *out = p;
     return SHOAL_OK;
 }
@@ -144,31 +184,70 @@ void worker_pages_close(worker_pages *p)
 {
     if (!p)
         return;
-    free(p->pages);
+    free(p->own_rows);
+    free(p->links);
+    free(p->parents);
     free(p->table);
     free(p);
 }
 
-int worker_pages_alloc(worker_pages *p)
+void worker_pages_on_evict(worker_pages *p, worker_pages_evict_fn fn, void *ctx)
+{
+    p->on_evict = fn;
+    p->on_evict_ctx = ctx;
+}
+
+/* Unpublishes cached page id: false when another worker leases it. */
+static bool unpublish(worker_pages *p, int id)
+{
+    if (p->seg) {
+        shm_segment_lock(p->seg);
+        bool ok = shm_index_remove(p->seg, p->worker, id);
+        shm_segment_unlock(p->seg);
+        if (!ok)
+            return false;
+    } else {
+        atomic_fetch_and(&p->rows[id].flags, ~(uint32_t)(SHM_PAGE_HASHED | SHM_PAGE_STORED));
+    }
+    return true;
+}
+
+/* The least recently used cached page that can go, unlinked and
+ * unpublished, or NONE. Leased pages move to the young end. */
+static int evict_one(worker_pages *p)
+{
+    for (int tries = p->cached_count; tries > 0 && p->lru_head != NONE; tries--) {
+        int id = p->lru_head;
+        if (atomic_load(&p->rows[id].leases) == 0 && p->on_evict)
+            p->on_evict(p->on_evict_ctx, id, &p->rows[id].hash, &p->parents[id]);
+        lru_unlink(p, id);
+        if (!unpublish(p, id)) { /* the row keeps its hash: table_remove needs it */
+            p->lease_skips++;
+            lru_push(p, id);
+            continue;
+        }
+        table_remove(p, id);
+        p->evictions++;
+        return id;
+    }
+    return NONE;
+}
+
+int worker_pages_alloc(worker_pages *p, uint64_t owner)
 {
     int id;
     if (p->free_head != NONE) {
         id = p->free_head;
-        p->free_head = p->pages[id].next;
+        p->free_head = p->links[id].next;
         p->free_count--;
-    } else if (p->lru_head != NONE) {
-        id = p->lru_head;
-        lru_unlink(p, id);
-        table_remove(p, id);
-        p->pages[id].hashed = false;
-        p->evictions++;
-    } else {
+    } else if ((id = evict_one(p)) == NONE) {
         return NONE;
     }
-    page *g = &p->pages[id];
-    g->refs = 1;
-    g->prev = g->next = NONE;
-    g->last_use = ++p->clock;
+    p->links[id].prev = p->links[id].next = NONE;
+    set_refs(p, id, 1);
+    atomic_store_explicit(&p->rows[id].owner, owner, memory_order_relaxed);
+    set_state(p, id, SHM_PAGE_ACTIVE);
+    touch(p, id);
     return id;
 }
 
@@ -180,26 +259,31 @@ int worker_pages_available(const worker_pages *p)
 void worker_pages_ref(worker_pages *p, int id)
 {
     SHOAL_ASSERT(id >= 0 && id < p->count);
-    page *g = &p->pages[id];
-    if (g->refs == 0) {
-        SHOAL_ASSERT(g->hashed); /* a free page is never referenced */
+    int refs = refs_of(p, id);
+    if (refs == 0) {
+        SHOAL_ASSERT(hashed(p, id)); /* a free page is never referenced */
         lru_unlink(p, id);
+        set_state(p, id, SHM_PAGE_ACTIVE);
     }
-    g->refs++;
-    g->last_use = ++p->clock;
+    set_refs(p, id, refs + 1);
+    touch(p, id);
 }
 
 void worker_pages_unref(worker_pages *p, int id)
 {
-    SHOAL_ASSERT(id >= 0 && id < p->count && p->pages[id].refs > 0);
-    page *g = &p->pages[id];
-    if (--g->refs > 0)
+    SHOAL_ASSERT(id >= 0 && id < p->count && refs_of(p, id) > 0);
+    int refs = refs_of(p, id) - 1;
+    set_refs(p, id, refs);
+    if (refs > 0)
         return;
-    g->last_use = ++p->clock;
-    if (g->hashed)
+    touch(p, id);
+    if (hashed(p, id)) {
+        set_state(p, id, SHM_PAGE_CACHED);
         lru_push(p, id);
-    else
+    } else {
+        set_state(p, id, SHM_PAGE_FREE);
         free_push(p, id);
+    }
 }
 
 int worker_pages_lookup(worker_pages *p, const common_hash *hash)
@@ -209,25 +293,58 @@ int worker_pages_lookup(worker_pages *p, const common_hash *hash)
     if (id == NONE)
         return NONE;
     p->hits++;
+    atomic_fetch_add_explicit(&p->rows[id].uses, 1, memory_order_relaxed);
     worker_pages_ref(p, id);
     return id;
 }
 
-bool worker_pages_publish(worker_pages *p, int id, const common_hash *hash)
+bool worker_pages_publish(worker_pages *p, int id, const common_hash *hash,
+                          const common_hash *parent)
 {
-    SHOAL_ASSERT(id >= 0 && id < p->count && p->pages[id].refs > 0);
-    page *g = &p->pages[id];
-    if (g->hashed || table_find(p, hash) != NONE)
+    SHOAL_ASSERT(id >= 0 && id < p->count && refs_of(p, id) > 0);
+    if (hashed(p, id) || table_find(p, hash) != NONE)
         return false;
-    g->hash = *hash;
-    g->hashed = true;
+    p->parents[id] = *parent;
+    if (p->seg) {
+        shm_segment_lock(p->seg);
+        shm_index_insert(p->seg, p->worker, id, hash);
+        shm_segment_unlock(p->seg);
+    } else {
+        p->rows[id].hash = *hash;
+        atomic_fetch_or(&p->rows[id].flags, SHM_PAGE_HASHED);
+    }
     table_insert(p, id);
     return true;
 }
 
+const shm_page_row *worker_pages_row(const worker_pages *p, int id)
+{
+    SHOAL_ASSERT(id >= 0 && id < p->count);
+    return &p->rows[id];
+}
+
+void worker_pages_mark_stored(worker_pages *p, int id, bool stored)
+{
+    SHOAL_ASSERT(id >= 0 && id < p->count);
+    if (stored)
+        atomic_fetch_or(&p->rows[id].flags, SHM_PAGE_STORED);
+    else
+        atomic_fetch_and(&p->rows[id].flags, ~(uint32_t)SHM_PAGE_STORED);
+}
+
+void worker_pages_each_published(const worker_pages *p,
+                                 void (*fn)(void *ctx, int page, const common_hash *hash,
+                                            const common_hash *parent),
+                                 void *ctx)
+{
+    for (int id = 0; id < p->count; id++)
+        if (hashed(p, id))
+            fn(ctx, id, &p->rows[id].hash, &p->parents[id]);
+}
+
 int worker_pages_refs(const worker_pages *p, int id)
 {
-    return p->pages[id].refs;
+    return refs_of(p, id);
 }
 
 void worker_pages_stats_get(const worker_pages *p, worker_pages_stats *out)
@@ -239,44 +356,51 @@ void worker_pages_stats_get(const worker_pages *p, worker_pages_stats *out)
     out->lookups = p->lookups;
     out->hits = p->hits;
     out->evictions = p->evictions;
+    out->lease_skips = p->lease_skips;
+    out->leased = 0;
+    for (int id = 0; p->seg && id < p->count; id++)
+        out->leased += atomic_load_explicit(&p->rows[id].leases, memory_order_relaxed) > 0;
 }
 
 bool worker_pages_check(const worker_pages *p, const int32_t *expected_refs, shoal_diag *diag)
 {
-    int free_seen = 0, lru_seen = 0, hashed = 0, in_table = 0;
+    int free_seen = 0, lru_seen = 0, n_hashed = 0, in_table = 0;
     char *mark = calloc((size_t)p->count, 1); /* 1 free list, 2 LRU */
     bool ok = mark != NULL;
-    for (int id = p->free_head; ok && id != NONE; id = p->pages[id].next) {
-        if (mark[id] || p->pages[id].refs != 0 || p->pages[id].hashed)
+    for (int id = p->free_head; ok && id != NONE; id = p->links[id].next) {
+        if (mark[id] || refs_of(p, id) != 0 || hashed(p, id) ||
+            atomic_load(&p->rows[id].state) != SHM_PAGE_FREE)
             ok = !shoal_diag_set(diag, SHOAL_ERR_BROKEN, "page %d on the free list is in use", id);
         mark[id] = 1;
         free_seen++;
     }
     int prev = NONE;
-    for (int id = p->lru_head; ok && id != NONE; id = p->pages[id].next) {
-        if (mark[id] || p->pages[id].refs != 0 || !p->pages[id].hashed || p->pages[id].prev != prev)
+    for (int id = p->lru_head; ok && id != NONE; id = p->links[id].next) {
+        if (mark[id] || refs_of(p, id) != 0 || !hashed(p, id) || p->links[id].prev != prev ||
+            atomic_load(&p->rows[id].state) != SHM_PAGE_CACHED)
             ok = !shoal_diag_set(diag, SHOAL_ERR_BROKEN, "page %d on the LRU list is broken", id);
         mark[id] = 2;
         prev = id;
         lru_seen++;
     }
     for (int id = 0; ok && id < p->count; id++) {
-        const page *g = &p->pages[id];
-        hashed += g->hashed;
-        if (!mark[id] && g->refs <= 0)
+        n_hashed += hashed(p, id);
+        if (!mark[id] && refs_of(p, id) <= 0)
             ok = !shoal_diag_set(diag, SHOAL_ERR_BROKEN, "page %d has no refs and no list", id);
-        else if (g->hashed && table_find(p, &g->hash) != id)
+        else if (!mark[id] && atomic_load(&p->rows[id].state) != SHM_PAGE_ACTIVE)
+            ok = !shoal_diag_set(diag, SHOAL_ERR_BROKEN, "page %d is held but not active", id);
+        else if (hashed(p, id) && table_find(p, &p->rows[id].hash) != id)
             ok = !shoal_diag_set(diag, SHOAL_ERR_BROKEN, "page %d is hashed but not found", id);
-        else if (expected_refs && g->refs != expected_refs[id])
+        else if (expected_refs && refs_of(p, id) != expected_refs[id])
             ok = !shoal_diag_set(diag, SHOAL_ERR_BROKEN, "page %d has %d refs, expected %d", id,
-                                 g->refs, expected_refs[id]);
+                                 refs_of(p, id), expected_refs[id]);
     }
     for (uint32_t s = 0; s <= p->mask; s++)
         in_table += p->table[s] != NONE;
-    if (ok && (free_seen != p->free_count || lru_seen != p->cached_count || in_table != hashed))
+    if (ok && (free_seen != p->free_count || lru_seen != p->cached_count || in_table != n_hashed))
         ok = !shoal_diag_set(diag, SHOAL_ERR_BROKEN,
                              "counts disagree: free %d/%d, cached %d/%d, table %d/%d", free_seen,
-                             p->free_count, lru_seen, p->cached_count, in_table, hashed);
+                             p->free_count, lru_seen, p->cached_count, in_table, n_hashed);
     free(mark);
     return ok;
 }

@@ -105,7 +105,7 @@ static coordinator_stream_request request(int i, int max_tokens)
 /* The reference: each stream alone in an in-process engine. */
 static void reference(result *ref, int max_tokens)
 {
-    worker_engine_options eo = {256, 1, 16, 1024};
+    worker_engine_options eo = {.max_batch_tokens = 256, .parallel = 1, .max_queued = 16, .max_model_len = 1024};
     worker_model_options mo;
     worker_model_options_default(&mo);
     mo.model_dir = MODEL;

@@ -64,7 +64,10 @@ typedef struct setup {
 
 static worker_model *open_model(const setup *st)
 {
-    worker_engine_options eo = {st->batch_tokens, st->parallel, 1024, st->max_model_len};
+    worker_engine_options eo = {.max_batch_tokens = st->batch_tokens,
+                                .parallel = st->parallel,
+                                .max_queued = 1024,
+                                .max_model_len = st->max_model_len};
     worker_model_options mo;
     worker_model_options_default(&mo);
     mo.model_dir = MODEL;
@@ -80,7 +83,10 @@ static worker_model *open_model(const setup *st)
 
 static worker_engine *open_engine(worker_model *m, const setup *st)
 {
-    worker_engine_options eo = {st->batch_tokens, st->parallel, 1024, st->max_model_len};
+    worker_engine_options eo = {.max_batch_tokens = st->batch_tokens,
+                                .parallel = st->parallel,
+                                .max_queued = 1024,
+                                .max_model_len = st->max_model_len};
     worker_engine *e = NULL;
     shoal_diag diag = {{0}};
     CHECK_MSG(worker_engine_open(m, &eo, &e, &diag) == SHOAL_OK, "%s", diag.msg);
