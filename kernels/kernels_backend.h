@@ -91,6 +91,48 @@ struct kernels_backend {
      * sizing the KV arena from what is left after the weights. */
     shoal_err (*mem_info)(kernels_backend *be, size_t *free_bytes, size_t *total_bytes);
 
+    /* Arenas: device memory that other processes map (the KV page arena,
+     * which other workers read pages from; DESIGN.md "KV pages"). A failure
+     * logs one line that says why and what to do; an out-of-memory or a
+     * refused import leaves the backend usable.
+     *
+     * arena_create: zero-filled device memory of at least `bytes`, rounded
+     * up to the device's mapping granularity (a host page on the CPU, 2 MiB
+     * on current GPUs); *mapped_bytes gets the rounded size, *ptr (device)
+     * the mapping and *fd a file descriptor (close-on-exec) that names the
+     * memory for another process (over SCM_RIGHTS; shm/shm_arena.h). The
+     * caller owns both: arena_unmap(ptr, *mapped_bytes), then close(fd).
+     * The memory lives until the last mapping of it, here or in any
+     * process that imported it, is gone and the fd is closed. CPU: a memfd,
+     * reserved in full now (so a short memory fails here, not with SIGBUS
+     * later) and sealed against resizing; CUDA: a VMM allocation
+     * (cuMemCreate) exported as a POSIX fd. SHOAL_ERR_NOMEM when the
+     * device lacks the memory; SHOAL_ERR_UNSUPPORTED when it cannot share
+     * memory this way; SHOAL_ERR_IO or SHOAL_ERR_DEVICE for other failures.
+     *
+     * arena_import: maps `bytes` of the arena that fd names (another
+     * process's arena_create; the same bytes as its *mapped_bytes) into
+     * this backend's address space, readable and writable by this
+     * backend's device and its ops (copy reads it; on CUDA the memory may
+     * sit on another GPU, reached peer to peer). fd stays the caller's.
+     * The mapping keeps the memory alive after its creator exits or is
+     * killed. SHOAL_ERR_INVALID when fd names no arena of that size.
+     *
+     * arena_unmap: ends a mapping of arena_create or arena_import, after
+     * every op queued before it that reads or writes it has finished; ptr
+     * and bytes as they were mapped. NULL ptr is allowed. Every arena is
+     * unmapped before the backend is closed. */
+    shoal_err (*arena_create)(kernels_backend *be, size_t bytes, void **ptr, int *fd,
+                              size_t *mapped_bytes);
+    shoal_err (*arena_import)(kernels_backend *be, int fd, size_t bytes, void **ptr);
+    void (*arena_unmap)(kernels_backend *be, void *ptr, size_t bytes);
+
+    /* Copies bytes from src to dst (device), queued in order with the other
+     * ops: between buffers of alloc, own arenas and imported ones (a page
+     * of a peer's arena into our own). Ranges must not overlap. Errors
+     * (CUDA) leave the backend unusable, as upload's do. */
+    shoal_err (*copy)(kernels_backend *be, void *dst, const void *src, size_t bytes);
+
     /* out[r] = table[ids[r]] for r < rows; table is [vocab][dim] of wdtype. */
     void (*embed)(kernels_backend *be, void *out, const void *table, shoal_dtype wdtype,
                   const int32_t *ids, int rows, int dim);

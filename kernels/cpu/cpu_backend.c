@@ -86,6 +86,10 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->download = cpu_copy;
     be->sync = cpu_sync;
     be->mem_info = cpu_mem_info;
+    be->arena_create = cpu_arena_create;
+    be->arena_import = cpu_arena_import;
+    be->arena_unmap = cpu_arena_unmap;
+    be->copy = cpu_copy;
     be->embed = cpu_embed;
     be->rmsnorm = cpu_rmsnorm;
     be->matmul = cpu_matmul;

@@ -43,6 +43,12 @@ void cpu_sample(kernels_backend *be, kernels_sample_result *results, const float
 void cpu_fill_random(kernels_backend *be, void *dst, size_t n, uint64_t state, float base,
                      float scale);
 
+/* arena.c: shared arenas (memfd), the kernels_backend.h contract. */
+shoal_err cpu_arena_create(kernels_backend *be, size_t bytes, void **ptr, int *fd,
+                           size_t *mapped_bytes);
+shoal_err cpu_arena_import(kernels_backend *be, int fd, size_t bytes, void **ptr);
+void cpu_arena_unmap(kernels_backend *be, void *ptr, size_t bytes);
+
 /* Squared-sum of n floats, in a fixed lane order so results do not depend on
  * how a caller splits work. */
 float cpu_sum_squares(const float *x, int n);

@@ -114,6 +114,18 @@ static shoal_err cuda_download(kernels_backend *be, void *dst, const void *src, 
     return st->err;
 }
 
+static shoal_err cuda_copy(kernels_backend *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_state *st = cuda_of(be);
+    if (st->err || bytes == 0)
+        return st->err;
+    /* cudaMemcpyDefault: the pointers say where they are (unified
+     * addressing), so one call covers our buffers, our arena and a peer's
+     * arena mapped here, wherever its memory sits. */
+    check(be, "copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st->stream));
+    return st->err;
+}
+
 static shoal_err cuda_sync(kernels_backend *be)
 {
     cuda_state *st = cuda_of(be);
@@ -355,6 +367,10 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->download = cuda_download;
     be->sync = cuda_sync;
     be->mem_info = cuda_mem_info;
+    be->arena_create = cuda_arena_create;
+    be->arena_import = cuda_arena_import;
+    be->arena_unmap = cuda_arena_unmap;
+    be->copy = cuda_copy;
     be->embed = cuda_embed;
     be->rmsnorm = cuda_rmsnorm;
     be->matmul = cuda_matmul;

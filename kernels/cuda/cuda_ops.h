@@ -248,6 +248,12 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
                            const void *arena, const kernels_kv_layout *layout,
                            const kernels_batch *batch, int layer, float scale);
 
+/* arena.cu: shared arenas (VMM, exported as POSIX fds). */
+shoal_err cuda_arena_create(kernels_backend *be, size_t bytes, void **ptr, int *fd,
+                            size_t *mapped_bytes);
+shoal_err cuda_arena_import(kernels_backend *be, int fd, size_t bytes, void **ptr);
+void cuda_arena_unmap(kernels_backend *be, void *ptr, size_t bytes);
+
 /* attention_prompt.cu: whether the tensor-core prompt kernel takes this
  * shape (else attention_prompt runs the partial path). */
 bool cuda_attention_prompt_fits(kernels_backend *be, int heads, const kernels_kv_layout *layout);
