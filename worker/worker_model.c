@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* A weight matrix on the backend. */
 typedef struct model_matrix {
@@ -42,7 +43,11 @@ struct worker_model {
     int owned_count, owned_cap;
 
     kernels_kv_layout kv;
+    /* The KV page arena: shared memory of the backend (arena_create), so
+     * other workers can map it through arena_fd. */
     void *arena;
+    size_t arena_bytes; /* as mapped: kv_pages x page_bytes, rounded up */
+    int arena_fd;       /* -1 until made */
 
     /* activations (device), sized for opt.max_rows rows */
     void *x, *h, *q, *k, *v, *att, *pend, *gate, *up, *sel;
@@ -392,10 +397,18 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
         m->opt.kv_pages = (int)pages;
     }
     size_t arena_bytes = (size_t)m->opt.kv_pages * m->kv.page_bytes;
-    if (!(m->arena = dev_alloc(m, arena_bytes)))
+    shoal_err err = m->be->arena_create(m->be, arena_bytes, &m->arena, &m->arena_fd,
+                                        &m->arena_bytes);
+    if (err == SHOAL_ERR_NOMEM)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
                               "no memory for %d KV pages of %zu bytes (%.1f MiB); lower --kv-pages",
                               m->opt.kv_pages, m->kv.page_bytes, (double)arena_bytes / 1048576.0);
+    if (err)
+        return shoal_diag_set(diag, err,
+                              "cannot make the KV arena of %d pages (%.1f MiB) on device %s: %s (the "
+                              "log line before says why)",
+                              m->opt.kv_pages, (double)arena_bytes / 1048576.0, m->opt.device,
+                              shoal_strerror(err));
     return SHOAL_OK;
 }
 
@@ -410,6 +423,7 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
     if (!m)
         return SHOAL_ERR_NOMEM;
     m->opt = *opt;
+    m->arena_fd = -1;
     if ((err = worker_config_load(opt->model_dir, &m->cfg, diag)))
         goto out_close;
     const worker_config *c = &m->cfg;
@@ -467,6 +481,11 @@ void worker_model_close(worker_model *m)
     for (int i = 0; i < m->owned_count; i++)
         m->be->free(m->be, m->owned[i]);
     free(m->owned);
+    /* Workers that mapped the arena keep their mappings (and the memory). */
+    if (m->arena)
+        m->be->arena_unmap(m->be, m->arena, m->arena_bytes);
+    if (m->arena_fd >= 0)
+        close(m->arena_fd);
     free(m->layers);
     free(m->stage);
     free(m->seg_row0);
@@ -491,6 +510,21 @@ const kernels_kv_layout *worker_model_kv_layout(const worker_model *m)
 int worker_model_kv_pages(const worker_model *m)
 {
     return m->opt.kv_pages;
+}
+
+int worker_model_arena_fd(const worker_model *m)
+{
+    return m->arena_fd;
+}
+
+void *worker_model_arena(const worker_model *m)
+{
+    return m->arena;
+}
+
+size_t worker_model_arena_bytes(const worker_model *m)
+{
+    return m->arena_bytes;
 }
 
 int worker_model_max_rows(const worker_model *m)

@@ -69,6 +69,15 @@ void worker_model_close(worker_model *m);
 const worker_config *worker_model_config(const worker_model *m);
 const kernels_kv_layout *worker_model_kv_layout(const worker_model *m);
 int worker_model_kv_pages(const worker_model *m);
+/* The KV page arena (device; kv_pages pages of the kv layout's page_bytes
+ * from offset 0), its mapped size (rounded up to the device's mapping
+ * granularity) and the fd that names it for other processes
+ * (shm/shm_arena.h serves it; kernels_backend.h's arena_import maps it).
+ * All three are the model's: valid until worker_model_close, which unmaps
+ * the arena and closes the fd (stop serving the fd before). */
+int worker_model_arena_fd(const worker_model *m);
+void *worker_model_arena(const worker_model *m);
+size_t worker_model_arena_bytes(const worker_model *m);
 int worker_model_max_rows(const worker_model *m);
 int worker_model_max_logit_rows(const worker_model *m);
 int worker_model_max_streams(const worker_model *m);
