@@ -1,5 +1,7 @@
 #include "coordinator_cluster.h"
 
+#include "shm/shm_segment.h"
+
 #include "common/common_assert.h"
 #include "common/common_limits.h"
 #include "common/common_log.h"
@@ -32,6 +34,11 @@ enum { PREFIX_SLOTS = 1 << 16 };
  * stream on a worker with one more stream costs about as much as
  * prefilling this many more tokens there. */
 enum { ROUTE_STREAM_TOKENS = 256 };
+
+/* A block another worker holds is copied rather than computed: on an H200
+ * a 4k-token prefix imports well over 20x faster than it prefills, so it
+ * saves about 95% of its cost (docs/BENCHMARKS.md, issue #8). */
+enum { ROUTE_IMPORT_SAVES = 95 };
 
 enum { BUCKETS = 4096 };
 
@@ -71,6 +78,7 @@ typedef struct cworker {
     long long last_seen_ms;
     long long restart_at_ms;
     int restarts;
+    int exit_code; /* of its last process, -1 when killed or unknown */
     shm_load load;
     int inflight;
     uint64_t *prefix;
@@ -78,6 +86,8 @@ typedef struct cworker {
 
 struct coordinator_cluster {
     coordinator_cluster_options o;
+    char cluster[SHM_CLUSTER_NAME_MAX];
+    shm_segment *seg;
     char *model_dir, *runtime_dir, *worker_path, *load_format, *kv_dtype;
     pthread_mutex_t lock;
     pthread_cond_t changed;
@@ -172,6 +182,12 @@ static int route(coordinator_cluster *c, const common_hash *blocks, int n_blocks
 {
     int best = -1;
     long long best_cost = 0;
+    /* what the segment's index says each worker holds now, and the longest
+     * prefix any worker holds (which another worker can import) */
+    int32_t lead[SHM_SEGMENT_WORKERS_MAX] = {0};
+    int any = 0;
+    if (c->seg && c->o.route == COORDINATOR_ROUTE_PREFIX && n_blocks > 0)
+        any = shm_index_leads(c->seg, blocks, n_blocks, lead);
     for (int k = 0; k < c->n; k++) {
         int i = c->o.route == COORDINATOR_ROUTE_ROUND_ROBIN ? (c->rr_next + k) % c->n : k;
         cworker *w = &c->w[i];
@@ -188,7 +204,13 @@ static int route(coordinator_cluster *c, const common_hash *blocks, int n_blocks
                    w->prefix[common_hash_u64(&blocks[hits]) % PREFIX_SLOTS] ==
                        common_hash_u64(&blocks[hits]))
                 hits++;
-            cost = (long long)ROUTE_STREAM_TOKENS * w->inflight - (long long)hits * c->page_tokens;
+            if (lead[i] > hits)
+                hits = lead[i];
+            /* blocks held elsewhere are imported at a fraction of their
+             * compute cost */
+            long long imported = any > hits ? any - hits : 0;
+            cost = (long long)ROUTE_STREAM_TOKENS * w->inflight - (long long)hits * c->page_tokens -
+                   imported * c->page_tokens * ROUTE_IMPORT_SAVES / 100;
         }
         if (best < 0 || cost < best_cost ||
             (cost == best_cost && w->inflight < c->w[best].inflight)) {
@@ -259,6 +281,7 @@ static void *place(coordinator_cluster *c, cstream *s, int avoid, size_t *bytes)
 static void spawn(coordinator_cluster *c, cworker *w)
 {
     char index[16], heartbeat[16], num[6][16];
+    w->exit_code = -1;
     snprintf(index, sizeof index, "%d", w->index);
     snprintf(heartbeat, sizeof heartbeat, "%d", c->o.heartbeat_ms);
     const char *argv[40];
@@ -275,6 +298,10 @@ static void spawn(coordinator_cluster *c, cworker *w)
     argv[a++] = c->model_dir;
     argv[a++] = "--device";
     argv[a++] = w->device;
+    if (c->seg) {
+        argv[a++] = "--cluster";
+        argv[a++] = c->cluster;
+    }
     if (c->load_format) {
         argv[a++] = "--load-format";
         argv[a++] = c->load_format;
@@ -328,6 +355,8 @@ static void declare_dead(coordinator_cluster *c, cworker *w, const char *why, vo
     w->pid = 0;
     w->state = W_DEAD;
     w->restarts++;
+    if (c->seg) /* its pages leave the index; leases on them end */
+        shm_worker_forget(c->seg, w->index, SHM_WORKER_DEAD, w->exit_code);
     int backoff = 500 << (w->restarts < 6 ? w->restarts : 6);
     w->restart_at_ms = now_ms() + (backoff > 30000 ? 30000 : backoff);
     memset(w->prefix, 0, PREFIX_SLOTS * sizeof *w->prefix);
@@ -495,6 +524,9 @@ static void *supervisor_main(void *arg)
         struct timespec ts = {0, 50 * 1000000L};
         nanosleep(&ts, NULL);
         atomic_store(&c->supervisor_ran_ms, now_ms());
+        if (c->seg)
+            atomic_store(&shm_segment_header_of(c->seg)->coordinator_heartbeat_ns,
+                         (uint64_t)now_ms() * 1000000ull);
         void *out[MOVE_MAX];
         size_t out_bytes[MOVE_MAX];
         int out_worker[MOVE_MAX], n_out = 0;
@@ -510,6 +542,7 @@ static void *supervisor_main(void *arg)
                              WIFSIGNALED(status) ? "signal" : "status",
                              WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
                     w->pid = 0;
+                    w->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
                     declare_dead(c, w, why, out, out_bytes, out_worker, &n_out, MOVE_MAX);
                     continue;
                 }
@@ -625,6 +658,22 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
     }
     if ((err = parse_workers(c, diag)) || (err = make_runtime_dir(c->runtime_dir, diag)))
         goto out_close;
+    if (o->cluster)
+        snprintf(c->cluster, sizeof c->cluster, "%s", o->cluster);
+    else
+        snprintf(c->cluster, sizeof c->cluster, "shoal-%d", (int)getpid());
+    shm_segment_sizes sizes;
+    shm_segment_sizes_default(c->n, &sizes);
+    if (o->segment_pages > 0)
+        sizes.pages = o->segment_pages;
+    else if (o->kv_pages > 0)
+        sizes.pages = o->kv_pages;
+    if ((err = shm_segment_create(c->cluster, &sizes, &c->seg, diag)))
+        goto out_close;
+    atomic_store(&shm_segment_header_of(c->seg)->coordinator_pid, (int32_t)getpid());
+    LOG_INFO("cluster '%s': segment /dev/shm/shoal.%s, %d worker slots of %d pages (%.1f MiB)",
+             c->cluster, c->cluster, sizes.workers, sizes.pages,
+             (double)shm_segment_bytes(&sizes) / 1048576.0);
     for (int i = 0; i < c->n; i++) {
         cworker *w = &c->w[i];
         w->c = c;
@@ -756,6 +805,7 @@ void coordinator_cluster_close(coordinator_cluster *c)
             c->buckets[b] = s->next;
             stream_free(s);
         }
+    shm_segment_close(c->seg);
     pthread_cond_destroy(&c->changed);
     pthread_mutex_destroy(&c->lock);
     free(c->model_dir);
@@ -873,8 +923,18 @@ void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_s
         ws->restarts = w->restarts;
         ws->load = w->load;
         out->alive += ws->alive;
+        if (c->seg) {
+            shm_worker_row *row = shm_segment_worker(c->seg, i);
+            ws->import_tokens = atomic_load(&row->import_tokens);
+            ws->restore_tokens = atomic_load(&row->restore_tokens);
+        }
     }
     pthread_mutex_unlock(&c->lock);
+}
+
+const char *coordinator_cluster_name(const coordinator_cluster *c)
+{
+    return c->cluster;
 }
 
 bool coordinator_cluster_alive(coordinator_cluster *c)

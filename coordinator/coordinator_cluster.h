@@ -31,6 +31,8 @@ typedef struct coordinator_cluster_options {
     const char *model_dir;
     const char *workers;     /* "auto", "cpu,cpu", "0,1", or "none" */
     const char *runtime_dir; /* sockets live here (created 0700) */
+    const char *cluster;     /* the shared segment's name; NULL: "shoal-<pid>" */
+    int segment_pages;       /* page rows per worker in it; 0: --kv-pages or 65536 */
     const char *worker_path; /* the shoal-worker binary */
     coordinator_route route;
     /* passed to each worker as flags; 0 or NULL leaves the worker's default */
@@ -106,6 +108,9 @@ typedef struct coordinator_worker_stats {
     bool alive;
     int restarts;
     shm_load load;
+    uint64_t import_tokens;  /* from the segment's worker row */
+    uint64_t restore_tokens;
+    int pages_leased;
 } coordinator_worker_stats;
 
 typedef struct coordinator_cluster_stats {
@@ -121,6 +126,9 @@ void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_s
 /* True while the cluster's own supervision runs (its thread went round in
  * the last 5 s): the coordinator's liveness, for systemd's watchdog. */
 bool coordinator_cluster_alive(coordinator_cluster *c);
+
+/* The cluster's name (its segment is /shoal.<name>). */
+const char *coordinator_cluster_name(const coordinator_cluster *c);
 
 /* True when every worker answered within dead_after_ms. */
 bool coordinator_cluster_healthy(coordinator_cluster *c);

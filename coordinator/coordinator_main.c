@@ -58,6 +58,10 @@ static void usage(FILE *f)
         "  --page-tokens N, --kv-pages N, --parallel N, --max-batch-tokens N,\n"
         "  --max-model-len N, --threads N\n"
         "  --runtime-dir DIR       worker sockets (default: a new /tmp/shoal.XXXXXX)\n"
+        "  --cluster NAME          the shared segment /dev/shm/shoal.NAME that workers\n"
+        "                          and shoalctl attach to (default: shoal-<pid>)\n"
+        "  --segment-pages N       KV page rows per worker in it (default: --kv-pages,\n"
+        "                          else 65536)\n"
         "  --worker-path PATH      the shoal-worker binary (default: next to this one)\n"
         "  --heartbeat-ms N, --dead-after-ms N, --start-timeout-s N\n",
         COORDINATOR_BODY_BYTES_MAX, COORDINATOR_STREAMS_MAX);
@@ -167,6 +171,8 @@ int main(int argc, char **argv)
         OPT_LEN,
         OPT_THREADS,
         OPT_RUNTIME,
+        OPT_CLUSTER,
+        OPT_SEGMENT_PAGES,
         OPT_WORKER_PATH,
         OPT_HEARTBEAT,
         OPT_DEAD,
@@ -196,6 +202,8 @@ int main(int argc, char **argv)
         {"max-model-len", required_argument, 0, OPT_LEN},
         {"threads", required_argument, 0, OPT_THREADS},
         {"runtime-dir", required_argument, 0, OPT_RUNTIME},
+        {"cluster", required_argument, 0, OPT_CLUSTER},
+        {"segment-pages", required_argument, 0, OPT_SEGMENT_PAGES},
         {"worker-path", required_argument, 0, OPT_WORKER_PATH},
         {"heartbeat-ms", required_argument, 0, OPT_HEARTBEAT},
         {"dead-after-ms", required_argument, 0, OPT_DEAD},
@@ -228,6 +236,7 @@ int main(int argc, char **argv)
         {OPT_DRAIN, "--drain-timeout-s", 0, 86400, &drain_s},
         {OPT_PAGE, "--page-tokens", SHOAL_PAGE_TOKENS_MIN, SHOAL_PAGE_TOKENS_MAX, &co.page_tokens},
         {OPT_PAGES, "--kv-pages", 1, 1 << 24, &co.kv_pages},
+        {OPT_SEGMENT_PAGES, "--segment-pages", 1, 1 << 24, &co.segment_pages},
         {OPT_PARALLEL, "--parallel", 1, SHOAL_BATCH_STREAMS_MAX, &co.parallel},
         {OPT_BATCH, "--max-batch-tokens", 1, SHOAL_BATCH_ROWS_MAX, &co.max_batch_tokens},
         {OPT_LEN, "--max-model-len", 2, SHOAL_CONTEXT_TOKENS_MAX, &co.max_model_len},
@@ -273,6 +282,9 @@ int main(int argc, char **argv)
             break;
         case OPT_RUNTIME:
             co.runtime_dir = optarg;
+            break;
+        case OPT_CLUSTER:
+            co.cluster = optarg;
             break;
         case OPT_WORKER_PATH:
             co.worker_path = optarg;

@@ -14,6 +14,7 @@
 #include "common/common_rng.h"
 #include "worker/worker_bench.h"
 #include "worker/worker_generate.h"
+#include "worker/worker_cluster.h"
 #include "worker/worker_serve.h"
 
 #include <signal.h>
@@ -56,6 +57,9 @@ static void usage(FILE *f)
             "  --serve                serve a coordinator (with --connect and --worker-index)\n"
             "  --connect SOCKET       the coordinator's socket file for this worker\n"
             "  --worker-index N       this worker's index in the cluster\n"
+            "  --cluster NAME         join the shared segment /shoal.NAME (made by the\n"
+            "                         coordinator): page state there, prefixes shared\n"
+            "                         with the other workers\n"
             "  --heartbeat-ms N       report at least this often while idle (default 200)\n"
             "  --fake-tokens          serving benchmark: no model, one token per stream per\n"
             "                         step, to measure the coordinator alone\n"
@@ -154,8 +158,9 @@ out:
     return rc;
 }
 
-static int run_serve(worker_model_options *mo, const char *connect, int index, int heartbeat_ms,
-                     bool fake, int fake_step_us, int parallel, int kv_pages, int max_model_len)
+static int run_serve(worker_model_options *mo, const char *connect, const char *cluster, int index,
+                     int heartbeat_ms, bool fake, int fake_step_us, int parallel, int kv_pages,
+                     int max_model_len)
 {
     shoal_diag diag = {{0}};
     worker_serve_options so = {.socket_path = connect, .worker_index = index,
@@ -185,8 +190,20 @@ static int run_serve(worker_model_options *mo, const char *connect, int index, i
              mo->device, mo->page_tokens, parallel);
     worker_model *m = NULL;
     worker_engine *e = NULL;
+    worker_cluster *cl = NULL;
     int rc = 1;
-    if (worker_model_open(mo, &m, &diag) || worker_engine_open(m, &eo, &e, &diag)) {
+    if (worker_model_open(mo, &m, &diag) ||
+        (cluster && worker_cluster_join(cluster, index, mo->device, m, &cl, &diag))) {
+        fprintf(stderr, "shoal-worker: %s\n", diag.msg);
+        goto out;
+    }
+    if (cl) {
+        eo.segment = worker_cluster_segment(cl);
+        eo.worker_index = index;
+        eo.import = worker_cluster_import_source(cl);
+        so.cluster = cl;
+    }
+    if (worker_engine_open(m, &eo, &e, &diag)) {
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         goto out;
     }
@@ -199,6 +216,7 @@ static int run_serve(worker_model_options *mo, const char *connect, int index, i
     rc = 0;
 out:
     worker_engine_close(e);
+    worker_cluster_leave(cl);
     worker_model_close(m);
     return rc;
 }
@@ -208,7 +226,7 @@ int main(int argc, char **argv)
     enum { OPT_MODEL = 1, OPT_LOAD, OPT_DEVICE, OPT_THREADS, OPT_IDS, OPT_RANDOM, OPT_MAX,
            OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_BENCH, OPT_PARALLEL, OPT_PAGES, OPT_LEN, OPT_SERVE,
            OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_FAKE_STEP, OPT_KVDTYPE, OPT_KVFRAC,
-           OPT_HELP };
+           OPT_CLUSTER, OPT_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"load-format", required_argument, 0, OPT_LOAD},
@@ -232,6 +250,7 @@ int main(int argc, char **argv)
         {"fake-step-us", required_argument, 0, OPT_FAKE_STEP},
         {"kv-dtype", required_argument, 0, OPT_KVDTYPE},
         {"kv-memory-fraction", required_argument, 0, OPT_KVFRAC},
+        {"cluster", required_argument, 0, OPT_CLUSTER},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -242,7 +261,7 @@ int main(int argc, char **argv)
     int random_len = 0, max_tokens = 16, bench_streams = 0, parallel = 64, kv_pages = 0;
     int max_model_len = 0, worker_index = 0, heartbeat_ms = 200, fake_step_us = 0;
     bool serve = false, fake = false, batch_given = false;
-    const char *connect = NULL;
+    const char *connect = NULL, *cluster = NULL;
     bool ignore_eos = false;
     /* flags that take an integer: one table, one parse */
     const struct {
@@ -291,6 +310,7 @@ int main(int argc, char **argv)
         case OPT_EOS: ignore_eos = true; break;
         case OPT_SERVE: serve = true; break;
         case OPT_CONNECT: connect = optarg; break;
+        case OPT_CLUSTER: cluster = optarg; break;
         case OPT_FAKE: fake = true; break;
         case OPT_KVDTYPE:
             if (strcmp(optarg, "bf16") == 0) {
@@ -323,8 +343,8 @@ int main(int argc, char **argv)
         }
         if (!batch_given)
             mo.max_rows = 512;
-        return run_serve(&mo, connect, worker_index, heartbeat_ms, fake, fake_step_us, parallel,
-                         kv_pages, max_model_len);
+        return run_serve(&mo, connect, fake ? NULL : cluster, worker_index, heartbeat_ms, fake,
+                         fake_step_us, parallel, kv_pages, max_model_len);
     }
     if (!mo.model_dir || (!ids_text && !random_len) || (ids_text && random_len) || optind < argc ||
         (bench_streams && !random_len)) {

@@ -280,6 +280,8 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
             if (e) {
                 if ((err = worker_engine_step(e, sv.events, &n, diag)))
                     goto out;
+                if (o->cluster)
+                    worker_cluster_report(o->cluster, e);
             } else {
                 if (o->fake_step_us > 0)
                     fake_pace(&next_step_ns, o->fake_step_us);
@@ -291,6 +293,8 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
                 last_sent = now_ms();
             }
         } else if (now_ms() - last_sent >= o->heartbeat_ms) {
+            if (o->cluster && e)
+                worker_cluster_report(o->cluster, e);
             shm_heartbeat hb;
             shm_header_init(&hb.h, SHM_MSG_HEARTBEAT, sizeof hb, 0);
             fill_load(&sv, &hb.load);

@@ -8,6 +8,7 @@
 #ifndef SHOAL_WORKER_SERVE_H
 #define SHOAL_WORKER_SERVE_H
 
+#include "worker/worker_cluster.h"
 #include "worker/worker_engine.h"
 
 typedef struct worker_serve_options {
@@ -15,6 +16,7 @@ typedef struct worker_serve_options {
     int worker_index;
     int heartbeat_ms;
     const char *device;
+    worker_cluster *cluster; /* the shared segment's slot, or NULL */
     /* benchmark mode: no model; each step emits one token per stream at
      * once (token ids 0, 1, 2, ...), to measure the coordinator alone */
     bool fake_tokens;
