@@ -3,6 +3,7 @@
 #include "common/common_assert.h"
 #include "common/common_log.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -147,6 +148,35 @@ static shoal_err map_fd(int fd, size_t bytes, bool read_only, shm_segment *s, sh
     return SHOAL_OK;
 }
 
+int shm_segment_sweep_stale(void)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return 0;
+    int removed = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, "shoal.", 6) != 0 || !good_name(de->d_name + 6))
+            continue;
+        shm_segment *old = NULL;
+        if (shm_segment_attach(de->d_name + 6, true, &old, NULL) != SHOAL_OK)
+            continue; /* not ours, or of another layout: left alone */
+        pid_t creator = shm_segment_header_of(old)->creator_pid;
+        shm_segment_close(old);
+        if (shm_pid_alive(creator))
+            continue;
+        char path[sizeof de->d_name + 1];
+        snprintf(path, sizeof path, "/%s", de->d_name);
+        if (shm_unlink(path) == 0) {
+            LOG_WARN("removed /dev/shm/%s, left by a coordinator (pid %d) that is gone",
+                     de->d_name, (int)creator);
+            removed++;
+        }
+    }
+    closedir(d);
+    return removed;
+}
+
 shoal_err shm_segment_create(const char *name, const shm_segment_sizes *sizes, shm_segment **out,
                              shoal_diag *diag)
 {
@@ -169,6 +199,7 @@ shoal_err shm_segment_create(const char *name, const shm_segment_sizes *sizes, s
     }
     snprintf(s->path, sizeof s->path, "/shoal.%s", name);
     size_t bytes = layout(sizes, NULL);
+    shm_segment_sweep_stale(); /* other names' leftovers: a killed cluster's */
     int fd = shm_open(s->path, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0 && errno == EEXIST) {
         /* A segment is there: refuse a live cluster's, replace a dead one's. */

@@ -192,6 +192,12 @@ size_t shm_segment_bytes(const shm_segment_sizes *sizes);
 shoal_err shm_segment_create(const char *name, const shm_segment_sizes *sizes, shm_segment **out,
                              shoal_diag *diag);
 
+/* Removes every /dev/shm/shoal.* segment of this layout whose creator is
+ * gone (a cluster killed before it could unlink), saying so in the log;
+ * create does it first. Segments of other layouts are left alone. Returns
+ * how many went. */
+int shm_segment_sweep_stale(void);
+
 /* Attaches to an existing segment, read-write or read-only (shoalctl).
  * SHOAL_ERR_NOT_FOUND when there is none; SHOAL_ERR_FORMAT when it is not
  * shoal's or of another layout version, with what to do. */

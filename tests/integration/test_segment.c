@@ -67,6 +67,32 @@ static void segment_of_a_killed_cluster_is_replaced(void)
     shm_segment_close(fresh);
 }
 
+/* A cluster killed under another name leaves a segment that the next
+ * start (of any name) removes. */
+static void stale_segments_of_other_names_are_swept(void)
+{
+    char other[40];
+    snprintf(other, sizeof other, "%s-old", name);
+    pid_t pid = fork();
+    if (pid == 0) {
+        shm_segment *s = NULL;
+        if (shm_segment_create(other, &sizes, &s, NULL) != SHOAL_OK)
+            _exit(1);
+        raise(SIGKILL);
+    }
+    waitpid(pid, NULL, 0);
+    shm_segment *s = NULL;
+    shoal_diag diag = {{0}};
+    CHECK(shm_segment_attach(other, true, &s, &diag) == SHOAL_OK);
+    shm_segment_close(s);
+    shm_segment *mine = NULL;
+    CHECK(shm_segment_create(name, &sizes, &mine, &diag) == SHOAL_OK);
+    s = NULL;
+    CHECK(shm_segment_attach(other, true, &s, &diag) == SHOAL_ERR_NOT_FOUND);
+    shm_segment_close(s);
+    shm_segment_close(mine);
+}
+
 static void another_layout_is_refused(void)
 {
     shm_segment *s = NULL, *t = NULL;
@@ -263,6 +289,7 @@ int main(void)
     snprintf(name, sizeof name, "test-%d", (int)getpid());
     TEST_RUN(create_attach_and_refuse_a_second_creator);
     TEST_RUN(segment_of_a_killed_cluster_is_replaced);
+    TEST_RUN(stale_segments_of_other_names_are_swept);
     TEST_RUN(another_layout_is_refused);
     TEST_RUN(holder_killed_inside_the_lock_leaves_it_repairable);
     TEST_RUN(index_and_leases);
