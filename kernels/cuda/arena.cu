@@ -340,6 +340,9 @@ shoal_err cuda_arena_import(kernels_backend *be, int fd, size_t bytes, void **pt
         char what[96];
         snprintf(what, sizeof what, "mapping %zu bytes of fd %d", bytes, fd);
         err = drv_fail(what, r, "is the peer's arena smaller than it announced?");
+        /* the driver answers a size past the allocation with NOT_SUPPORTED */
+        if (err != SHOAL_ERR_NOMEM)
+            err = SHOAL_ERR_INVALID;
         goto out_free_va;
     }
     {
