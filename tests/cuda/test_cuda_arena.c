@@ -187,6 +187,14 @@ static void share_a_page(const char *exp_dev, const char *imp_dev, const char *c
         CHECK(be->arena_import(be, fd, info.arena_bytes + (2u << 20), &too_far) ==
               SHOAL_ERR_INVALID);
         CHECK(too_far == NULL);
+        /* and so is an fd that names no arena at all */
+        int p[2];
+        void *none = NULL;
+        CHECK(pipe(p) == 0);
+        CHECK(be->arena_import(be, p[0], 2u << 20, &none) == SHOAL_ERR_INVALID);
+        CHECK(none == NULL);
+        close(p[0]);
+        close(p[1]);
     }
     CHECK(be->arena_import(be, fd, info.arena_bytes, &peer) == SHOAL_OK);
     close(fd);
