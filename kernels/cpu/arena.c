@@ -59,7 +59,9 @@ shoal_err cpu_arena_create(kernels_backend *be, size_t bytes, void **ptr, int *f
         LOG_ERROR("cpu arena: cannot seal the memfd: %s", strerror(errno));
         goto out_close_fd;
     }
-    void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+    /* Populated now, as alloc's memset does: the first pass over a page
+     * then takes no fault. */
+    void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, 0);
     if (p == MAP_FAILED) {
         err = errno == ENOMEM ? SHOAL_ERR_NOMEM : SHOAL_ERR_IO;
         LOG_ERROR("cpu arena: cannot map %zu bytes: %s", rounded, strerror(errno));
