@@ -111,4 +111,12 @@
  * about a minute for tens of GiB. */
 #define SHOAL_STORE_OPEN_WAIT_MS 60000
 
+/* Arena hand-over (shm/shm_arena.c): how long the exporter's thread waits
+ * to hand one connection its 64-byte message before it drops it (a peer
+ * that does not read cannot stall the others; a fresh socket takes it at
+ * once), and the connections waiting to be accepted (every worker of a
+ * cluster at once: SHM_SEGMENT_WORKERS_MAX). */
+#define SHOAL_ARENA_SEND_TIMEOUT_MS 1000
+#define SHOAL_ARENA_BACKLOG 64
+
 #endif

@@ -1,5 +1,7 @@
 #include "shm_arena.h"
 
+#include "common/common_limits.h"
+
 #include "common/common_log.h"
 #include "shm/shm_segment.h"
 
@@ -30,14 +32,7 @@ struct shm_arena_exporter {
 static shoal_err address_of(const char *cluster, int index, struct sockaddr_un *addr,
                             socklen_t *len, shoal_diag *diag)
 {
-    size_t n = strlen(cluster);
-    bool good = n > 0 && n < SHM_CLUSTER_NAME_MAX;
-    for (size_t i = 0; good && i < n; i++) {
-        char c = cluster[i];
-        good = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-               c == '-' || c == '_';
-    }
-    if (!good)
+    if (!shm_cluster_name_ok(cluster))
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
                               "cluster name '%s': use 1 to %d letters, digits, '-' or '_'",
                               cluster, SHM_CLUSTER_NAME_MAX - 1);
@@ -111,7 +106,7 @@ static void serve_one(shm_arena_exporter *e, int c)
                  e->what, (int)cred.pid, (unsigned)cred.uid, (unsigned)geteuid());
         return;
     }
-    set_timeout(c, SO_SNDTIMEO, SHM_ARENA_SEND_TIMEOUT_MS);
+    set_timeout(c, SO_SNDTIMEO, SHOAL_ARENA_SEND_TIMEOUT_MS);
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
@@ -211,7 +206,7 @@ shoal_err shm_arena_export_start(const char *cluster, int worker_index, int fd,
                                  e->what, strerror(errno));
         goto out_close;
     }
-    if (listen(e->listen_fd, SHM_ARENA_BACKLOG) != 0 || pipe2(e->stop_pipe, O_CLOEXEC) != 0) {
+    if (listen(e->listen_fd, SHOAL_ARENA_BACKLOG) != 0 || pipe2(e->stop_pipe, O_CLOEXEC) != 0) {
         err = shoal_diag_set(diag, SHOAL_ERR_IO, "%s: cannot listen for arena fetches: %s",
                              e->what, strerror(errno));
         goto out_close;

@@ -38,16 +38,6 @@ _Static_assert(sizeof(shm_arena_info) == 64, "shm_arena_info layout");
 _Static_assert(offsetof(shm_arena_info, arena_bytes) == 24, "shm_arena_info layout");
 _Static_assert(offsetof(shm_arena_info, backend) == 48, "shm_arena_info layout");
 
-/* How long the exporter's thread waits to hand one connection its message
- * before it drops that connection and serves the next: a peer that does
- * not read cannot stall the others. The message is 64 bytes, which a fresh
- * socket always takes at once; the bound is against the unexpected. */
-#define SHM_ARENA_SEND_TIMEOUT_MS 1000
-
-/* Connections waiting to be accepted: every worker of a cluster at once
- * (shm_segment.h's SHM_SEGMENT_WORKERS_MAX). */
-#define SHM_ARENA_BACKLOG 64
-
 typedef struct shm_arena_exporter shm_arena_exporter;
 
 /* Starts serving `fd` and *info (copied; magic, version and pid are filled

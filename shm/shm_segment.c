@@ -27,7 +27,7 @@ bool shm_pid_alive(pid_t pid)
     return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
 }
 
-static bool good_name(const char *name)
+bool shm_cluster_name_ok(const char *name)
 {
     size_t n = strlen(name);
     if (n == 0 || n >= SHM_CLUSTER_NAME_MAX)
@@ -156,7 +156,7 @@ int shm_segment_sweep_stale(void)
     int removed = 0;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
-        if (strncmp(de->d_name, "shoal.", 6) != 0 || !good_name(de->d_name + 6))
+        if (strncmp(de->d_name, "shoal.", 6) != 0 || !shm_cluster_name_ok(de->d_name + 6))
             continue;
         shm_segment *old = NULL;
         if (shm_segment_attach(de->d_name + 6, true, &old, NULL) != SHOAL_OK)
@@ -182,7 +182,7 @@ shoal_err shm_segment_create(const char *name, const shm_segment_sizes *sizes, s
 {
     shoal_err err;
     *out = NULL;
-    if (!good_name(name))
+    if (!shm_cluster_name_ok(name))
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
                               "cluster name '%s': use 1 to %d letters, digits, '-' or '_'", name,
                               SHM_CLUSTER_NAME_MAX - 1);
@@ -276,7 +276,7 @@ shoal_err shm_segment_attach(const char *name, bool read_only, shm_segment **out
 {
     shoal_err err;
     *out = NULL;
-    if (!good_name(name))
+    if (!shm_cluster_name_ok(name))
         return shoal_diag_set(diag, SHOAL_ERR_INVALID, "cluster name '%s' is not valid", name);
     shm_segment *s = calloc(1, sizeof *s);
     if (!s)
@@ -683,11 +683,18 @@ shoal_err shm_worker_register(shm_segment *s, int index, pid_t pid, const char *
     shm_segment_lock(s);
     worker_clear_locked(s, index);
     shm_worker_row *w = shm_segment_worker(s, index);
-    uint32_t drain = atomic_load(&w->drain);
+    /* the slot's own facts outlive its processes */
+    uint32_t drain = atomic_load(&w->drain), managed = atomic_load(&w->managed);
+    int32_t exits = atomic_load(&w->exits), exit_code = atomic_load(&w->exit_code);
+    uint64_t dead_ns = atomic_load(&w->dead_ns);
     uint64_t next = atomic_load(&w->epoch) + 1;
     memset((char *)w + sizeof w->state, 0, sizeof *w - sizeof w->state);
     atomic_store(&w->epoch, next);
     atomic_store(&w->drain, drain);
+    atomic_store(&w->managed, managed);
+    atomic_store(&w->exits, exits);
+    atomic_store(&w->exit_code, exit_code);
+    atomic_store(&w->dead_ns, dead_ns);
     w->pid = (int32_t)pid;
     snprintf(w->device, sizeof w->device, "%s", device);
     atomic_store(&w->pages_total, pages);
@@ -718,6 +725,7 @@ void shm_worker_forget(shm_segment *s, int index, shm_worker_state state, int ex
     atomic_store(&w->pages_total, 0);
     atomic_store(&w->exit_code, exit_code);
     atomic_store(&w->dead_ns, now_ns());
+    atomic_fetch_add(&w->exits, 1);
     atomic_store(&w->epoch, atomic_load(&w->epoch) + 1); /* old leases hold nothing now */
     atomic_store(&w->state, state);
     shm_segment_unlock(s);

@@ -45,7 +45,7 @@
 #include <sys/types.h>
 
 #define SHM_SEGMENT_MAGIC 0x47455348414f4853ull /* "SHOALSEG" little-endian */
-#define SHM_SEGMENT_VERSION 2
+#define SHM_SEGMENT_VERSION 3 /* 3: worker rows of 192 bytes, parent keys in page rows */
 #define SHM_SEGMENT_WORKERS_MAX 64
 #define SHM_CLUSTER_NAME_MAX 32
 
@@ -85,8 +85,19 @@ typedef struct shm_worker_row {
     _Atomic uint64_t dead_ns;        /* when it was found dead */
     _Atomic uint64_t cached_tokens;  /* prompt tokens served by local prefix hits */
     _Atomic uint64_t prompt_tokens;  /* prompt tokens admitted */
+    _Atomic int32_t page_tokens;     /* tokens of one KV page */
+    _Atomic int32_t exits;           /* processes of this slot that ended (dead or drained) */
+    _Atomic uint32_t managed;        /* 1: the coordinator starts and restarts this slot */
+    uint8_t pad[20];
 } shm_worker_row;
-_Static_assert(sizeof(shm_worker_row) == 160, "shm_worker_row layout");
+_Static_assert(sizeof(shm_worker_row) == 192, "shm_worker_row layout");
+
+/* exit_code of a worker row: the exit status (0..255), -N when signal N
+ * ended it, or one of these. */
+enum {
+    SHM_EXIT_UNKNOWN = -1000, /* not the coordinator's child: no status to read */
+    SHM_EXIT_SILENT = -1001,  /* stopped answering; the coordinator killed it */
+};
 
 typedef enum shm_page_state {
     SHM_PAGE_FREE = 0,
@@ -109,7 +120,11 @@ typedef struct shm_page_row {
     _Atomic uint64_t last_use; /* the owner's use clock */
     common_hash hash;
     _Atomic uint64_t uses; /* prefix hits and imports of this page */
-    uint8_t pad[24];
+    /* common_hash_u64 of the parent block's hash, set with the hash: a
+     * reader (shoalctl) links published pages into chains without the
+     * engine's private tables. */
+    _Atomic uint64_t parent_key;
+    uint8_t pad[16];
 } shm_page_row;
 _Static_assert(sizeof(shm_page_row) == 96, "shm_page_row layout");
 
@@ -219,6 +234,10 @@ shm_lease_slot *shm_segment_leases(shm_segment *s);
 void shm_segment_lock(shm_segment *s);
 void shm_segment_unlock(shm_segment *s);
 
+/* True for a usable cluster name: 1 to SHM_CLUSTER_NAME_MAX - 1 letters,
+ * digits, '-' or '_' (it becomes a file name and a socket name). */
+bool shm_cluster_name_ok(const char *name);
+
 /* True when a process with this pid exists. */
 bool shm_pid_alive(pid_t pid);
 
@@ -228,12 +247,15 @@ bool shm_pid_alive(pid_t pid);
  * (pages <= pages_max): under the lock, the epoch moves on, the slot's page
  * rows are reset to free, its index entries and the leases on its pages go
  * (a lessee of the old process finds the new epoch and lets go), and the
- * row gets pid, device and sizes. *epoch gets the new epoch. */
+ * row gets pid, device and sizes. What belongs to the slot rather than
+ * the process stays: the drain flag, `managed`, `exits` and the last
+ * process's exit_code and dead_ns. *epoch gets the new epoch. */
 shoal_err shm_worker_register(shm_segment *s, int index, pid_t pid, const char *device, int pages,
                               uint64_t page_bytes, uint64_t *epoch, shoal_diag *diag);
 
 /* The slot's process is gone: its pages leave the index, leases on them
- * and leases it held go, and its state becomes `state` (DEAD or DRAINED). */
+ * and leases it held go, `exits` counts it, and its state becomes `state`
+ * (DEAD or DRAINED) with exit_code (see SHM_EXIT_*) and dead_ns now. */
 void shm_worker_forget(shm_segment *s, int index, shm_worker_state state, int exit_code);
 
 /* ---- prefix index (the caller holds the lock for insert and remove) ---- */
