@@ -507,7 +507,11 @@ static int lease_slot_take(shm_segment *s, int worker, int page, uint64_t epoch)
     return -1;
 }
 
-int shm_lease_reclaim_locked(shm_segment *s)
+/* Drops lease slots of dead lessees and recounts every page's leases
+ * from the slots that remain: the one way lease counts get repaired. A
+ * slot half-written by a dead holder has pid 0 (written last): ignored.
+ * Returns the slots dropped; with `always`, recounts even when none was. */
+static int reclaim_and_recount(shm_segment *s, bool always)
 {
     shm_segment_header *h = s->base;
     shm_lease_slot *slots = shm_segment_leases(s);
@@ -517,9 +521,8 @@ int shm_lease_reclaim_locked(shm_segment *s)
             memset(&slots[i], 0, sizeof slots[i]);
             dropped++;
         }
-    if (dropped == 0)
+    if (dropped == 0 && !always)
         return 0;
-    /* recount every page's leases from the slots that remain */
     for (int w = 0; w < h->workers_max; w++) {
         shm_page_row *rows = shm_segment_pages(s, w);
         for (int p = 0; p < h->pages_max; p++)
@@ -527,17 +530,20 @@ int shm_lease_reclaim_locked(shm_segment *s)
     }
     for (int i = 0; i < h->leases_max; i++) {
         shm_lease_slot *l = &slots[i];
-        if (l->pid == 0)
-            continue;
-        if (l->worker < 0 || l->worker >= h->workers_max || l->page < 0 ||
-            l->page >= h->pages_max ||
-            (uint32_t)atomic_load(&shm_segment_worker(s, l->worker)->epoch) != l->epoch)
-            continue; /* a lease on a process that is gone: it holds nothing */
-        atomic_fetch_add(&shm_segment_pages(s, l->worker)[l->page].leases, 1);
+        if (l->pid != 0 && l->worker >= 0 && l->worker < h->workers_max && l->page >= 0 &&
+            l->page < h->pages_max &&
+            /* a lease on a process that is gone holds nothing */
+            (uint32_t)atomic_load(&shm_segment_worker(s, l->worker)->epoch) == l->epoch)
+            atomic_fetch_add(&shm_segment_pages(s, l->worker)[l->page].leases, 1);
     }
     atomic_fetch_add(&h->leases_reclaimed, (uint64_t)dropped);
     h->generation++;
     return dropped;
+}
+
+int shm_lease_reclaim_locked(shm_segment *s)
+{
+    return reclaim_and_recount(s, false);
 }
 
 typedef struct chain_walk {
@@ -738,28 +744,7 @@ void shm_worker_forget(shm_segment *s, int index, shm_worker_state state, int ex
 static void repair_locked(shm_segment *s)
 {
     shm_segment_header *h = s->base;
-    shm_lease_slot *slots = shm_segment_leases(s);
-    for (int i = 0; i < h->leases_max; i++)
-        if (slots[i].pid != 0 && !shm_pid_alive(slots[i].pid))
-            slots[i].pid = -1; /* marked; reclaim below sees a dead pid */
-    for (int i = 0; i < h->leases_max; i++)
-        if (slots[i].pid == -1) {
-            memset(&slots[i], 0, sizeof slots[i]);
-            atomic_fetch_add(&h->leases_reclaimed, 1);
-        }
-    /* a slot half-written by the dead holder has pid 0 (written last) */
-    for (int w = 0; w < h->workers_max; w++) {
-        shm_page_row *rows = shm_segment_pages(s, w);
-        for (int p = 0; p < h->pages_max; p++)
-            atomic_store(&rows[p].leases, 0);
-    }
-    for (int i = 0; i < h->leases_max; i++) {
-        shm_lease_slot *l = &slots[i];
-        if (l->pid != 0 && l->worker >= 0 && l->worker < h->workers_max && l->page >= 0 &&
-            l->page < h->pages_max &&
-            (uint32_t)atomic_load(&shm_segment_worker(s, l->worker)->epoch) == l->epoch)
-            atomic_fetch_add(&shm_segment_pages(s, l->worker)[l->page].leases, 1);
-    }
+    reclaim_and_recount(s, true);
     memset(index_of(s), 0, (size_t)h->index_slots * sizeof(uint64_t));
     uint64_t *ix = index_of(s);
     uint32_t mask = h->index_slots - 1;
