@@ -8,4 +8,11 @@
 int common_parse_int(const char *program, const char *flag, const char *s, long lo, long hi,
                      int *out);
 
+/* Parses s as a size in GiB (a decimal number, fractions allowed) above 0
+ * and at most hi_gib into *bytes. On a bad value it prints "<program>:
+ * <flag> '<s>': expected a number of GiB in (0, hi]" to stderr and returns
+ * -1; else 0. */
+int common_parse_gib(const char *program, const char *flag, const char *s, double hi_gib,
+                     unsigned long long *bytes);
+
 #endif

@@ -119,4 +119,22 @@
 #define SHOAL_ARENA_SEND_TIMEOUT_MS 1000
 #define SHOAL_ARENA_BACKLOG 64
 
+/* The bridge between a worker's pages and the store (worker_states). */
+
+/* Host staging of one restore run: pages read from the store at once
+ * before they are uploaded. 64 MiB is 27 pages of an 8B model, enough to
+ * keep 8 reader threads and the disk busy while the device takes the
+ * uploads, and a minor share of host memory. */
+#define SHOAL_STATES_STAGING_BYTES_MAX (64ull * 1024 * 1024)
+
+/* Reader threads of one worker's restores: each checks a page's SHA-256
+ * at ~1.5-2 GB/s, so 8 keep up with a fast NVMe drive. */
+#define SHOAL_STATES_READ_THREADS_MAX 64
+
+/* How long a worker writes its learned pages at a clean shutdown before it
+ * exits anyway (those left are recomputed after the restart): 60 s is
+ * ~100 GiB at NVMe speed, more than --spill-gib usually allows. The
+ * coordinator waits this long, plus a margin, before SIGKILL. */
+#define SHOAL_STATES_SHUTDOWN_WRITE_MS 60000
+
 #endif

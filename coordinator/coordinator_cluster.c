@@ -6,6 +6,7 @@
 #include "common/common_limits.h"
 #include "common/common_log.h"
 #include "shm/shm_channel.h"
+#include "store/store_admin.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -89,6 +90,8 @@ struct coordinator_cluster {
     char cluster[SHM_CLUSTER_NAME_MAX];
     shm_segment *seg;
     char *model_dir, *runtime_dir, *worker_path, *load_format, *kv_dtype;
+    char *state_dir, *spill_gib;
+    bool reader_check_due; /* a worker exited since the last check (lock) */
     pthread_mutex_t lock;
     pthread_cond_t changed;
     cworker w[COORDINATOR_WORKERS_MAX];
@@ -310,6 +313,15 @@ static void spawn(coordinator_cluster *c, cworker *w)
         argv[a++] = "--kv-dtype";
         argv[a++] = c->kv_dtype;
     }
+    if (c->state_dir) {
+        argv[a++] = "--learn-conversations";
+        argv[a++] = "--state-dir";
+        argv[a++] = c->state_dir;
+        if (c->spill_gib) {
+            argv[a++] = "--spill-gib";
+            argv[a++] = c->spill_gib;
+        }
+    }
     static const char *const flags[6] = {"--threads",  "--page-tokens",      "--kv-pages",
                                          "--parallel", "--max-batch-tokens", "--max-model-len"};
     int values[6] = {c->o.threads,   c->o.page_tokens,      c->o.kv_pages,
@@ -355,6 +367,7 @@ static void declare_dead(coordinator_cluster *c, cworker *w, const char *why, vo
     w->pid = 0;
     w->state = W_DEAD;
     w->restarts++;
+    c->reader_check_due = c->state_dir != NULL;
     if (c->seg) /* its pages leave the index; leases on them end */
         shm_worker_forget(c->seg, w->index, SHM_WORKER_DEAD, w->exit_code);
     int backoff = 500 << (w->restarts < 6 ? w->restarts : 6);
@@ -517,6 +530,25 @@ static void *rx_main(void *arg)
     return NULL;
 }
 
+/* Frees the state store's reader slots that exited workers left (a worker
+ * killed inside a read transaction keeps its slot until someone checks).
+ * Called without the lock: opening the store may wait for a compaction. */
+static void states_reader_check(coordinator_cluster *c)
+{
+    store_admin *a = NULL;
+    shoal_diag diag = {{0}};
+    int cleared = 0;
+    shoal_err err = store_admin_open(c->state_dir, &a, &diag);
+    if (err == SHOAL_OK)
+        err = store_admin_reader_check(a, &cleared, &diag);
+    store_admin_close(a);
+    if (err && err != SHOAL_ERR_NOT_FOUND) /* NOT_FOUND: no worker made the store yet */
+        LOG_WARN("state store %s: reader check failed: %s", c->state_dir, diag.msg);
+    else if (cleared)
+        LOG_INFO("state store %s: cleared %d reader slots of exited workers", c->state_dir,
+                 cleared);
+}
+
 static void *supervisor_main(void *arg)
 {
     coordinator_cluster *c = arg;
@@ -553,8 +585,12 @@ static void *supervisor_main(void *arg)
             else if (w->state == W_DEAD && w->ours && now >= w->restart_at_ms)
                 spawn(c, w);
         }
+        bool check = c->reader_check_due;
+        c->reader_check_due = false;
         pthread_mutex_unlock(&c->lock);
         send_all(c, out, out_bytes, out_worker, n_out);
+        if (check)
+            states_reader_check(c);
     }
     return NULL;
 }
@@ -649,6 +685,8 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
     c->worker_path = strdup(o->worker_path);
     c->load_format = o->load_format ? strdup(o->load_format) : NULL;
     c->kv_dtype = o->kv_dtype ? strdup(o->kv_dtype) : NULL;
+    c->state_dir = o->state_dir ? strdup(o->state_dir) : NULL;
+    c->spill_gib = o->spill_gib ? strdup(o->spill_gib) : NULL;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
     c->next_id = 1;
@@ -773,8 +811,10 @@ void coordinator_cluster_close(coordinator_cluster *c)
     for (int i = 0; i < c->n; i++)
         if (c->w[i].ch && c->w[i].state == W_ALIVE)
             shm_channel_send(c->w[i].ch, &bye, sizeof bye, 200);
-    /* Give workers a moment to finish, then make sure they are gone. */
-    long long deadline = now_ms() + 3000;
+    /* Give workers a moment to finish (learning ones write their states
+     * first), then make sure they are gone. */
+    long long deadline =
+        now_ms() + (c->state_dir ? SHOAL_STATES_SHUTDOWN_WRITE_MS + 5000 : 3000);
     for (int i = 0; i < c->n; i++) {
         cworker *w = &c->w[i];
         if (!w->ours || w->pid <= 0)
@@ -790,6 +830,8 @@ void coordinator_cluster_close(coordinator_cluster *c)
         }
         w->pid = 0;
     }
+    if (c->state_dir) /* one may have been killed above */
+        states_reader_check(c);
     for (int i = 0; i < c->n; i++) {
         cworker *w = &c->w[i];
         if (w->rx_started)
@@ -813,6 +855,8 @@ void coordinator_cluster_close(coordinator_cluster *c)
     free(c->worker_path);
     free(c->load_format);
     free(c->kv_dtype);
+    free(c->state_dir);
+    free(c->spill_gib);
     free(c);
 }
 

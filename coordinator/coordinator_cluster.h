@@ -44,6 +44,13 @@ typedef struct coordinator_cluster_options {
     int parallel;
     int max_batch_tokens;
     int max_model_len;
+    /* --learn-conversations: each worker keeps conversations in the state
+     * store in state_dir (NULL: off), under spill_gib as given (NULL: the
+     * worker's default). The coordinator clears the store's stale reader
+     * slots when a worker exits, and gives workers time to write their
+     * states when it stops them. */
+    const char *state_dir;
+    const char *spill_gib;
     /* supervision */
     int heartbeat_ms;    /* a worker reports at least this often while idle */
     int dead_after_ms;   /* silence after which a worker is declared dead */

@@ -992,6 +992,10 @@ static enum MHD_Result metrics(http_req *r)
             .cached_tokens = s->load.cached_tokens,
             .generated_tokens = s->load.generated_tokens,
             .preemptions = s->load.preemptions,
+            .restore_tokens = s->load.restore_tokens,
+            .states_spilled = s->load.states_spilled,
+            .states_refused = s->load.states_refused,
+            .states_dropped = s->load.states_dropped,
         };
         snprintf(w[i].device, sizeof w[i].device, "%s", s->device);
     }

@@ -63,6 +63,11 @@ static void usage(FILE *f)
         "  --segment-pages N       KV page rows per worker in it (default: --kv-pages,\n"
         "                          else 65536)\n"
         "  --worker-path PATH      the shoal-worker binary (default: next to this one)\n"
+        "  --learn-conversations   keep each conversation's KV pages; spill them to the\n"
+        "                          state store when evicted, restore them on the next turn\n"
+        "  --state-dir DIR         the store (LMDB, made 0700), shared by the workers and\n"
+        "                          kept across restarts; shoalctl states inspects it\n"
+        "  --spill-gib N           the store's size limit in GiB (default 16)\n"
         "  --heartbeat-ms N, --dead-after-ms N, --start-timeout-s N\n",
         COORDINATOR_BODY_BYTES_MAX, COORDINATOR_STREAMS_MAX);
 }
@@ -177,6 +182,9 @@ int main(int argc, char **argv)
         OPT_HEARTBEAT,
         OPT_DEAD,
         OPT_START,
+        OPT_LEARN,
+        OPT_STATE_DIR,
+        OPT_SPILL,
         OPT_HELP
     };
     static const struct option opts[] = {
@@ -208,6 +216,9 @@ int main(int argc, char **argv)
         {"heartbeat-ms", required_argument, 0, OPT_HEARTBEAT},
         {"dead-after-ms", required_argument, 0, OPT_DEAD},
         {"start-timeout-s", required_argument, 0, OPT_START},
+        {"learn-conversations", no_argument, 0, OPT_LEARN},
+        {"state-dir", required_argument, 0, OPT_STATE_DIR},
+        {"spill-gib", required_argument, 0, OPT_SPILL},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -217,6 +228,8 @@ int main(int argc, char **argv)
     coordinator_http_options ho = {.host = "127.0.0.1", .port = 8000};
     const char *port_file = NULL;
     int body_max = 0, drain_s = 30, start_s = 600;
+    bool learn = false;
+    const char *state_dir = NULL;
     char worker_path[PATH_MAX + 32];
     default_worker_path(worker_path, sizeof worker_path);
     co.worker_path = worker_path;
@@ -289,6 +302,20 @@ int main(int argc, char **argv)
         case OPT_WORKER_PATH:
             co.worker_path = optarg;
             break;
+        case OPT_LEARN:
+            learn = true;
+            break;
+        case OPT_STATE_DIR:
+            state_dir = optarg;
+            break;
+        case OPT_SPILL: {
+            unsigned long long bytes; /* checked here, passed on as given */
+            if (common_parse_gib("shoal-coordinator", "--spill-gib", optarg,
+                                 (double)(SHOAL_STORE_SPILL_BYTES_MAX >> 30), &bytes))
+                return 2;
+            co.spill_gib = optarg;
+            break;
+        }
         case OPT_ROUTE:
             if (strcmp(optarg, "prefix") == 0) {
                 co.route = COORDINATOR_ROUTE_PREFIX;
@@ -316,6 +343,17 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!learn && (state_dir || co.spill_gib)) {
+        fprintf(stderr, "shoal-coordinator: %s needs --learn-conversations\n",
+                state_dir ? "--state-dir" : "--spill-gib");
+        return 2;
+    }
+    if (learn && !state_dir) {
+        fprintf(stderr, "shoal-coordinator: --learn-conversations needs --state-dir DIR (where "
+                        "the workers keep the states)\n");
+        return 2;
+    }
+    co.state_dir = learn ? state_dir : NULL;
     if (!ho.api_key)
         ho.api_key = getenv("SHOAL_API_KEY");
     if (!ho.model_name)

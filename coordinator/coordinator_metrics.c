@@ -158,6 +158,10 @@ typedef enum worker_field {
     WF_HITS,
     WF_GENERATED,
     WF_PREEMPTIONS,
+    WF_RESTORED,
+    WF_SPILLED,
+    WF_REFUSED,
+    WF_DROPPED,
 } worker_field;
 
 static unsigned long long worker_value(const coordinator_metrics_worker *w, worker_field f)
@@ -183,12 +187,20 @@ static unsigned long long worker_value(const coordinator_metrics_worker *w, work
         return w->steps;
     case WF_COMPUTED:
         return w->computed_tokens;
-    case WF_HITS:
-        return w->cached_tokens;
+    case WF_HITS: /* device hits: restores are counted on their own */
+        return w->cached_tokens > w->restore_tokens ? w->cached_tokens - w->restore_tokens : 0;
     case WF_GENERATED:
         return w->generated_tokens;
     case WF_PREEMPTIONS:
         return w->preemptions;
+    case WF_RESTORED:
+        return w->restore_tokens;
+    case WF_SPILLED:
+        return w->states_spilled;
+    case WF_REFUSED:
+        return w->states_refused;
+    case WF_DROPPED:
+        return w->states_dropped;
     }
     return 0;
 }
@@ -271,8 +283,20 @@ bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_
            "Rows the worker ran through the model.");
     worker_series(out, c, "worker_computed_tokens_total", "", WF_COMPUTED);
     header(out, "worker_prefix_cache_hits_total", "counter",
-           "Prompt tokens the worker took from its prefix cache.");
+           "Prompt tokens the worker took from KV pages on a device (its own or a peer's).");
     worker_series(out, c, "worker_prefix_cache_hits_total", "", WF_HITS);
+    header(out, "worker_restored_tokens_total", "counter",
+           "Prompt tokens the worker read back from the state store instead of computing.");
+    worker_series(out, c, "worker_restored_tokens_total", "", WF_RESTORED);
+    header(out, "worker_state_spilled_pages_total", "counter",
+           "Evicted KV pages the worker queued for the state store.");
+    worker_series(out, c, "worker_state_spilled_pages_total", "", WF_SPILLED);
+    header(out, "worker_state_refused_total", "counter",
+           "Stored states the worker refused (checksum, model fingerprint or layout).");
+    worker_series(out, c, "worker_state_refused_total", "", WF_REFUSED);
+    header(out, "worker_state_dropped_pages_total", "counter",
+           "Spills dropped because the state store's write queue was full.");
+    worker_series(out, c, "worker_state_dropped_pages_total", "", WF_DROPPED);
     header(out, "worker_generated_tokens_total", "counter", "Tokens the worker generated.");
     worker_series(out, c, "worker_generated_tokens_total", "", WF_GENERATED);
     header(out, "worker_preemptions_total", "counter", "Streams the worker preempted.");

@@ -21,7 +21,11 @@
  *   worker_up, worker_restarts_total, worker_streams{state},
  *   worker_kv_pages{state="free|active|cached"}, worker_kv_pages_total,
  *   worker_steps_total, worker_computed_tokens_total,
- *   worker_prefix_cache_hits_total, worker_generated_tokens_total,
+ *   worker_prefix_cache_hits_total (device pages: its own or a peer's),
+ *   worker_restored_tokens_total (read back from the state store),
+ *   worker_state_spilled_pages_total, worker_state_refused_total,
+ *   worker_state_dropped_pages_total (--learn-conversations),
+ *   worker_generated_tokens_total,
  *   worker_preemptions_total                 per worker{worker,device}
  *   streams_resumed_total                    streams moved off a dead worker */
 #ifndef SHOAL_COORDINATOR_METRICS_H
@@ -103,6 +107,10 @@ typedef struct coordinator_metrics_worker {
     uint64_t cached_tokens;
     uint64_t generated_tokens;
     uint64_t preemptions;
+    uint64_t restore_tokens; /* of cached_tokens, from the state store */
+    uint64_t states_spilled;
+    uint64_t states_refused;
+    uint64_t states_dropped;
 } coordinator_metrics_worker;
 
 typedef struct coordinator_metrics_cluster {

@@ -57,6 +57,17 @@ shoal_err shm_proto_check(const void *msg, size_t bytes, shm_msg_type *type, sho
             return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "submit: stop_count %d, max_tokens %d",
                                   s->stop_count, s->max_tokens);
     }
+    const shm_load *load = h.type == SHM_MSG_HELLO  ? &((const shm_hello *)msg)->load
+                           : h.type == SHM_MSG_STEP  ? &((const shm_step *)msg)->load
+                           : h.type == SHM_MSG_HEARTBEAT ? &((const shm_heartbeat *)msg)->load
+                                                          : NULL;
+    if (load && (load->running < 0 || load->waiting < 0 || load->pages_total < 0 ||
+                 load->pages_free < 0 || load->pages_active < 0 || load->pages_cached < 0))
+        return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                              "message type %u: negative load (running %d, waiting %d, pages "
+                              "%d/%d/%d/%d)",
+                              h.type, load->running, load->waiting, load->pages_total,
+                              load->pages_free, load->pages_active, load->pages_cached);
     if (h.type == SHM_MSG_HELLO && memchr(((const shm_hello *)msg)->device, 0, 16) == NULL)
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "hello: device name not terminated");
     if (h.type == SHM_MSG_REJECT &&

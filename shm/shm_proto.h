@@ -4,7 +4,8 @@
  * directory): a 16-byte header (magic, version, type, total bytes, count)
  * and a fixed-layout, little-endian body. Every received message is checked
  * by shm_proto_check before use: magic, version, type, and a size that
- * matches the type and its count exactly. No pointers cross: ids do.
+ * matches the type and its count exactly, and a load with no negative
+ * count. No pointers cross: ids do.
  *
  *   coordinator -> worker   SUBMIT (a stream and its prompt), CANCEL, SHUTDOWN
  *   worker -> coordinator   HELLO (once, after the model loaded), STEP (every
@@ -21,7 +22,7 @@
 #include <stdint.h>
 
 #define SHM_PROTO_MAGIC 0x6c616f68u /* "hoal" read little-endian */
-#define SHM_PROTO_VERSION 1
+#define SHM_PROTO_VERSION 2 /* 2: shm_load counts the state store's work */
 
 /* Largest prompt a SUBMIT carries, and events a STEP carries: bounded so a
  * receiver can size its buffers (nng's receive limit is set from these). */
@@ -63,8 +64,15 @@ typedef struct shm_load {
     uint64_t cached_tokens;
     uint64_t generated_tokens;
     uint64_t preemptions;
+    /* The state store (--learn-conversations; zero without it). */
+    uint64_t restore_tokens; /* prompt tokens read back from the store (counted in
+                                cached_tokens too) */
+    uint64_t states_spilled; /* evicted pages queued for the store */
+    uint64_t states_refused; /* stored records refused (checksum, fingerprint) */
+    uint64_t states_dropped; /* spills dropped: the store's queue was full */
 } shm_load;
-_Static_assert(sizeof(shm_load) == 64, "shm_load layout");
+_Static_assert(sizeof(shm_load) == 96, "shm_load layout");
+_Static_assert(offsetof(shm_load, restore_tokens) == 64, "shm_load layout");
 
 typedef struct shm_hello {
     shm_header h;
@@ -78,7 +86,7 @@ typedef struct shm_hello {
     common_hash fingerprint;
     shm_load load;
 } shm_hello;
-_Static_assert(sizeof(shm_hello) == 16 + 24 + 16 + 32 + 64, "shm_hello layout");
+_Static_assert(sizeof(shm_hello) == 16 + 24 + 16 + 32 + 96, "shm_hello layout");
 
 /* A stream's sampling settings, as the engine's sample op takes them. */
 typedef struct shm_sampling {
@@ -137,7 +145,7 @@ typedef struct shm_step {
     shm_header h; /* count = events, which follow */
     shm_load load;
 } shm_step;
-_Static_assert(sizeof(shm_step) == 80, "shm_step layout");
+_Static_assert(sizeof(shm_step) == 112, "shm_step layout");
 
 typedef struct shm_reject {
     shm_header h;
@@ -152,7 +160,7 @@ typedef struct shm_heartbeat {
     shm_header h;
     shm_load load;
 } shm_heartbeat;
-_Static_assert(sizeof(shm_heartbeat) == 80, "shm_heartbeat layout");
+_Static_assert(sizeof(shm_heartbeat) == 112, "shm_heartbeat layout");
 
 /* Largest message either side sends: a SUBMIT of the longest prompt. */
 #define SHM_MSG_BYTES_MAX (sizeof(shm_submit) + (size_t)SHM_PROMPT_TOKENS_MAX * 4)
@@ -164,8 +172,9 @@ void shm_header_init(shm_header *h, shm_msg_type type, size_t bytes, uint32_t co
 size_t shm_msg_bytes(shm_msg_type type, uint32_t count);
 
 /* Checks a received message of `bytes` bytes: magic, version, known type,
- * and a size that is exactly the type's for its count (within the bounds
- * above). Strings in it must be NUL-terminated. On success *type is set.
+ * a size that is exactly the type's for its count (within the bounds
+ * above), and in HELLO, STEP and HEARTBEAT a load with no negative count.
+ * Strings in it must be NUL-terminated. On success *type is set.
  * SHOAL_ERR_FORMAT with a message otherwise; the message is not used. */
 shoal_err shm_proto_check(const void *msg, size_t bytes, shm_msg_type *type, shoal_diag *diag);
 

@@ -10,6 +10,7 @@
  *   --serve --connect SOCKET --worker-index N: the engine loop, driven over
  *     the coordinator's socket (worker_serve.h). */
 #include "common/common_args.h"
+#include "common/common_limits.h"
 #include "common/common_log.h"
 #include "common/common_rng.h"
 #include "worker/worker_bench.h"
@@ -61,6 +62,13 @@ static void usage(FILE *f)
             "                         coordinator): page state there, prefixes shared\n"
             "                         with the other workers\n"
             "  --heartbeat-ms N       report at least this often while idle (default 200)\n"
+            "  --learn-conversations  serving: keep conversations' KV pages, spill them to\n"
+            "                         the state store when evicted and restore them on the\n"
+            "                         next turn; SIGTERM then writes the rest before exiting\n"
+            "  --state-dir DIR        the store (an LMDB directory, made 0700; shared by the\n"
+            "                         cluster's workers)\n"
+            "  --spill-gib N          the store's size limit in GiB (default 16; fractions\n"
+            "                         allowed); least recently used states go first\n"
             "  --fake-tokens          serving benchmark: no model, one token per stream per\n"
             "                         step, to measure the coordinator alone\n"
             "  --fake-step-us N       with --fake-tokens: a step at most every N us (default 0:\n"
@@ -158,6 +166,18 @@ out:
     return rc;
 }
 
+/* --learn-conversations: the store's options, set by main. */
+static struct {
+    bool on;
+    worker_states_options o;
+} learn;
+
+static void on_sigterm(int sig)
+{
+    (void)sig;
+    worker_serve_stop();
+}
+
 static int run_serve(worker_model_options *mo, const char *connect, const char *cluster, int index,
                      int heartbeat_ms, bool fake, int fake_step_us, int parallel, int kv_pages,
                      int max_model_len)
@@ -191,6 +211,7 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
     worker_model *m = NULL;
     worker_engine *e = NULL;
     worker_cluster *cl = NULL;
+    worker_states *states = NULL;
     int rc = 1;
     if (worker_model_open(mo, &m, &diag) ||
         (cluster && worker_cluster_join(cluster, index, mo->device, m, &cl, &diag))) {
@@ -203,19 +224,39 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
         eo.import = worker_cluster_import_source(cl);
         so.cluster = cl;
     }
+    if (learn.on) { /* opened here, in the worker process, never across a fork */
+        if (worker_states_open(&learn.o, m, &states, &diag)) {
+            fprintf(stderr, "shoal-worker: %s\n", diag.msg);
+            goto out;
+        }
+        eo.restore = worker_states_restore_source(states);
+        so.states = states;
+        /* SIGTERM ends serving at the next step; the learned pages are
+         * written below before the process exits. */
+        struct sigaction sa = {.sa_handler = on_sigterm, .sa_flags = SA_RESTART};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+    }
     if (worker_engine_open(m, &eo, &e, &diag)) {
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         goto out;
     }
+    if (states)
+        worker_states_attach(states, worker_engine_pages_mut(e));
     LOG_INFO("worker %d: %d KV pages (%s), context %d tokens", index, worker_model_kv_pages(m),
              shoal_dtype_name(worker_model_kv_layout(m)->dtype), max_model_len);
     if (worker_serve_run(&so, m, e, &diag)) {
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         goto out;
     }
+    /* A clean stop (not a broken engine): keep what was learned. */
+    if (states && worker_states_write_all(states, worker_engine_pages_mut(e),
+                                          SHOAL_STATES_SHUTDOWN_WRITE_MS, NULL, &diag))
+        LOG_WARN("%s", diag.msg);
     rc = 0;
 out:
     worker_engine_close(e);
+    worker_states_close(states);
     worker_cluster_leave(cl);
     worker_model_close(m);
     return rc;
@@ -226,7 +267,7 @@ int main(int argc, char **argv)
     enum { OPT_MODEL = 1, OPT_LOAD, OPT_DEVICE, OPT_THREADS, OPT_IDS, OPT_RANDOM, OPT_MAX,
            OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_BENCH, OPT_PARALLEL, OPT_PAGES, OPT_LEN, OPT_SERVE,
            OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_FAKE_STEP, OPT_KVDTYPE, OPT_KVFRAC,
-           OPT_CLUSTER, OPT_HELP };
+           OPT_CLUSTER, OPT_LEARN, OPT_STATE_DIR, OPT_SPILL, OPT_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"load-format", required_argument, 0, OPT_LOAD},
@@ -251,6 +292,9 @@ int main(int argc, char **argv)
         {"kv-dtype", required_argument, 0, OPT_KVDTYPE},
         {"kv-memory-fraction", required_argument, 0, OPT_KVFRAC},
         {"cluster", required_argument, 0, OPT_CLUSTER},
+        {"learn-conversations", no_argument, 0, OPT_LEARN},
+        {"state-dir", required_argument, 0, OPT_STATE_DIR},
+        {"spill-gib", required_argument, 0, OPT_SPILL},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -311,6 +355,16 @@ int main(int argc, char **argv)
         case OPT_SERVE: serve = true; break;
         case OPT_CONNECT: connect = optarg; break;
         case OPT_CLUSTER: cluster = optarg; break;
+        case OPT_LEARN: learn.on = true; break;
+        case OPT_STATE_DIR: learn.o.dir = optarg; break;
+        case OPT_SPILL: {
+            unsigned long long bytes;
+            if (common_parse_gib("shoal-worker", "--spill-gib", optarg,
+                                 (double)(SHOAL_STORE_SPILL_BYTES_MAX >> 30), &bytes))
+                return 2;
+            learn.o.spill_bytes = bytes;
+            break;
+        }
         case OPT_FAKE: fake = true; break;
         case OPT_KVDTYPE:
             if (strcmp(optarg, "bf16") == 0) {
@@ -336,6 +390,19 @@ int main(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
+    if (!learn.on && (learn.o.dir || learn.o.spill_bytes)) {
+        fprintf(stderr, "shoal-worker: %s needs --learn-conversations\n",
+                learn.o.dir ? "--state-dir" : "--spill-gib");
+        return 2;
+    }
+    if (learn.on && (!serve || fake || !learn.o.dir)) {
+        fprintf(stderr, "shoal-worker: --learn-conversations %s\n",
+                !learn.o.dir ? "needs --state-dir DIR (where the states are kept)"
+                             : "works only when serving a model (--serve, not --fake-tokens)");
+        return 2;
+    }
+    if (learn.on && !learn.o.spill_bytes)
+        learn.o.spill_bytes = 16ull << 30;
     if (serve) {
         if (!connect || (!mo.model_dir && !fake) || optind < argc) {
             usage(stderr);

@@ -4,6 +4,8 @@
 #include "shm/shm_channel.h"
 #include "shm/shm_proto.h"
 
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,14 @@ typedef struct serve {
     bool shutdown;
 } serve;
 
+/* Set by worker_serve_stop (a signal handler): the loop ends. */
+static volatile sig_atomic_t stop_requested;
+
+void worker_serve_stop(void)
+{
+    stop_requested = 1;
+}
+
 static long long now_ms(void)
 {
     struct timespec ts;
@@ -60,6 +70,19 @@ static void fill_load(const serve *sv, shm_load *load)
     load->cached_tokens = st.cached_tokens;
     load->generated_tokens = st.generated_tokens;
     load->preemptions = st.preemptions;
+    load->restore_tokens = st.restore_tokens;
+    if (sv->o->states) {
+        worker_states_stats ws;
+        worker_states_stats_get(sv->o->states, &ws);
+        load->states_spilled = ws.spilled_pages;
+        load->states_refused = ws.refused;
+        load->states_dropped = ws.spill_drops;
+        if (sv->o->cluster) /* shoalctl pages reads it there */
+            atomic_store(&shm_segment_worker(worker_cluster_segment(sv->o->cluster),
+                                             worker_cluster_index(sv->o->cluster))
+                              ->spilled_pages,
+                         ws.spilled_pages);
+    }
 }
 
 static shoal_err send_reject(serve *sv, uint64_t id, shoal_err err, const char *text)
@@ -256,7 +279,7 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
     }
     LOG_INFO("worker %d serving on %s", o->worker_index, o->socket_path);
     long long last_sent = now_ms(), next_step_ns = 0;
-    while (!(sv.shutdown && !busy(&sv))) {
+    while (!(sv.shutdown && !busy(&sv)) && !stop_requested) {
         /* everything that arrived; wait for it only when idle */
         int wait = busy(&sv) ? 0 : o->heartbeat_ms;
         for (;;) {

@@ -4,12 +4,15 @@
  * loops: take every SUBMIT and CANCEL that arrived, run one engine step,
  * send one STEP message with every token of that step and the worker's
  * load; while idle, wait for a message and send a HEARTBEAT every
- * heartbeat_ms. SHUTDOWN ends the loop once running streams finished. */
+ * heartbeat_ms. SHUTDOWN ends the loop once running streams finished;
+ * worker_serve_stop (a SIGTERM handler may call it) ends it at the next
+ * step, leaving running streams to the coordinator to resume elsewhere. */
 #ifndef SHOAL_WORKER_SERVE_H
 #define SHOAL_WORKER_SERVE_H
 
 #include "worker/worker_cluster.h"
 #include "worker/worker_engine.h"
+#include "worker/worker_states.h"
 
 typedef struct worker_serve_options {
     const char *socket_path; /* the coordinator's socket for this worker */
@@ -17,6 +20,7 @@ typedef struct worker_serve_options {
     int heartbeat_ms;
     const char *device;
     worker_cluster *cluster; /* the shared segment's slot, or NULL */
+    worker_states *states;   /* --learn-conversations: its counters go in the load */
     /* benchmark mode: no model; each step emits one token per stream at
      * once (token ids 0, 1, 2, ...), to measure the coordinator alone */
     bool fake_tokens;
@@ -31,5 +35,9 @@ typedef struct worker_serve_options {
  * channel failed). e may be NULL in fake mode; m gives the HELLO facts. */
 shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worker_engine *e,
                            shoal_diag *diag);
+
+/* Asks worker_serve_run to return SHOAL_OK after the step it is in.
+ * Async-signal-safe. */
+void worker_serve_stop(void);
 
 #endif

@@ -92,7 +92,11 @@ static void workers_have_pages_streams_and_counters(void)
          .pages_active = 30,
          .pages_cached = 10,
          .steps = 7,
-         .cached_tokens = 48,
+         .cached_tokens = 64,
+         .restore_tokens = 16,
+         .states_spilled = 5,
+         .states_refused = 2,
+         .states_dropped = 1,
          .generated_tokens = 9},
         {.index = 1, .device = "1\"}\n", .alive = false, .restarts = 2, .running = 2},
     };
@@ -108,7 +112,12 @@ static void workers_have_pages_streams_and_counters(void)
     CHECK(sample(t, "shoal_worker_kv_pages{worker=\"0\",device=\"cpu\",state=\"cached\"}") == 10);
     CHECK(sample(t, "shoal_worker_kv_pages_total{worker=\"0\",device=\"cpu\"}") == 100);
     CHECK(sample(t, "shoal_worker_streams{worker=\"0\",device=\"cpu\",state=\"waiting\"}") == 1);
+    /* restored tokens count apart from device hits */
     CHECK(sample(t, "shoal_worker_prefix_cache_hits_total{worker=\"0\",device=\"cpu\"}") == 48);
+    CHECK(sample(t, "shoal_worker_restored_tokens_total{worker=\"0\",device=\"cpu\"}") == 16);
+    CHECK(sample(t, "shoal_worker_state_spilled_pages_total{worker=\"0\",device=\"cpu\"}") == 5);
+    CHECK(sample(t, "shoal_worker_state_refused_total{worker=\"0\",device=\"cpu\"}") == 2);
+    CHECK(sample(t, "shoal_worker_state_dropped_pages_total{worker=\"0\",device=\"cpu\"}") == 1);
     CHECK(sample(t, "shoal_worker_restarts_total{worker=\"1\",device=\"1___\"}") == 2);
     CHECK(sample(t, "shoal_streams_running") == 5 && sample(t, "shoal_streams_waiting") == 1);
     CHECK(sample(t, "shoal_streams_resumed_total") == 4);

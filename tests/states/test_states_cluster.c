@@ -1,0 +1,523 @@
+/* Conversation states through the real cluster (issue #9): a coordinator
+ * with a real shoal-worker process on the CPU backend, --learn-conversations
+ * and a real LMDB directory under /tmp, and a KV pool so small that every
+ * turn's pages are evicted (spilled) before the next turn.
+ *
+ *   - turns 2 and 3 of a conversation restore their history from LMDB
+ *     (counted) and answer exactly as a full recomputation does; after the
+ *     whole cluster is stopped and started again, turn 3 is restored from
+ *     disk and answers the same;
+ *   - states of another model fingerprint are never used; a record with a
+ *     flipped payload byte, or one resealed under another fingerprint, is
+ *     refused and counted, the restore stops before it, and the turn is
+ *     still answered correctly;
+ *   - SIGTERM makes a worker write what it learned before it exits;
+ *   - the flags are checked with messages that name them. */
+#include "common/common_hash.h"
+#include "coordinator/coordinator_cluster.h"
+#include "store/store_state.h"
+#include "tests/store/store_test_util.h"
+#include "tests/test.h"
+#include "worker/worker_engine.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MODEL SHOAL_FIXTURES "/parity/llama3-scaled-bf16"
+enum { VOCAB = 353, PT = 16, KV_PAGES = 24, GEN = 20, LEN_MAX = 400 };
+
+extern char **environ;
+
+/* ---- the reference: each prompt alone in a fresh in-process engine ---- */
+
+static worker_model *ref_model;
+static common_hash fingerprint;
+static store_page_layout layout;
+
+static void reference(const int32_t *prompt, int len, int32_t *out)
+{
+    worker_engine_options eo = {
+        .max_batch_tokens = 256, .parallel = 1, .max_queued = 4, .max_model_len = 1024};
+    worker_engine *e = NULL;
+    shoal_diag diag = {{0}};
+    CHECK_MSG(worker_engine_open(ref_model, &eo, &e, &diag) == SHOAL_OK, "%s", diag.msg);
+    if (!e)
+        return;
+    worker_request r = {
+        .id = 1, .prompt = prompt, .prompt_len = len, .max_tokens = GEN, .ignore_eos = true};
+    r.sampling.top_p = 1.0f;
+    r.sampling.repetition_penalty = 1.0f;
+    CHECK(worker_engine_submit(e, &r, &diag) == SHOAL_OK);
+    worker_event ev[8];
+    int n = 0;
+    while (worker_engine_busy(e)) {
+        int k;
+        CHECK(worker_engine_step(e, ev, &k, &diag) == SHOAL_OK);
+        for (int i = 0; i < k; i++)
+            if (ev[i].token >= 0 && n < GEN)
+                out[n++] = ev[i].token;
+    }
+    CHECK_EQ_INT(n, GEN);
+    worker_engine_close(e);
+}
+
+static void open_reference_model(void)
+{
+    worker_engine_options eo = {
+        .max_batch_tokens = 256, .parallel = 1, .max_queued = 4, .max_model_len = 1024};
+    worker_model_options mo;
+    worker_model_options_default(&mo);
+    mo.model_dir = MODEL;
+    mo.kv_pages = 64;
+    mo.threads = 1;
+    worker_engine_size_model(&eo, &mo);
+    shoal_diag diag = {{0}};
+    CHECK_MSG(worker_model_open(&mo, &ref_model, &diag) == SHOAL_OK, "%s", diag.msg);
+    if (!ref_model)
+        exit(1);
+    fingerprint = *worker_model_fingerprint(ref_model);
+    const kernels_kv_layout *kv = worker_model_kv_layout(ref_model);
+    layout = (store_page_layout){.page_tokens = kv->page_tokens,
+                                 .layers = kv->layers,
+                                 .kv_heads = kv->kv_heads,
+                                 .head_dim = kv->head_dim,
+                                 .dtype = kv->dtype,
+                                 .page_bytes = kv->page_bytes};
+}
+
+/* ---- the conversation ---- */
+
+static uint64_t rng = 99;
+
+static int32_t next_token(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t)((rng >> 33) % VOCAB);
+}
+
+/* conv[t] is turn t's prompt: the last prompt, its answer, a new message. */
+static int32_t conv[3][LEN_MAX];
+static int conv_len[3];
+static int32_t answer[3][GEN]; /* the reference's */
+static int32_t filler[4][KV_PAGES * PT];
+static const int user_len[3] = {100, 30, 25};
+
+static void make_conversation(void)
+{
+    int len = 0;
+    for (int t = 0; t < 3; t++) {
+        if (t > 0) {
+            memcpy(conv[t], conv[t - 1], (size_t)conv_len[t - 1] * 4);
+            memcpy(conv[t] + conv_len[t - 1], answer[t - 1], GEN * 4);
+            len = conv_len[t - 1] + GEN;
+        }
+        for (int k = 0; k < user_len[t]; k++)
+            conv[t][len++] = next_token();
+        conv_len[t] = len;
+        reference(conv[t], len, answer[t]);
+    }
+    for (int f = 0; f < 4; f++)
+        for (int k = 0; k < KV_PAGES * PT; k++)
+            filler[f][k] = next_token();
+}
+
+/* The chain hashes of the first n blocks of tokens, as the engine makes them. */
+static void chain(const int32_t *tokens, int n, common_hash *out)
+{
+    common_hash root;
+    common_block_root(&fingerprint, NULL, &root);
+    for (int b = 0; b < n; b++)
+        common_block_hash(b == 0 ? &root : &out[b - 1], tokens + b * PT, PT, &out[b]);
+}
+
+/* Blocks an engine computed (and published) for a prompt and GEN tokens:
+ * the last token is sampled, never run through the model. */
+static int blocks_after(int prompt_len)
+{
+    return (prompt_len + GEN - 1) / PT;
+}
+
+/* ---- the cluster ---- */
+
+typedef struct result {
+    pthread_mutex_t lock;
+    int32_t tokens[GEN];
+    int n;
+    int cached;
+    int finish;
+    char error[256];
+    atomic_int done;
+} result;
+
+static void on_event(void *ctx, const shm_event *ev, const char *error)
+{
+    result *r = ctx;
+    pthread_mutex_lock(&r->lock);
+    if (ev->token >= 0 && r->n < GEN) {
+        r->tokens[r->n++] = ev->token;
+        if (ev->index == 0)
+            r->cached = ev->cached_tokens;
+    }
+    if (ev->finish) {
+        r->finish = ev->finish;
+        if (error)
+            snprintf(r->error, sizeof r->error, "%s", error);
+        atomic_store(&r->done, 1);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+static char runtime_dir[64];
+
+static coordinator_cluster *start(const char *state_dir)
+{
+    coordinator_cluster_options o;
+    coordinator_cluster_options_default(&o);
+    o.model_dir = MODEL;
+    o.workers = "cpu";
+    o.runtime_dir = runtime_dir;
+    o.worker_path = SHOAL_WORKER_BIN;
+    o.threads = 1;
+    o.parallel = 4;
+    o.kv_pages = KV_PAGES;
+    o.max_model_len = 1024;
+    o.max_batch_tokens = 256;
+    o.heartbeat_ms = 50;
+    o.dead_after_ms = 5000; /* generous: CI shares two cores */
+    o.start_timeout_ms = 60000;
+    o.state_dir = state_dir;
+    o.spill_gib = "0.25";
+    coordinator_cluster *c = NULL;
+    shoal_diag diag = {{0}};
+    CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
+    return c;
+}
+
+/* Runs one greedy stream to its end; false on a timeout or an error. */
+static bool run(coordinator_cluster *c, const int32_t *prompt, int len, int max_tokens, result *r)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->lock, NULL);
+    coordinator_stream_request q;
+    memset(&q, 0, sizeof q);
+    q.prompt = prompt;
+    q.prompt_len = len;
+    q.max_tokens = max_tokens;
+    q.ignore_eos = true;
+    q.sampling.top_p = 1.0f;
+    q.sampling.repetition_penalty = 1.0f;
+    uint64_t id;
+    shoal_diag diag = {{0}};
+    if (coordinator_cluster_submit(c, &q, on_event, r, &id, &diag) != SHOAL_OK) {
+        fprintf(stderr, "  submit: %s\n", diag.msg);
+        return false;
+    }
+    for (int t = 0; t < 60000 && !atomic_load(&r->done); t += 5)
+        usleep(5000);
+    if (!atomic_load(&r->done) || r->finish == COORDINATOR_FINISH_ERROR) {
+        fprintf(stderr, "  stream: %s\n", atomic_load(&r->done) ? r->error : "timed out");
+        return false;
+    }
+    return true;
+}
+
+static shm_load load_of(coordinator_cluster *c)
+{
+    coordinator_cluster_stats st;
+    coordinator_cluster_stats_get(c, &st);
+    return st.worker[0].load;
+}
+
+/* Waits until the worker's load shows the last step (STEP and HEARTBEAT
+ * carry it; the stream's last event may come before the next). */
+static shm_load settled_load(coordinator_cluster *c)
+{
+    usleep(200000);
+    return load_of(c);
+}
+
+/* Turn t through the cluster: the answer equals the reference; returns the
+ * prompt tokens that came from the worker's caches. */
+static int turn(coordinator_cluster *c, int t)
+{
+    result r;
+    CHECK(run(c, conv[t], conv_len[t], GEN, &r));
+    CHECK_EQ_INT(r.n, GEN);
+    CHECK_MSG(memcmp(r.tokens, answer[t], sizeof answer[t]) == 0,
+              "turn %d's answer differs from a full recomputation", t + 1);
+    return r.cached;
+}
+
+/* Turn t, whose prompt must find exactly `cached` tokens in the caches. */
+static void turn_expect(coordinator_cluster *c, int t, int cached)
+{
+    int got = turn(c, t);
+    CHECK_MSG(got == cached, "turn %d: %d prompt tokens from the caches, expected %d", t + 1, got,
+              cached);
+}
+
+/* A long unrelated prompt that takes every page of the pool: whatever was
+ * cached is evicted, and spilled. */
+static void evict_all(coordinator_cluster *c, int f)
+{
+    result r;
+    CHECK(run(c, filler[f], KV_PAGES * PT - 8, 1, &r));
+}
+
+/* How many of hashes[0..n) lead and are stored for this model. */
+static int stored(const char *dir, const common_hash *hashes, int n)
+{
+    store_state_options o = {.dir = dir,
+                             .spill_bytes = 1ull << 30,
+                             .fingerprint = fingerprint,
+                             .layout = layout,
+                             .queue_slots = 1};
+    store_state *s = NULL;
+    shoal_diag diag = {{0}};
+    int got = -1;
+    if (store_state_open(&o, &s, &diag) == SHOAL_OK &&
+        store_state_lookup(s, hashes, n, &got, &diag) != SHOAL_OK)
+        got = -1;
+    if (got < 0)
+        fprintf(stderr, "  store: %s\n", diag.msg);
+    store_state_close(s);
+    return got;
+}
+
+/* Waits until the first n blocks of tokens are stored (spills are
+ * written off the engine's step, a little later). */
+static bool wait_stored(const char *dir, const int32_t *tokens, int n)
+{
+    common_hash h[LEN_MAX / PT];
+    chain(tokens, n, h);
+    for (int t = 0; t < 20000; t += 20) {
+        if (stored(dir, h, n) == n)
+            return true;
+        usleep(20000);
+    }
+    fprintf(stderr, "  %d of %d blocks stored after 20 s\n", stored(dir, h, n), n);
+    return false;
+}
+
+/* ---- tests ---- */
+
+static void three_turns_restore_from_lmdb_and_after_a_restart(void)
+{
+    char dir[64];
+    tu_tempdir(dir, sizeof dir, "conv");
+    coordinator_cluster *c = start(dir);
+    if (!c)
+        return;
+    turn_expect(c, 0, 0);
+    evict_all(c, 0);
+    int b1 = blocks_after(conv_len[0]); /* turn 1's blocks, answer included */
+    CHECK(wait_stored(dir, conv[1], b1));
+    uint64_t before = load_of(c).restore_tokens;
+    /* turn 2: its history comes from LMDB, not from the evicted pages */
+    turn_expect(c, 1, b1 * PT);
+    shm_load l = settled_load(c);
+    CHECK_EQ_INT(l.restore_tokens - before, b1 * PT);
+    evict_all(c, 1);
+    int b2 = blocks_after(conv_len[1]);
+    CHECK(wait_stored(dir, conv[2], b2));
+    before = load_of(c).restore_tokens;
+    turn_expect(c, 2, b2 * PT);
+    l = settled_load(c);
+    CHECK_EQ_INT(l.restore_tokens - before, b2 * PT);
+    CHECK(l.states_spilled >= (uint64_t)b2);
+    CHECK_EQ_INT(l.states_refused, 0);
+    printf("  turn 2 restored %d tokens, turn 3 %d; %llu pages spilled\n", b1 * PT, b2 * PT,
+           (unsigned long long)l.states_spilled);
+    /* Stop the whole cluster: the worker writes turn 3's pages too. */
+    coordinator_cluster_close(c);
+    int b3 = (conv_len[2] - 1) / PT; /* all of turn 3's prompt but its last token */
+    CHECK(wait_stored(dir, conv[2], b3));
+    c = start(dir);
+    if (!c)
+        goto out;
+    turn_expect(c, 2, b3 * PT);
+    l = settled_load(c);
+    CHECK_EQ_INT(l.restore_tokens, b3 * PT);
+    printf("  after a restart turn 3 restored %d of %d prompt tokens\n", b3 * PT, conv_len[2]);
+    coordinator_cluster_close(c);
+    char text[4096];
+    const char *args[] = {"states", "verify", "--state-dir", dir, NULL};
+    int rc = tu_shoalctl(text, sizeof text, args);
+    CHECK_MSG(rc == 0, "shoalctl states verify: %d: %s", rc, text);
+out:
+    tu_rmtree(dir);
+}
+
+static void refused_states_are_never_used(void)
+{
+    char dir[64];
+    tu_tempdir(dir, sizeof dir, "refuse");
+    /* States of another model under this conversation's very block hashes,
+     * with payloads of noise: a worker must never find them. */
+    common_hash other;
+    common_hash_bytes("another model", 13, &other);
+    common_hash h[LEN_MAX / PT];
+    int b1 = blocks_after(conv_len[0]);
+    chain(conv[1], b1, h);
+    store_state_options so = {
+        .dir = dir, .spill_bytes = 1ull << 30, .fingerprint = other, .layout = layout};
+    store_state *s = NULL;
+    shoal_diag diag = {{0}};
+    CHECK_MSG(store_state_open(&so, &s, &diag) == SHOAL_OK, "%s", diag.msg);
+    uint8_t *page = malloc(layout.page_bytes);
+    common_hash root;
+    common_block_root(&fingerprint, NULL, &root);
+    for (int b = 0; s && page && b < b1; b++) {
+        tu_page(page, layout.page_bytes, 5, (uint64_t)b);
+        CHECK(store_state_put_async(s, &h[b], b ? &h[b - 1] : &root, PT, page, layout.page_bytes) ==
+              SHOAL_OK);
+    }
+    free(page);
+    if (s)
+        CHECK(store_state_flush(s, 10000) == SHOAL_OK);
+    store_state_close(s);
+
+    coordinator_cluster *c = start(dir);
+    if (!c)
+        goto out;
+    turn_expect(c, 0, 0); /* nothing restored: they are another model's */
+    shm_load l = settled_load(c);
+    CHECK_EQ_INT(l.restore_tokens, 0);
+    evict_all(c, 2);
+    CHECK(wait_stored(dir, conv[1], b1));
+    coordinator_cluster_close(c);
+
+    /* One flipped payload byte in block 3: blocks 0-2 restore, 3 is refused. */
+    CHECK(tu_flip_record_byte(dir, &fingerprint, &h[3], STORE_RECORD_HEADER_BYTES + 100));
+    c = start(dir);
+    if (!c)
+        goto out;
+    turn_expect(c, 1, 3 * PT);
+    l = settled_load(c);
+    CHECK_EQ_INT(l.restore_tokens, 3 * PT);
+    CHECK_EQ_INT(l.states_refused, 1);
+    coordinator_cluster_close(c);
+
+    /* Block 1 resealed as another model's (its checksum is right): refused. */
+    CHECK(tu_reseal_with_fingerprint(dir, &fingerprint, &h[1], &other));
+    c = start(dir);
+    if (!c)
+        goto out;
+    turn_expect(c, 1, 1 * PT);
+    l = settled_load(c);
+    CHECK_EQ_INT(l.restore_tokens, 1 * PT);
+    CHECK_EQ_INT(l.states_refused, 1);
+    coordinator_cluster_close(c);
+    char text[8192];
+    const char *args[] = {"states", "verify", "--state-dir", dir, NULL};
+    int rc = tu_shoalctl(text, sizeof text, args);
+    CHECK_MSG(rc == 1, "shoalctl states verify: %d: %s", rc, text); /* both named there */
+    CHECK_HAS(text, "checksum");
+out:
+    tu_rmtree(dir);
+}
+
+static void sigterm_writes_what_the_worker_learned(void)
+{
+    char dir[64];
+    tu_tempdir(dir, sizeof dir, "term");
+    coordinator_cluster *c = start(dir);
+    if (!c)
+        goto out;
+    turn_expect(c, 0, 0); /* its pages stay cached: nothing spilled */
+    int b1 = blocks_after(conv_len[0]);
+    common_hash h[LEN_MAX / PT];
+    chain(conv[1], b1, h);
+    int n = stored(dir, h, b1);
+    CHECK_EQ_INT(n, 0);
+    coordinator_cluster_stats st;
+    coordinator_cluster_stats_get(c, &st);
+    CHECK(st.worker[0].pid > 0 && kill(st.worker[0].pid, SIGTERM) == 0);
+    CHECK(wait_stored(dir, conv[1], b1));
+    coordinator_cluster_close(c);
+out:
+    tu_rmtree(dir);
+}
+
+/* Runs shoal-worker with args; its exit status, stderr into err. */
+static int worker_flags(char *err, size_t bytes, const char *const *args)
+{
+    char *argv[16];
+    int n = 0;
+    argv[n++] = (char *)SHOAL_WORKER_BIN;
+    for (int i = 0; args[i]; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    pid_t pid;
+    int rc = posix_spawn(&pid, SHOAL_WORKER_BIN, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t k;
+    while (got + 1 < bytes && (k = read(fds[0], err + got, bytes - 1 - got)) > 0)
+        got += (size_t)k;
+    err[got] = '\0';
+    close(fds[0]);
+    int status = 0;
+    if (rc != 0 || waitpid(pid, &status, 0) != pid)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void flags_are_checked_by_name(void)
+{
+    char err[4096];
+    int rc;
+    const char *no_dir[] = {
+        "--serve", "--connect", "/nonexistent", "--model", MODEL, "--learn-conversations", NULL};
+    rc = worker_flags(err, sizeof err, no_dir);
+    CHECK_EQ_INT(rc, 2);
+    CHECK_HAS(err, "--learn-conversations needs --state-dir");
+    const char *no_learn[] = {"--serve", "--connect",   "/nonexistent", "--model",
+                              MODEL,     "--state-dir", "/tmp/x",       NULL};
+    rc = worker_flags(err, sizeof err, no_learn);
+    CHECK_EQ_INT(rc, 2);
+    CHECK_HAS(err, "--state-dir needs --learn-conversations");
+    const char *zero[] = {
+        "--serve", "--learn-conversations", "--state-dir", "/tmp/x", "--spill-gib", "0", NULL};
+    rc = worker_flags(err, sizeof err, zero);
+    CHECK_EQ_INT(rc, 2);
+    CHECK_HAS(err, "--spill-gib '0': expected a number of GiB in (0, 65536]");
+    const char *offline[] = {
+        "--model", MODEL, "--prompt-ids", "1,2", "--learn-conversations", "--state-dir",
+        "/tmp/x",  NULL};
+    rc = worker_flags(err, sizeof err, offline);
+    CHECK_EQ_INT(rc, 2);
+    CHECK_HAS(err, "works only when serving");
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(runtime_dir, sizeof runtime_dir, "/tmp/shoal-states-XXXXXX");
+    if (!mkdtemp(runtime_dir))
+        return 1;
+    open_reference_model();
+    make_conversation();
+    TEST_RUN(flags_are_checked_by_name);
+    TEST_RUN(three_turns_restore_from_lmdb_and_after_a_restart);
+    TEST_RUN(refused_states_are_never_used);
+    TEST_RUN(sigterm_writes_what_the_worker_learned);
+    worker_model_close(ref_model);
+    rmdir(runtime_dir);
+    return TEST_EXIT();
+}

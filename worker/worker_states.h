@@ -1,0 +1,91 @@
+/* worker_states.h: the bridge between a worker's KV pages and the state
+ * store (--learn-conversations).
+ *
+ * Three paths, all on the engine's thread:
+ *   restore  the engine's restore source (worker_engine_options.restore):
+ *            blocks of a stream's prefix that the store holds are read
+ *            (several at once, into host staging buffers made at open),
+ *            uploaded into pages taken from the pool, published and marked
+ *            stored; the first block the store does not have, or refuses
+ *            (checksum, fingerprint, layout), ends the run and the engine
+ *            computes the rest;
+ *   spill    the pool's eviction hook: a cached page about to be reused is
+ *            downloaded and queued for the store (store_state_put_async,
+ *            which never waits for the disk) unless it is stored already;
+ *   write    at a clean shutdown, every published page not yet stored is
+ *            written (newest last, at most --spill-gib of them), then the
+ *            store is flushed, so conversations survive a restart of the
+ *            whole cluster.
+ *
+ * The store is opened in the worker process (never across a fork), for the
+ * model's fingerprint and KV page layout. */
+#ifndef SHOAL_WORKER_STATES_H
+#define SHOAL_WORKER_STATES_H
+
+#include "common/common_error.h"
+#include "store/store_state.h"
+#include "worker/worker_engine.h"
+#include "worker/worker_model.h"
+#include "worker/worker_pages.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct worker_states worker_states;
+
+typedef struct worker_states_options {
+    const char *dir;      /* --state-dir */
+    uint64_t spill_bytes; /* --spill-gib in bytes */
+    int read_threads;     /* blocks read at once on restore (each checks its
+                             page's SHA-256); 0: one a processor, at most 8 */
+} worker_states_options;
+
+/* What the bridge did since open (store counters are store_state's). */
+typedef struct worker_states_stats {
+    uint64_t restored_pages; /* uploaded from the store */
+    uint64_t restore_bytes;  /* their payload bytes */
+    uint64_t restore_ns;     /* time in the restore source (reads, uploads) */
+    uint64_t restore_stops;  /* runs ended by a refused or vanished record */
+    uint64_t spilled_pages;  /* evicted pages queued for the store */
+    uint64_t spill_skipped;  /* evicted pages the store already held */
+    uint64_t spill_drops;    /* evicted pages the full queue refused */
+    uint64_t written_pages;  /* queued by worker_states_write_all */
+    uint64_t refused;        /* records refused on restore (checksum, fingerprint,
+                                layout; logged once by the store) */
+} worker_states_stats;
+
+/* Opens the store in o->dir for model m (its fingerprint, KV layout,
+ * arena and backend; m must outlive the handle) and allocates the staging
+ * buffers (read_threads pages for spills and restores, up to
+ * SHOAL_STATES_STAGING_BYTES_MAX). Errors are store_state_open's, with
+ * diag naming the directory, or SHOAL_ERR_NOMEM. *out is the caller's
+ * until worker_states_close. */
+shoal_err worker_states_open(const worker_states_options *o, worker_model *m, worker_states **out,
+                             shoal_diag *diag);
+
+/* Writes what is queued and closes the store. NULL allowed. */
+void worker_states_close(worker_states *st);
+
+/* The engine's restore source. */
+worker_prefix_source worker_states_restore_source(worker_states *st);
+
+/* Registers the spill hook on the engine's pool (worker_pages_on_evict). */
+void worker_states_attach(worker_states *st, worker_pages *pages);
+
+/* Queues every published page of `pages` that the store lacks, oldest use
+ * first and at most spill_bytes of them (the newest), waiting for room in
+ * the queue, then waits until the store wrote them, within timeout_ms in
+ * all (< 0: no limit). Logs progress every two seconds. *written (may be
+ * NULL) gets how many pages were queued. SHOAL_ERR_TIMEOUT when time ran
+ * out (what was queued is still written by close). Engine thread, with no
+ * stream running. */
+shoal_err worker_states_write_all(worker_states *st, worker_pages *pages, int timeout_ms,
+                                  int *written, shoal_diag *diag);
+
+/* The bridge's counters and the store's refusals. Engine thread. */
+void worker_states_stats_get(worker_states *st, worker_states_stats *out);
+
+/* The store handle (for tests, benchmarks and stats). */
+store_state *worker_states_store(worker_states *st);
+
+#endif
