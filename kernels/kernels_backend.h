@@ -91,6 +91,15 @@ struct kernels_backend {
      * sizing the KV arena from what is left after the weights. */
     shoal_err (*mem_info)(kernels_backend *be, size_t *free_bytes, size_t *total_bytes);
 
+    /* Pins host memory the caller owns for fast upload and download (CUDA:
+     * cudaHostRegister; the CPU backend: nothing to do). An upload from
+     * pinned memory is truly asynchronous: the caller must sync() before
+     * it writes that memory again. host_unpin before freeing it. A failure
+     * to pin leaves the memory usable as pageable memory (SHOAL_ERR_DEVICE,
+     * nothing else changes). */
+    shoal_err (*host_pin)(kernels_backend *be, void *ptr, size_t bytes);
+    void (*host_unpin)(kernels_backend *be, void *ptr);
+
     /* Arenas: device memory that other processes map (the KV page arena,
      * which other workers read pages from; DESIGN.md "KV pages"). A failure
      * logs one line that says why and what to do; an out-of-memory or a

@@ -25,6 +25,8 @@ struct worker_states {
      * uploads, so the two never share a buffer). */
     int slots;
     uint8_t *staging;
+    size_t staging_bytes;
+    bool pinned; /* staging is pinned: uploads are async, sync before reuse */
     uint8_t *spill_buf;
     /* One restore chunk: what each slot's read gave. */
     const common_hash *chunk_hashes;
@@ -77,7 +79,8 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
                                     .page_bytes = kv->page_bytes};
     if ((err = store_state_open(&so, &st->store, diag)))
         goto out_close;
-    st->staging = aligned_alloc(4096, ((size_t)st->slots * st->page_bytes + 4095) / 4096 * 4096);
+    st->staging_bytes = ((size_t)st->slots * st->page_bytes + 4095) / 4096 * 4096;
+    st->staging = aligned_alloc(4096, st->staging_bytes);
     st->spill_buf = aligned_alloc(4096, (st->page_bytes + 4095) / 4096 * 4096);
     st->chunk_err = calloc((size_t)st->slots, sizeof *st->chunk_err);
     st->chunk_tokens = calloc((size_t)st->slots, sizeof *st->chunk_tokens);
@@ -87,6 +90,9 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
                              st->page_bytes);
         goto out_close;
     }
+    /* pinned staging: uploads at the link's speed instead of through the
+     * driver's bounce buffer */
+    st->pinned = st->be->host_pin(st->be, st->staging, st->staging_bytes) == SHOAL_OK;
     if ((err = common_pool_open(threads, &st->pool))) {
         shoal_diag_set(diag, err, "state store: cannot start %d reader threads", threads);
         goto out_close;
@@ -107,6 +113,8 @@ void worker_states_close(worker_states *st)
         return;
     common_pool_close(st->pool);
     store_state_close(st->store);
+    if (st->pinned)
+        st->be->host_unpin(st->be, st->staging);
     free(st->staging);
     free(st->spill_buf);
     free(st->chunk_err);
@@ -192,6 +200,10 @@ static int restore_fill(void *ctx, worker_pages *pages, uint64_t stream, const c
             st->stats.restored_pages++;
             st->stats.restore_bytes += st->page_bytes;
         }
+        /* the next chunk's reads overwrite the staging that pinned uploads
+         * may still read */
+        if (st->pinned)
+            st->be->sync(st->be);
     }
     if (!stop && stored < n) {
         /* lookup stops silently at a record whose header is another

@@ -45,6 +45,15 @@ static shoal_err cpu_mem_info(kernels_backend *be, size_t *free_bytes, size_t *t
     return SHOAL_OK;
 }
 
+static shoal_err cpu_host_pin(kernels_backend *be, void *ptr, size_t bytes)
+{
+    return SHOAL_OK; /* host memory is the device's */
+}
+
+static void cpu_host_unpin(kernels_backend *be, void *ptr)
+{
+}
+
 static void cpu_close(kernels_backend *be)
 {
     cpu_state *st = cpu_of(be);
@@ -86,6 +95,8 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->download = cpu_copy;
     be->sync = cpu_sync;
     be->mem_info = cpu_mem_info;
+    be->host_pin = cpu_host_pin;
+    be->host_unpin = cpu_host_unpin;
     be->arena_create = cpu_arena_create;
     be->arena_import = cpu_arena_import;
     be->arena_unmap = cpu_arena_unmap;

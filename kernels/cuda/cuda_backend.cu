@@ -299,6 +299,24 @@ static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *
     return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? SHOAL_OK : SHOAL_ERR_DEVICE;
 }
 
+static shoal_err cuda_host_pin(kernels_backend *be, void *ptr, size_t bytes)
+{
+    /* not check(): a refusal leaves pageable memory, not a broken backend */
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        LOG_WARN("cuda: cannot pin %zu bytes of host memory (%s); they stay pageable", bytes,
+                 cudaGetErrorString(e));
+        return SHOAL_ERR_DEVICE;
+    }
+    return SHOAL_OK;
+}
+
+static void cuda_host_unpin(kernels_backend *be, void *ptr)
+{
+    cudaHostUnregister(ptr);
+}
+
 extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernels_backend **out,
                                        shoal_diag *diag)
 {
@@ -367,6 +385,8 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->download = cuda_download;
     be->sync = cuda_sync;
     be->mem_info = cuda_mem_info;
+    be->host_pin = cuda_host_pin;
+    be->host_unpin = cuda_host_unpin;
     be->arena_create = cuda_arena_create;
     be->arena_import = cuda_arena_import;
     be->arena_unmap = cuda_arena_unmap;
