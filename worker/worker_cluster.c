@@ -11,7 +11,8 @@
 
 /* Another worker's arena, mapped once per owner process. */
 typedef struct peer {
-    uint64_t epoch; /* 0: not mapped */
+    uint64_t epoch;        /* 0: not mapped */
+    uint64_t failed_epoch; /* the epoch whose mapping failed: not retried */
     void *base;
     size_t bytes;
     uint64_t page_bytes;
@@ -128,6 +129,7 @@ static peer *peer_map(worker_cluster *cl, int owner, uint64_t epoch)
     shoal_diag diag = {{0}};
     if (shm_arena_fetch(shm_segment_name(cl->seg), owner, 2000, &info, &fd, &diag)) {
         LOG_WARN("worker %d: cannot import worker %d's pages: %s", cl->index, owner, diag.msg);
+        p->failed_epoch = epoch;
         return NULL;
     }
     const kernels_kv_layout *kv = worker_model_kv_layout(cl->m);
@@ -140,11 +142,28 @@ static peer *peer_map(worker_cluster *cl, int owner, uint64_t epoch)
                  cl->index, owner, (unsigned long long)info.epoch, (unsigned long long)epoch,
                  (unsigned long long)info.page_bytes, kv->page_bytes, info.backend, cl->be->name);
         close(fd);
+        p->failed_epoch = epoch;
         return NULL;
     }
     close(fd);
-    *p = (peer){epoch, base, info.arena_bytes, info.page_bytes, info.page_count};
+    *p = (peer){epoch, 0, base, info.arena_bytes, info.page_bytes, info.page_count};
+    LOG_INFO("worker %d: mapped worker %d's arena (%.1f GiB)", cl->index, owner,
+             (double)info.arena_bytes / (1ull << 30));
     return p;
+}
+
+void worker_cluster_idle(worker_cluster *cl)
+{
+    int workers = shm_segment_header_of(cl->seg)->workers_max;
+    for (int w = 0; w < workers; w++) {
+        if (w == cl->index)
+            continue;
+        shm_worker_row *row = shm_segment_worker(cl->seg, w);
+        uint64_t epoch = atomic_load(&row->epoch);
+        if (atomic_load(&row->state) == SHM_WORKER_READY && epoch != cl->peers[w].epoch &&
+            epoch != cl->peers[w].failed_epoch)
+            peer_map(cl, w, epoch);
+    }
 }
 
 static int import_fill(void *ctx, worker_pages *pages, uint64_t stream, const common_hash *hashes,

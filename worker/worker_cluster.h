@@ -39,6 +39,11 @@ worker_prefix_source worker_cluster_import_source(worker_cluster *cl);
  * row and stream table, with a heartbeat. After each step. */
 void worker_cluster_report(worker_cluster *cl, worker_engine *e);
 
+/* While idle: maps the arena of every ready peer not mapped yet (the first
+ * mapping of a large GPU arena takes a while; an import should not pay
+ * it). A peer whose mapping failed is not retried until it restarts. */
+void worker_cluster_idle(worker_cluster *cl);
+
 /* True when shoalctl asked this worker to drain. */
 bool worker_cluster_drain_requested(worker_cluster *cl);
 

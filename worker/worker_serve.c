@@ -316,8 +316,10 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
                 last_sent = now_ms();
             }
         } else if (now_ms() - last_sent >= o->heartbeat_ms) {
-            if (o->cluster && e)
+            if (o->cluster && e) {
                 worker_cluster_report(o->cluster, e);
+                worker_cluster_idle(o->cluster);
+            }
             shm_heartbeat hb;
             shm_header_init(&hb.h, SHM_MSG_HEARTBEAT, sizeof hb, 0);
             fill_load(&sv, &hb.load);

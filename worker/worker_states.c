@@ -61,7 +61,7 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
     int threads = o->read_threads;
     if (threads <= 0) { /* reads run while the engine waits for them: use the cores */
         long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 8 ? 8 : n > 1 ? (int)n : 1;
+        threads = n > 32 ? 32 : n > 1 ? (int)n : 1;
     }
     if (threads > SHOAL_STATES_READ_THREADS_MAX)
         threads = SHOAL_STATES_READ_THREADS_MAX;
