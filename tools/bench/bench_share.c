@@ -162,12 +162,12 @@ int main(int argc, char **argv)
     {
         /* warm both workers (first forward passes, graph captures, library
          * set-up) with a salted 2k prompt each, so no figure pays them */
-        int n = 2048 + TAIL, cached;
-        int32_t *w = malloc((size_t)n * 4);
-        for (int i = 0; i < n; i++)
+        int wn = 2048 + TAIL, cached;
+        int32_t *w = malloc((size_t)wn * 4);
+        for (int i = 0; i < wn; i++)
             w[i] = (int32_t)((uint32_t)i * 2654435761u % vocab);
-        run(c, w, n, true, &cached);
-        run(c, w, n, true, &cached);
+        run(c, w, wn, true, &cached);
+        run(c, w, wn, true, &cached);
         free(w);
     }
     for (const char *p = prefixes; *p && rc == 0;) {
