@@ -137,4 +137,25 @@
  * coordinator waits this long, plus a margin, before SIGKILL. */
 #define SHOAL_STATES_SHUTDOWN_WRITE_MS 60000
 
+/* Operations (shoalctl, drain, systemd). */
+
+/* How long a worker started on its own (shoal-worker@N under systemd)
+ * waits for its coordinator to create the cluster's segment, or to replace
+ * a killed cluster's: the units start together, and the coordinator reads
+ * its tokenizer before it creates the segment. */
+#define SHOAL_JOIN_WAIT_MS 30000
+
+/* How long a drained worker has to exit after SHUTDOWN before its
+ * coordinator kills it: a learning worker writes its states first, for up
+ * to 60 s (SHOAL_STATES_SHUTDOWN_WRITE_MS), and sends no heartbeat meanwhile. */
+#define SHOAL_DRAIN_EXIT_MS 65000
+
+/* A worker whose last report is older than this is "not answering" in
+ * shoalctl: a worker reports after every step and at least every
+ * heartbeat (200 ms), and its coordinator gives up on it at 3 s. */
+#define SHOAL_REPORT_LATE_MS 2000
+
+/* Prefixes listed per worker by `shoalctl pages` (largest, most reused). */
+#define SHOALCTL_PREFIXES_SHOWN 5
+
 #endif

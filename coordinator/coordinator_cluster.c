@@ -43,7 +43,8 @@ enum { ROUTE_IMPORT_SAVES = 95 };
 
 enum { BUCKETS = 4096 };
 
-typedef enum wstate { W_OFF = 0, W_STARTING, W_ALIVE, W_DEAD } wstate;
+/* W_DRAINED: exited after `shoalctl drain`; started again only after undrain. */
+typedef enum wstate { W_OFF = 0, W_STARTING, W_ALIVE, W_DEAD, W_DRAINED } wstate;
 
 typedef struct cstream {
     struct cstream *next; /* bucket chain */
@@ -79,7 +80,10 @@ typedef struct cworker {
     long long last_seen_ms;
     long long restart_at_ms;
     int restarts;
-    int exit_code; /* of its last process, -1 when killed or unknown */
+    int exit_code; /* of its last process: status, -signal, or SHM_EXIT_* */
+    bool draining; /* its row's drain flag was seen: no new streams go there */
+    bool bye_sent; /* draining and idle: SHUTDOWN went out, its exit is awaited */
+    long long bye_ms; /* when */
     shm_load load;
     int inflight;
     uint64_t *prefix;
@@ -194,7 +198,7 @@ static int route(coordinator_cluster *c, const common_hash *blocks, int n_blocks
     for (int k = 0; k < c->n; k++) {
         int i = c->o.route == COORDINATOR_ROUTE_ROUND_ROBIN ? (c->rr_next + k) % c->n : k;
         cworker *w = &c->w[i];
-        if (w->state != W_ALIVE || i == avoid)
+        if (w->state != W_ALIVE || w->draining || i == avoid)
             continue;
         long long cost = (long long)w->inflight;
         if (c->o.route == COORDINATOR_ROUTE_ROUND_ROBIN) {
@@ -284,7 +288,8 @@ static void *place(coordinator_cluster *c, cstream *s, int avoid, size_t *bytes)
 static void spawn(coordinator_cluster *c, cworker *w)
 {
     char index[16], heartbeat[16], num[6][16];
-    w->exit_code = -1;
+    w->exit_code = SHM_EXIT_UNKNOWN;
+    w->draining = w->bye_sent = false;
     snprintf(index, sizeof index, "%d", w->index);
     snprintf(heartbeat, sizeof heartbeat, "%d", c->o.heartbeat_ms);
     const char *argv[40];
@@ -355,21 +360,29 @@ static void spawn(coordinator_cluster *c, cworker *w)
 }
 
 /* Marks w dead and moves its streams (lock held). Messages to send go into
- * out (count in *n_out). */
+ * out (count in *n_out). A worker that was draining while its drain flag
+ * is still set ends DRAINED instead: not restarted until undrain. */
 static void declare_dead(coordinator_cluster *c, cworker *w, const char *why, void **out,
                          size_t *out_bytes, int *out_worker, int *n_out, int max_out)
 {
-    LOG_WARN("worker %d: %s; resuming its streams elsewhere", w->index, why);
+    bool drained =
+        w->draining && c->seg && atomic_load(&shm_segment_worker(c->seg, w->index)->drain);
+    if (drained && w->inflight == 0)
+        LOG_INFO("worker %d: drained (%s)", w->index, why);
+    else
+        LOG_WARN("worker %d: %s; resuming its streams elsewhere", w->index, why);
     if (w->ours && w->pid > 0) {
         kill(w->pid, SIGKILL);
         waitpid(w->pid, NULL, 0);
     }
     w->pid = 0;
-    w->state = W_DEAD;
-    w->restarts++;
+    w->state = drained ? W_DRAINED : W_DEAD;
+    w->draining = w->bye_sent = false;
+    w->restarts += !drained;
     c->reader_check_due = c->state_dir != NULL;
     if (c->seg) /* its pages leave the index; leases on them end */
-        shm_worker_forget(c->seg, w->index, SHM_WORKER_DEAD, w->exit_code);
+        shm_worker_forget(c->seg, w->index, drained ? SHM_WORKER_DRAINED : SHM_WORKER_DEAD,
+                          w->exit_code);
     int backoff = 500 << (w->restarts < 6 ? w->restarts : 6);
     w->restart_at_ms = now_ms() + (backoff > 30000 ? 30000 : backoff);
     memset(w->prefix, 0, PREFIX_SLOTS * sizeof *w->prefix);
@@ -439,10 +452,13 @@ static void on_hello(coordinator_cluster *c, cworker *w, const shm_hello *h)
     }
     if (h->max_model_len < c->max_model_len)
         c->max_model_len = h->max_model_len;
-    if (!w->ours)
+    if (!w->ours) {
         w->pid = h->pid;
+        w->exit_code = SHM_EXIT_UNKNOWN; /* not our child: no status to read */
+    }
     snprintf(w->device, sizeof w->device, "%s", h->device);
     w->state = W_ALIVE;
+    w->draining = w->bye_sent = false; /* a drain flag still set drains it again */
     w->load = h->load;
     LOG_INFO("worker %d (pid %d, device %s) is ready", w->index, (int)h->pid, h->device);
     pthread_cond_broadcast(&c->changed);
@@ -549,6 +565,56 @@ static void states_reader_check(coordinator_cluster *c)
                  cleared);
 }
 
+/* Follows the drain flag of w's row, which `shoalctl drain N` sets and
+ * `undrain` clears (lock held). Set: no new stream goes to w (route skips
+ * it), and once its streams are done it is told to SHUTDOWN (it finishes,
+ * writes its learned states and exits 0; declare_dead then marks the slot
+ * DRAINED). Cleared: a drained worker of ours starts again, and one still
+ * draining takes streams again if it was not told to stop yet. Returns
+ * true when w is to be sent SHUTDOWN now. */
+static bool drain_watch(coordinator_cluster *c, cworker *w)
+{
+    shm_worker_row *row = shm_segment_worker(c->seg, w->index);
+    bool drain = atomic_load(&row->drain) != 0;
+    if (drain && w->state == W_ALIVE && !w->draining) {
+        w->draining = true;
+        atomic_store(&row->state, SHM_WORKER_DRAINING);
+        LOG_INFO("worker %d: draining: no new streams; %d to finish", w->index, w->inflight);
+    } else if (!drain && w->draining && !w->bye_sent) {
+        w->draining = false;
+        atomic_store(&row->state, SHM_WORKER_READY);
+        LOG_INFO("worker %d: undrained before it stopped; it takes streams again", w->index);
+    } else if (drain && w->state == W_DEAD) {
+        w->state = W_DRAINED; /* it died before its drain ended: leave it stopped */
+        atomic_store(&row->state, SHM_WORKER_DRAINED);
+    } else if (!drain && w->state == W_DRAINED && w->ours) {
+        LOG_INFO("worker %d: undrained; starting it again", w->index);
+        w->restarts = 0;
+        spawn(c, w);
+    }
+    if (w->draining && !w->bye_sent && w->inflight == 0 && w->state == W_ALIVE) {
+        w->bye_sent = true;
+        w->bye_ms = now_ms();
+        return true;
+    }
+    return false;
+}
+
+static void send_bye(coordinator_cluster *c, const int *workers, int n)
+{
+    shm_header bye;
+    shm_header_init(&bye, SHM_MSG_SHUTDOWN, sizeof bye, 0);
+    for (int i = 0; i < n; i++) {
+        LOG_INFO("worker %d: drained of streams; telling it to stop", workers[i]);
+        if (shm_channel_send(c->w[workers[i]].ch, &bye, sizeof bye, 1000)) {
+            LOG_WARN("worker %d: SHUTDOWN could not be sent; trying again", workers[i]);
+            pthread_mutex_lock(&c->lock);
+            c->w[workers[i]].bye_sent = false;
+            pthread_mutex_unlock(&c->lock);
+        }
+    }
+}
+
 static void *supervisor_main(void *arg)
 {
     coordinator_cluster *c = arg;
@@ -556,9 +622,13 @@ static void *supervisor_main(void *arg)
         struct timespec ts = {0, 50 * 1000000L};
         nanosleep(&ts, NULL);
         atomic_store(&c->supervisor_ran_ms, now_ms());
-        if (c->seg)
+        if (c->seg) { /* wall clock: shoalctl says since when a dead cluster is gone */
+            struct timespec wall;
+            clock_gettime(CLOCK_REALTIME, &wall);
             atomic_store(&shm_segment_header_of(c->seg)->coordinator_heartbeat_ns,
-                         (uint64_t)now_ms() * 1000000ull);
+                         (uint64_t)wall.tv_sec * 1000000000ull + (uint64_t)wall.tv_nsec);
+        }
+        int bye[COORDINATOR_WORKERS_MAX], n_bye = 0;
         void *out[MOVE_MAX];
         size_t out_bytes[MOVE_MAX];
         int out_worker[MOVE_MAX], n_out = 0;
@@ -574,21 +644,39 @@ static void *supervisor_main(void *arg)
                              WIFSIGNALED(status) ? "signal" : "status",
                              WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
                     w->pid = 0;
-                    w->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+                    w->exit_code = WIFEXITED(status)     ? WEXITSTATUS(status)
+                                   : WIFSIGNALED(status) ? -WTERMSIG(status)
+                                                         : SHM_EXIT_UNKNOWN;
                     declare_dead(c, w, why, out, out_bytes, out_worker, &n_out, MOVE_MAX);
                     continue;
                 }
             }
-            if (w->state == W_ALIVE && now - w->last_seen_ms > c->o.dead_after_ms)
+            if (c->seg && drain_watch(c, w))
+                bye[n_bye++] = i;
+            if (w->state == W_ALIVE && w->bye_sent && !w->ours && !shm_pid_alive(w->pid)) {
+                declare_dead(c, w, "exited after its drain", out, out_bytes, out_worker, &n_out,
+                             MOVE_MAX);
+            } else if (w->state == W_ALIVE && w->bye_sent) {
+                /* told to stop: it sends no heartbeat while it writes its
+                 * learned states, so only a bound applies */
+                if (now - w->bye_ms > SHOAL_DRAIN_EXIT_MS) {
+                    w->exit_code = SHM_EXIT_SILENT;
+                    declare_dead(c, w, "did not exit after its drain", out, out_bytes,
+                                 out_worker, &n_out, MOVE_MAX);
+                }
+            } else if (w->state == W_ALIVE && now - w->last_seen_ms > c->o.dead_after_ms) {
+                w->exit_code = SHM_EXIT_SILENT;
                 declare_dead(c, w, "stopped answering (no heartbeat)", out, out_bytes, out_worker, &n_out,
                              MOVE_MAX);
-            else if (w->state == W_DEAD && w->ours && now >= w->restart_at_ms)
+            } else if (w->state == W_DEAD && w->ours && now >= w->restart_at_ms) {
                 spawn(c, w);
+            }
         }
         bool check = c->reader_check_due;
         c->reader_check_due = false;
         pthread_mutex_unlock(&c->lock);
         send_all(c, out, out_bytes, out_worker, n_out);
+        send_bye(c, bye, n_bye);
         if (check)
             states_reader_check(c);
     }
@@ -716,6 +804,8 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
         cworker *w = &c->w[i];
         w->c = c;
         w->index = i;
+        /* shoalctl undrain says who brings a drained worker back */
+        atomic_store(&shm_segment_worker(c->seg, i)->managed, w->ours);
         w->prefix = calloc(PREFIX_SLOTS, sizeof *w->prefix);
         if (!w->prefix) {
             err = shoal_diag_set(diag, SHOAL_ERR_NOMEM, "cluster: no memory");
@@ -966,6 +1056,9 @@ void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_s
         ws->alive = w->state == W_ALIVE;
         ws->restarts = w->restarts;
         ws->load = w->load;
+        ws->inflight = w->inflight;
+        ws->draining = w->draining;
+        ws->drained = w->state == W_DRAINED;
         out->alive += ws->alive;
         if (c->seg) {
             shm_worker_row *row = shm_segment_worker(c->seg, i);
@@ -996,8 +1089,9 @@ bool coordinator_cluster_healthy(coordinator_cluster *c)
         const cworker *w = &c->w[i];
         if (w->state == W_ALIVE) {
             alive++;
-            ok = ok && now - w->last_seen_ms <= c->o.dead_after_ms;
-        } else if (w->ours) {
+            /* one told to stop after its drain is silent while it writes */
+            ok = ok && (w->bye_sent || now - w->last_seen_ms <= c->o.dead_after_ms);
+        } else if (w->ours && w->state != W_DRAINED) { /* drained on purpose */
             ok = false;
         }
     }

@@ -6,6 +6,9 @@
  * watches heartbeats, and when a worker dies resumes its streams on another
  * worker from their prompt plus the tokens already delivered, so the client
  * sees one uninterrupted stream. Restarts dead workers with backoff.
+ * Drains a worker whose segment row has its drain flag set (`shoalctl
+ * drain`): no new streams there, SHUTDOWN once its streams are done, no
+ * restart until the flag is cleared.
  *
  * Threads: one internal thread receives from all workers and calls the
  * event callbacks; submit and cancel may be called from any thread. */
@@ -118,6 +121,9 @@ typedef struct coordinator_worker_stats {
     uint64_t import_tokens;  /* from the segment's worker row */
     uint64_t restore_tokens;
     int pages_leased;
+    int inflight;  /* streams placed there and not finished */
+    bool draining; /* `shoalctl drain`: no new streams go there */
+    bool drained;  /* exited after its drain; back after undrain */
 } coordinator_worker_stats;
 
 typedef struct coordinator_cluster_stats {

@@ -1,5 +1,6 @@
 #include "worker_cluster.h"
 
+#include "common/common_limits.h"
 #include "common/common_log.h"
 #include "shm/shm_arena.h"
 
@@ -41,6 +42,45 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Attaches to the cluster's segment once its coordinator has made it. A
+ * worker started on its own (systemd starts the worker and coordinator
+ * units together) may come first, catch the segment half made (still
+ * empty: IO, cannot map; no magic yet: FORMAT), or find the segment of a
+ * killed cluster that its new coordinator has yet to replace: it waits for
+ * a whole segment of a live coordinator, up to SHOAL_JOIN_WAIT_MS, then
+ * gives the last reason. */
+static shoal_err attach_when_up(const char *cluster, shm_segment **out, shoal_diag *diag)
+{
+    bool said = false;
+    for (int waited_ms = 0;; waited_ms += 200) {
+        shoal_err err = shm_segment_attach(cluster, false, out, diag);
+        pid_t creator = err ? 0 : shm_segment_header_of(*out)->creator_pid;
+        if (!err && shm_pid_alive(creator))
+            return SHOAL_OK;
+        if (err == SHOAL_ERR_INVALID || err == SHOAL_ERR_NOMEM)
+            return err; /* a bad name: waiting changes nothing */
+        if (!err) {
+            shm_segment_close(*out);
+            *out = NULL;
+        }
+        if (waited_ms >= SHOAL_JOIN_WAIT_MS && err && err != SHOAL_ERR_NOT_FOUND)
+            return err; /* diag says what is wrong with the segment */
+        if (waited_ms >= SHOAL_JOIN_WAIT_MS)
+            return shoal_diag_set(diag, SHOAL_ERR_NOT_FOUND,
+                                  "cluster '%s': %s after %d s; start shoal-coordinator with "
+                                  "--cluster %s",
+                                  cluster,
+                                  err ? "no segment /dev/shm/shoal.<cluster>"
+                                      : "only a segment left by a coordinator that is gone",
+                                  SHOAL_JOIN_WAIT_MS / 1000, cluster);
+        if (!said)
+            LOG_INFO("waiting for the coordinator of cluster '%s' to create its segment", cluster);
+        said = true;
+        struct timespec ts = {0, 200 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 shoal_err worker_cluster_join(const char *cluster, int index, const char *device, worker_model *m,
                               worker_cluster **out, shoal_diag *diag)
 {
@@ -51,7 +91,7 @@ shoal_err worker_cluster_join(const char *cluster, int index, const char *device
     cl->index = index;
     cl->m = m;
     cl->be = worker_model_backend(m);
-    shoal_err err = shm_segment_attach(cluster, false, &cl->seg, diag);
+    shoal_err err = attach_when_up(cluster, &cl->seg, diag);
     if (err)
         goto fail;
     const kernels_kv_layout *kv = worker_model_kv_layout(m);
@@ -59,6 +99,7 @@ shoal_err worker_cluster_join(const char *cluster, int index, const char *device
                               kv->page_bytes, &cl->epoch, diag);
     if (err)
         goto fail;
+    atomic_store(&shm_segment_worker(cl->seg, index)->page_tokens, kv->page_tokens);
     cl->lease_max = worker_model_max_pages_per_stream(m);
     cl->streams_max = shm_segment_header_of(cl->seg)->streams_max;
     cl->lease_pages = malloc((size_t)cl->lease_max * sizeof *cl->lease_pages);
@@ -264,6 +305,9 @@ void worker_cluster_report(worker_cluster *cl, worker_engine *e)
         atomic_store(&rows[i].id, 0);
     }
     cl->streams_written = n;
+    /* Here the row's counts and the page rows agree (one thread writes
+     * both): a test stops us here to compare shoalctl with them. */
+    shm_test_pause("reported");
 }
 
 bool worker_cluster_drain_requested(worker_cluster *cl)

@@ -305,6 +305,7 @@ bool worker_pages_publish(worker_pages *p, int id, const common_hash *hash,
     if (hashed(p, id) || table_find(p, hash) != NONE)
         return false;
     p->parents[id] = *parent;
+    atomic_store_explicit(&p->rows[id].parent_key, common_hash_u64(parent), memory_order_relaxed);
     if (p->seg) {
         shm_segment_lock(p->seg);
         shm_index_insert(p->seg, p->worker, id, hash);

@@ -19,4 +19,13 @@ typedef struct shoalctl_command {
 /* shoalctl_states.c: the LMDB state store. */
 int shoalctl_states(int argc, char **argv);
 
+/* The running cluster, from its shared segment (shoalctl_cluster.h):
+ * shoalctl_pages.c, shoalctl_workers.c, shoalctl_streams.c and
+ * shoalctl_drain.c (drain and undrain). */
+int shoalctl_pages(int argc, char **argv);
+int shoalctl_workers(int argc, char **argv);
+int shoalctl_streams(int argc, char **argv);
+int shoalctl_drain(int argc, char **argv);
+int shoalctl_undrain(int argc, char **argv);
+
 #endif

@@ -8,6 +8,14 @@
 #include <string.h>
 
 static const shoalctl_command commands[] = {
+    {"pages", "KV pages of every worker: free, active, cached, leased, prefixes; --watch",
+     shoalctl_pages},
+    {"workers", "pid, device, state, uptime, streams and tokens/s of every worker",
+     shoalctl_workers},
+    {"streams", "every stream the workers hold: state, tokens so far, pages held",
+     shoalctl_streams},
+    {"drain", "stop placing streams on worker N, let it finish and exit", shoalctl_drain},
+    {"undrain", "bring a drained worker back", shoalctl_undrain},
     {"states", "conversation states in the LMDB store: list, show, rm, verify, stats, compact",
      shoalctl_states},
 };
@@ -17,7 +25,9 @@ static void usage(FILE *f)
     fprintf(f, "usage: shoalctl COMMAND [ARGS...]   (shoalctl COMMAND --help for more)\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\nexit status: 0 ok, 1 error (or problems found), 2 usage\n");
+    fprintf(f, "\nThe cluster commands read /dev/shm/shoal.NAME: --cluster NAME (default\n"
+               "$SHOAL_CLUSTER, else the one cluster running).\n"
+               "exit status: 0 ok, 1 error (or problems found), 2 usage\n");
 }
 
 int main(int argc, char **argv)
