@@ -1063,6 +1063,7 @@ void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_s
         if (c->seg) {
             shm_worker_row *row = shm_segment_worker(c->seg, i);
             ws->import_tokens = atomic_load(&row->import_tokens);
+            ws->import_ns = atomic_load(&row->import_ns);
             ws->restore_tokens = atomic_load(&row->restore_tokens);
         }
     }

@@ -119,6 +119,7 @@ typedef struct coordinator_worker_stats {
     int restarts;
     shm_load load;
     uint64_t import_tokens;  /* from the segment's worker row */
+    uint64_t import_ns;      /* time its imports took */
     uint64_t restore_tokens;
     int pages_leased;
     int inflight;  /* streams placed there and not finished */

@@ -45,7 +45,7 @@
 #include <sys/types.h>
 
 #define SHM_SEGMENT_MAGIC 0x47455348414f4853ull /* "SHOALSEG" little-endian */
-#define SHM_SEGMENT_VERSION 3 /* 3: worker rows of 192 bytes, parent keys in page rows */
+#define SHM_SEGMENT_VERSION 4 /* 4: import_ns in worker rows */
 #define SHM_SEGMENT_WORKERS_MAX 64
 #define SHM_CLUSTER_NAME_MAX 32
 
@@ -88,7 +88,9 @@ typedef struct shm_worker_row {
     _Atomic int32_t page_tokens;     /* tokens of one KV page */
     _Atomic int32_t exits;           /* processes of this slot that ended (dead or drained) */
     _Atomic uint32_t managed;        /* 1: the coordinator starts and restarts this slot */
-    uint8_t pad[20];
+    uint32_t pad0;
+    _Atomic uint64_t import_ns;      /* time spent importing (lease, copy, publish) */
+    uint8_t pad[8];
 } shm_worker_row;
 _Static_assert(sizeof(shm_worker_row) == 192, "shm_worker_row layout");
 

@@ -30,6 +30,7 @@ struct worker_cluster {
     peer peers[SHM_SEGMENT_WORKERS_MAX];
     int lease_max;
     int32_t *lease_pages, *lease_slots;
+    uint64_t import_ns; /* time in import_fill that found something to lease */
     worker_stream_info *streams;
     int streams_max;
     int streams_written;
@@ -214,6 +215,8 @@ static int import_fill(void *ctx, worker_pages *pages, uint64_t stream, const co
     if (n > cl->lease_max)
         n = cl->lease_max;
     shm_lease lease = {.pages = cl->lease_pages, .slots = cl->lease_slots};
+    struct timespec ts0, ts1;
+    clock_gettime(CLOCK_MONOTONIC, &ts0);
     shm_lease_chain(cl->seg, cl->index, hashes, n, n, &lease);
     if (lease.count == 0)
         return 0;
@@ -255,6 +258,8 @@ static int import_fill(void *ctx, worker_pages *pages, uint64_t stream, const co
     shm_lease_release(cl->seg, &lease);
     for (int i = 0; i < k; i++)
         worker_pages_publish(pages, out[i], &hashes[i], i == 0 ? parent : &hashes[i - 1]);
+    clock_gettime(CLOCK_MONOTONIC, &ts1);
+    cl->import_ns += (uint64_t)((ts1.tv_sec - ts0.tv_sec) * 1000000000ll + ts1.tv_nsec - ts0.tv_nsec);
     return k;
 }
 
@@ -278,6 +283,7 @@ void worker_cluster_report(worker_cluster *cl, worker_engine *e)
     atomic_store(&w->prefix_lookups, st.pages.lookups);
     atomic_store(&w->prefix_hits, st.pages.hits);
     atomic_store(&w->import_tokens, st.import_tokens);
+    atomic_store(&w->import_ns, cl->import_ns);
     atomic_store(&w->restore_tokens, st.restore_tokens);
     atomic_store(&w->cached_tokens, st.cached_tokens - st.import_tokens - st.restore_tokens);
     atomic_store(&w->prompt_tokens, st.prompt_tokens);
