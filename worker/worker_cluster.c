@@ -31,6 +31,7 @@ struct worker_cluster {
     int lease_max;
     int32_t *lease_pages, *lease_slots;
     uint64_t import_ns; /* time in import_fill that found something to lease */
+    void *scratch;      /* one page (device): a peer mapping's first copy lands here */
     worker_stream_info *streams;
     int streams_max;
     int streams_written;
@@ -106,6 +107,7 @@ shoal_err worker_cluster_join(const char *cluster, int index, const char *device
     cl->lease_pages = malloc((size_t)cl->lease_max * sizeof *cl->lease_pages);
     cl->lease_slots = malloc((size_t)cl->lease_max * sizeof *cl->lease_slots);
     cl->streams = malloc((size_t)cl->streams_max * sizeof *cl->streams);
+    cl->scratch = cl->be->alloc(cl->be, kv->page_bytes); /* NULL: imports only pay it later */
     if (!cl->lease_pages || !cl->lease_slots || !cl->streams) {
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM, "cluster: no memory");
         goto fail;
@@ -139,6 +141,8 @@ void worker_cluster_leave(worker_cluster *cl)
     for (int i = 0; i < SHM_SEGMENT_WORKERS_MAX; i++)
         if (cl->peers[i].base)
             cl->be->arena_unmap(cl->be, cl->peers[i].base, cl->peers[i].bytes);
+    if (cl->scratch)
+        cl->be->free(cl->be, cl->scratch);
     shm_segment_close(cl->seg);
     free(cl->lease_pages);
     free(cl->lease_slots);
@@ -189,6 +193,11 @@ static peer *peer_map(worker_cluster *cl, int owner, uint64_t epoch)
     }
     close(fd);
     *p = (peer){epoch, 0, base, info.arena_bytes, info.page_bytes, info.page_count};
+    /* The first copy through a new mapping sets up the path between the
+     * devices (about 10 ms across two H200s): do it now, while idle. */
+    if (cl->scratch && (cl->be->copy(cl->be, cl->scratch, base, kv->page_bytes) ||
+                        cl->be->sync(cl->be)))
+        LOG_WARN("worker %d: a first copy from worker %d's arena failed", cl->index, owner);
     LOG_INFO("worker %d: mapped worker %d's arena (%.1f GiB)", cl->index, owner,
              (double)info.arena_bytes / (1ull << 30));
     return p;
