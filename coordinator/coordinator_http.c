@@ -993,6 +993,7 @@ static enum MHD_Result metrics(http_req *r)
             .generated_tokens = s->load.generated_tokens,
             .preemptions = s->load.preemptions,
             .restore_tokens = s->load.restore_tokens,
+            .import_tokens = s->import_tokens,
             .states_spilled = s->load.states_spilled,
             .states_refused = s->load.states_refused,
             .states_dropped = s->load.states_dropped,

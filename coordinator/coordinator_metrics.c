@@ -159,6 +159,7 @@ typedef enum worker_field {
     WF_GENERATED,
     WF_PREEMPTIONS,
     WF_RESTORED,
+    WF_IMPORTED,
     WF_SPILLED,
     WF_REFUSED,
     WF_DROPPED,
@@ -187,14 +188,18 @@ static unsigned long long worker_value(const coordinator_metrics_worker *w, work
         return w->steps;
     case WF_COMPUTED:
         return w->computed_tokens;
-    case WF_HITS: /* device hits: restores are counted on their own */
-        return w->cached_tokens > w->restore_tokens ? w->cached_tokens - w->restore_tokens : 0;
+    case WF_HITS: /* its own pages: imports and restores are counted on their own */
+        return w->cached_tokens > w->restore_tokens + w->import_tokens
+                   ? w->cached_tokens - w->restore_tokens - w->import_tokens
+                   : 0;
     case WF_GENERATED:
         return w->generated_tokens;
     case WF_PREEMPTIONS:
         return w->preemptions;
     case WF_RESTORED:
         return w->restore_tokens;
+    case WF_IMPORTED:
+        return w->import_tokens;
     case WF_SPILLED:
         return w->states_spilled;
     case WF_REFUSED:
@@ -283,11 +288,14 @@ bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_
            "Rows the worker ran through the model.");
     worker_series(out, c, "worker_computed_tokens_total", "", WF_COMPUTED);
     header(out, "worker_prefix_cache_hits_total", "counter",
-           "Prompt tokens the worker took from KV pages on a device (its own or a peer's).");
+           "Prompt tokens the worker took from its own cached KV pages.");
     worker_series(out, c, "worker_prefix_cache_hits_total", "", WF_HITS);
     header(out, "worker_restored_tokens_total", "counter",
            "Prompt tokens the worker read back from the state store instead of computing.");
     worker_series(out, c, "worker_restored_tokens_total", "", WF_RESTORED);
+    header(out, "worker_imported_tokens_total", "counter",
+           "Prompt tokens the worker copied from another worker's KV pages instead of computing.");
+    worker_series(out, c, "worker_imported_tokens_total", "", WF_IMPORTED);
     header(out, "worker_state_spilled_pages_total", "counter",
            "Evicted KV pages the worker queued for the state store.");
     worker_series(out, c, "worker_state_spilled_pages_total", "", WF_SPILLED);

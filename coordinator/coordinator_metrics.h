@@ -108,6 +108,7 @@ typedef struct coordinator_metrics_worker {
     uint64_t generated_tokens;
     uint64_t preemptions;
     uint64_t restore_tokens; /* of cached_tokens, from the state store */
+    uint64_t import_tokens;  /* of cached_tokens, copied from another worker */
     uint64_t states_spilled;
     uint64_t states_refused;
     uint64_t states_dropped;

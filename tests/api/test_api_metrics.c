@@ -94,6 +94,7 @@ static void workers_have_pages_streams_and_counters(void)
          .steps = 7,
          .cached_tokens = 64,
          .restore_tokens = 16,
+         .import_tokens = 32,
          .states_spilled = 5,
          .states_refused = 2,
          .states_dropped = 1,
@@ -112,8 +113,9 @@ static void workers_have_pages_streams_and_counters(void)
     CHECK(sample(t, "shoal_worker_kv_pages{worker=\"0\",device=\"cpu\",state=\"cached\"}") == 10);
     CHECK(sample(t, "shoal_worker_kv_pages_total{worker=\"0\",device=\"cpu\"}") == 100);
     CHECK(sample(t, "shoal_worker_streams{worker=\"0\",device=\"cpu\",state=\"waiting\"}") == 1);
-    /* restored tokens count apart from device hits */
-    CHECK(sample(t, "shoal_worker_prefix_cache_hits_total{worker=\"0\",device=\"cpu\"}") == 48);
+    /* imported and restored tokens count apart from the worker's own hits */
+    CHECK(sample(t, "shoal_worker_prefix_cache_hits_total{worker=\"0\",device=\"cpu\"}") == 16);
+    CHECK(sample(t, "shoal_worker_imported_tokens_total{worker=\"0\",device=\"cpu\"}") == 32);
     CHECK(sample(t, "shoal_worker_restored_tokens_total{worker=\"0\",device=\"cpu\"}") == 16);
     CHECK(sample(t, "shoal_worker_state_spilled_pages_total{worker=\"0\",device=\"cpu\"}") == 5);
     CHECK(sample(t, "shoal_worker_state_refused_total{worker=\"0\",device=\"cpu\"}") == 2);
