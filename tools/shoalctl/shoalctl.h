@@ -8,7 +8,14 @@
 #ifndef SHOAL_TOOLS_SHOALCTL_H
 #define SHOAL_TOOLS_SHOALCTL_H
 
+#include <stdio.h>
+
 enum { SHOALCTL_OK = 0, SHOALCTL_ERROR = 1, SHOALCTL_USAGE = 2 };
+
+/* "shoalctl CMD: <message>", a blank line and the command's usage on
+ * stderr; returns SHOALCTL_USAGE. */
+int shoalctl_usage_error(const char *cmd, void (*usage)(FILE *), const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 typedef struct shoalctl_command {
     const char *name;

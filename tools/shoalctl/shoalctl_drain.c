@@ -34,19 +34,7 @@ static void usage(FILE *f)
             DEFAULT_TIMEOUT_S);
 }
 
-static int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int usage_error(const char *cmd, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "shoalctl %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n");
-    va_end(ap);
-    usage(stderr);
-    return SHOALCTL_USAGE;
-}
+#define usage_error(cmd, ...) shoalctl_usage_error(cmd, usage, __VA_ARGS__)
 
 typedef struct args {
     long index;

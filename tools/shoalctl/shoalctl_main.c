@@ -4,6 +4,7 @@
 
 #include "common/common_log.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -46,5 +47,17 @@ int main(int argc, char **argv)
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "shoalctl: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
+    return SHOALCTL_USAGE;
+}
+
+int shoalctl_usage_error(const char *cmd, void (*usage_of)(FILE *), const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "shoalctl %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n\n");
+    va_end(ap);
+    usage_of(stderr);
     return SHOALCTL_USAGE;
 }

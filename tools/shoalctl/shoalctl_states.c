@@ -34,19 +34,7 @@ static void usage(FILE *f)
                "--state-dir defaults to $SHOAL_STATE_DIR. Exit status: 0 ok, 1 error, 2 usage.\n");
 }
 
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "shoalctl states: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n");
-    va_end(ap);
-    usage(stderr);
-    return SHOALCTL_USAGE;
-}
+#define usage_error(...) shoalctl_usage_error("states", usage, __VA_ARGS__)
 
 static int fail(const shoal_diag *d)
 {

@@ -20,19 +20,7 @@ static void usage(FILE *f)
                "Exit status: 0 ok, 1 no cluster running (or only its stale segment), 2 usage.\n");
 }
 
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "shoalctl streams: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n");
-    va_end(ap);
-    usage(stderr);
-    return SHOALCTL_USAGE;
-}
+#define usage_error(...) shoalctl_usage_error("streams", usage, __VA_ARGS__)
 
 static const char *stream_state(uint32_t st)
 {
