@@ -1,5 +1,6 @@
 #include "coordinator_cluster.h"
 
+#include "common/common_time.h"
 #include "shm/shm_segment.h"
 
 #include "common/common_assert.h"
@@ -113,13 +114,6 @@ struct coordinator_cluster {
     _Atomic long long supervisor_ran_ms; /* the supervisor's last round */
     volatile bool stopping;
 };
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void coordinator_cluster_options_default(coordinator_cluster_options *o)
 {
@@ -350,12 +344,12 @@ static void spawn(coordinator_cluster *c, cworker *w)
     if (pid < 0) {
         LOG_ERROR("worker %d: fork failed: %s", w->index, strerror(errno));
         w->state = W_DEAD;
-        w->restart_at_ms = now_ms() + 1000;
+        w->restart_at_ms = common_mono_ms() + 1000;
         return;
     }
     w->pid = pid;
     w->state = W_STARTING;
-    w->last_seen_ms = now_ms();
+    w->last_seen_ms = common_mono_ms();
     LOG_INFO("worker %d: started pid %d on device %s", w->index, (int)pid, w->device);
 }
 
@@ -384,7 +378,7 @@ static void declare_dead(coordinator_cluster *c, cworker *w, const char *why, vo
         shm_worker_forget(c->seg, w->index, drained ? SHM_WORKER_DRAINED : SHM_WORKER_DEAD,
                           w->exit_code);
     int backoff = 500 << (w->restarts < 6 ? w->restarts : 6);
-    w->restart_at_ms = now_ms() + (backoff > 30000 ? 30000 : backoff);
+    w->restart_at_ms = common_mono_ms() + (backoff > 30000 ? 30000 : backoff);
     memset(w->prefix, 0, PREFIX_SLOTS * sizeof *w->prefix);
     for (int b = 0; b < BUCKETS; b++)
         for (cstream *s = c->buckets[b]; s; s = s->next) {
@@ -517,7 +511,7 @@ static void *rx_main(void *arg)
             continue;
         }
         pthread_mutex_lock(&c->lock);
-        w->last_seen_ms = now_ms();
+        w->last_seen_ms = common_mono_ms();
         void *out[MOVE_MAX];
         size_t out_bytes[MOVE_MAX];
         int out_worker[MOVE_MAX], n_out = 0;
@@ -594,7 +588,7 @@ static bool drain_watch(coordinator_cluster *c, cworker *w)
     }
     if (w->draining && !w->bye_sent && w->inflight == 0 && w->state == W_ALIVE) {
         w->bye_sent = true;
-        w->bye_ms = now_ms();
+        w->bye_ms = common_mono_ms();
         return true;
     }
     return false;
@@ -621,7 +615,7 @@ static void *supervisor_main(void *arg)
     while (!c->stopping) {
         struct timespec ts = {0, 50 * 1000000L};
         nanosleep(&ts, NULL);
-        atomic_store(&c->supervisor_ran_ms, now_ms());
+        atomic_store(&c->supervisor_ran_ms, common_mono_ms());
         if (c->seg) { /* wall clock: shoalctl says since when a dead cluster is gone */
             struct timespec wall;
             clock_gettime(CLOCK_REALTIME, &wall);
@@ -633,7 +627,7 @@ static void *supervisor_main(void *arg)
         size_t out_bytes[MOVE_MAX];
         int out_worker[MOVE_MAX], n_out = 0;
         pthread_mutex_lock(&c->lock);
-        long long now = now_ms();
+        long long now = common_mono_ms();
         for (int i = 0; i < c->n; i++) {
             cworker *w = &c->w[i];
             if (w->ours && w->pid > 0 && (w->state == W_ALIVE || w->state == W_STARTING)) {
@@ -829,7 +823,7 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
         if (c->w[i].ours)
             spawn(c, &c->w[i]);
     /* Wait for every worker we started (or, with none, for one) to load. */
-    long long deadline = now_ms() + o->start_timeout_ms;
+    long long deadline = common_mono_ms() + o->start_timeout_ms;
     for (;;) {
         int ready = 0, expected = 0, failed = -1;
         for (int i = 0; i < c->n; i++) {
@@ -855,7 +849,7 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
             err = SHOAL_OK;
             break;
         }
-        if (now_ms() > deadline) {
+        if (common_mono_ms() > deadline) {
             err = shoal_diag_set(diag, SHOAL_ERR_TIMEOUT,
                                  "%d of %d workers ready after %d ms; raise the start timeout or "
                                  "check the workers' messages",
@@ -879,7 +873,7 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
         goto out_close;
     }
     c->supervisor_started = true;
-    atomic_store(&c->supervisor_ran_ms, now_ms());
+    atomic_store(&c->supervisor_ran_ms, common_mono_ms());
     *out = c;
     return SHOAL_OK;
 out_close:
@@ -904,13 +898,13 @@ void coordinator_cluster_close(coordinator_cluster *c)
     /* Give workers a moment to finish (learning ones write their states
      * first), then make sure they are gone. */
     long long deadline =
-        now_ms() + (c->state_dir ? SHOAL_STATES_SHUTDOWN_WRITE_MS + 5000 : 3000);
+        common_mono_ms() + (c->state_dir ? SHOAL_STATES_SHUTDOWN_WRITE_MS + 5000 : 3000);
     for (int i = 0; i < c->n; i++) {
         cworker *w = &c->w[i];
         if (!w->ours || w->pid <= 0)
             continue;
         while (waitpid(w->pid, NULL, WNOHANG) == 0) {
-            if (now_ms() > deadline) {
+            if (common_mono_ms() > deadline) {
                 kill(w->pid, SIGKILL);
                 waitpid(w->pid, NULL, 0);
                 break;
@@ -1070,14 +1064,9 @@ void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_s
     pthread_mutex_unlock(&c->lock);
 }
 
-const char *coordinator_cluster_name(const coordinator_cluster *c)
-{
-    return c->cluster;
-}
-
 bool coordinator_cluster_alive(coordinator_cluster *c)
 {
-    return now_ms() - atomic_load(&c->supervisor_ran_ms) < 5000;
+    return common_mono_ms() - atomic_load(&c->supervisor_ran_ms) < 5000;
 }
 
 bool coordinator_cluster_healthy(coordinator_cluster *c)
@@ -1085,7 +1074,7 @@ bool coordinator_cluster_healthy(coordinator_cluster *c)
     bool ok = true;
     int alive = 0;
     pthread_mutex_lock(&c->lock);
-    long long now = now_ms();
+    long long now = common_mono_ms();
     for (int i = 0; i < c->n; i++) {
         const cworker *w = &c->w[i];
         if (w->state == W_ALIVE) {

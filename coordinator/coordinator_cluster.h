@@ -141,9 +141,6 @@ void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_s
  * the last 5 s): the coordinator's liveness, for systemd's watchdog. */
 bool coordinator_cluster_alive(coordinator_cluster *c);
 
-/* The cluster's name (its segment is /shoal.<name>). */
-const char *coordinator_cluster_name(const coordinator_cluster *c);
-
 /* True when every worker answered within dead_after_ms. */
 bool coordinator_cluster_healthy(coordinator_cluster *c);
 

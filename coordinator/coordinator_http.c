@@ -3,6 +3,7 @@
 #include "common/common_hash.h"
 #include "common/common_log.h"
 #include "common/common_rng.h"
+#include "common/common_time.h"
 #include "coordinator_buf.h"
 #include "coordinator_detok.h"
 #include "coordinator_hangup.h"
@@ -72,13 +73,6 @@ struct coordinator_http {
     http_req *live;
     text_slot *slots;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* Ids and unseeded choices' seeds. */
 static uint64_t random64(coordinator_http *h)
@@ -222,7 +216,7 @@ static http_req *req_new(coordinator_http *h, struct MHD_Connection *conn)
     atomic_init(&r->refs, 1); /* the connection's, dropped when it completes */
     pthread_mutex_init(&r->mu, NULL);
     coordinator_buf_init(&r->out);
-    r->start_ns = now_ns();
+    r->start_ns = common_mono_ns();
     pthread_mutex_lock(&h->lock);
     r->next = h->live;
     if (h->live)
@@ -265,7 +259,7 @@ static void on_event(void *ctx, const shm_event *ev, const char *error)
 {
     http_choice *c = ctx;
     http_req *r = c->r;
-    uint64_t t = now_ns();
+    uint64_t t = common_mono_ns();
     bool release = false;
     pthread_mutex_lock(&r->mu);
     if (r->pending_len == r->pending_cap) {
@@ -1256,7 +1250,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         coordinator_usage u = usage_of(r);
         coordinator_metrics_tokens(&h->metrics, (uint64_t)u.prompt_tokens,
                                    (uint64_t)u.completion_tokens, (uint64_t)u.cached_tokens);
-        coordinator_metrics_observe(&h->metrics.duration, now_ns() - r->start_ns);
+        coordinator_metrics_observe(&h->metrics.duration, common_mono_ns() - r->start_ns);
     }
     atomic_fetch_sub(&h->active, 1);
     req_unref(r);
@@ -1399,7 +1393,7 @@ shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_c
     coordinator_metrics_init(&h->metrics);
     uint64_t seed = 0;
     if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
-        seed = now_ns();
+        seed = common_mono_ns();
     atomic_init(&h->rng, seed);
     if (!h->model || (o->api_key && o->api_key[0] && !h->api_key)) {
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM, "http: no memory");

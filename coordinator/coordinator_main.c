@@ -10,6 +10,7 @@
 #include "common/common_limits.h"
 #include "common/common_args.h"
 #include "common/common_log.h"
+#include "common/common_time.h"
 #include "coordinator/coordinator_chat.h"
 #include "coordinator/coordinator_cluster.h"
 #include "coordinator/coordinator_http.h"
@@ -110,13 +111,6 @@ static int write_port_file(const char *path, int port)
         return -1;
     }
     return 0;
-}
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Removes the sockets and the directory we made for them. */
@@ -443,8 +437,8 @@ int main(int argc, char **argv)
     LOG_INFO("signal %d: draining (%d requests in flight, up to %d s)", sig,
              coordinator_http_active(http), drain_s);
     coordinator_http_drain(http);
-    long long deadline = now_ms() + (long long)drain_s * 1000;
-    while (coordinator_http_active(http) > 0 && now_ms() < deadline) {
+    long long deadline = common_mono_ms() + (long long)drain_s * 1000;
+    while (coordinator_http_active(http) > 0 && common_mono_ms() < deadline) {
         struct timespec step = {0, 20 * 1000000L};
         if (sigtimedwait(&sigs, NULL, &step) >= 0) {
             LOG_WARN("second signal: stopping now");

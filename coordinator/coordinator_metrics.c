@@ -210,6 +210,47 @@ static unsigned long long worker_value(const coordinator_metrics_worker *w, work
     return 0;
 }
 
+/* The per-worker series, in output order; a family's rows follow each other
+ * (the first row of a name carries its HELP and TYPE). */
+typedef struct worker_metric {
+    const char *name, *type, *help;
+    const char *label; /* extra label, or "" */
+    worker_field field;
+} worker_metric;
+
+static const worker_metric worker_metrics[] = {
+    {"worker_up", "gauge", "1 if the worker answers heartbeats.", "", WF_UP},
+    {"worker_restarts_total", "counter", "Restarts of the worker.", "", WF_RESTARTS},
+    {"worker_streams", "gauge", "Streams of the worker, by state.", ",state=\"running\"",
+     WF_RUNNING},
+    {"worker_streams", "gauge", "", ",state=\"waiting\"", WF_WAITING},
+    {"worker_kv_pages", "gauge", "KV pages of the worker, by state.", ",state=\"free\"",
+     WF_PAGES_FREE},
+    {"worker_kv_pages", "gauge", "", ",state=\"active\"", WF_PAGES_ACTIVE},
+    {"worker_kv_pages", "gauge", "", ",state=\"cached\"", WF_PAGES_CACHED},
+    {"worker_kv_pages_total", "gauge", "KV pages of the worker's arena.", "", WF_PAGES_TOTAL},
+    {"worker_steps_total", "counter", "Engine steps the worker ran.", "", WF_STEPS},
+    {"worker_computed_tokens_total", "counter", "Rows the worker ran through the model.", "",
+     WF_COMPUTED},
+    {"worker_prefix_cache_hits_total", "counter",
+     "Prompt tokens the worker took from its own cached KV pages.", "", WF_HITS},
+    {"worker_restored_tokens_total", "counter",
+     "Prompt tokens the worker read back from the state store instead of computing.", "",
+     WF_RESTORED},
+    {"worker_imported_tokens_total", "counter",
+     "Prompt tokens the worker copied from another worker's KV pages instead of computing.", "",
+     WF_IMPORTED},
+    {"worker_state_spilled_pages_total", "counter",
+     "Evicted KV pages the worker queued for the state store.", "", WF_SPILLED},
+    {"worker_state_refused_total", "counter",
+     "Stored states the worker refused (checksum, model fingerprint or layout).", "", WF_REFUSED},
+    {"worker_state_dropped_pages_total", "counter",
+     "Spills dropped because the state store's write queue was full.", "", WF_DROPPED},
+    {"worker_generated_tokens_total", "counter", "Tokens the worker generated.", "",
+     WF_GENERATED},
+    {"worker_preemptions_total", "counter", "Streams the worker preempted.", "", WF_PREEMPTIONS},
+};
+
 static void worker_series(coordinator_buf *out, const coordinator_metrics_cluster *c,
                           const char *name, const char *extra_label, worker_field f)
 {
@@ -269,45 +310,11 @@ bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_
     gauge(out, "streams_waiting", "Streams waiting in the workers' queues.", waiting);
     counter(out, "streams_resumed_total", "Streams moved off a dead worker.", c->resumed);
 
-    header(out, "worker_up", "gauge", "1 if the worker answers heartbeats.");
-    worker_series(out, c, "worker_up", "", WF_UP);
-    header(out, "worker_restarts_total", "counter", "Restarts of the worker.");
-    worker_series(out, c, "worker_restarts_total", "", WF_RESTARTS);
-    header(out, "worker_streams", "gauge", "Streams of the worker, by state.");
-    worker_series(out, c, "worker_streams", ",state=\"running\"", WF_RUNNING);
-    worker_series(out, c, "worker_streams", ",state=\"waiting\"", WF_WAITING);
-    header(out, "worker_kv_pages", "gauge", "KV pages of the worker, by state.");
-    worker_series(out, c, "worker_kv_pages", ",state=\"free\"", WF_PAGES_FREE);
-    worker_series(out, c, "worker_kv_pages", ",state=\"active\"", WF_PAGES_ACTIVE);
-    worker_series(out, c, "worker_kv_pages", ",state=\"cached\"", WF_PAGES_CACHED);
-    header(out, "worker_kv_pages_total", "gauge", "KV pages of the worker's arena.");
-    worker_series(out, c, "worker_kv_pages_total", "", WF_PAGES_TOTAL);
-    header(out, "worker_steps_total", "counter", "Engine steps the worker ran.");
-    worker_series(out, c, "worker_steps_total", "", WF_STEPS);
-    header(out, "worker_computed_tokens_total", "counter",
-           "Rows the worker ran through the model.");
-    worker_series(out, c, "worker_computed_tokens_total", "", WF_COMPUTED);
-    header(out, "worker_prefix_cache_hits_total", "counter",
-           "Prompt tokens the worker took from its own cached KV pages.");
-    worker_series(out, c, "worker_prefix_cache_hits_total", "", WF_HITS);
-    header(out, "worker_restored_tokens_total", "counter",
-           "Prompt tokens the worker read back from the state store instead of computing.");
-    worker_series(out, c, "worker_restored_tokens_total", "", WF_RESTORED);
-    header(out, "worker_imported_tokens_total", "counter",
-           "Prompt tokens the worker copied from another worker's KV pages instead of computing.");
-    worker_series(out, c, "worker_imported_tokens_total", "", WF_IMPORTED);
-    header(out, "worker_state_spilled_pages_total", "counter",
-           "Evicted KV pages the worker queued for the state store.");
-    worker_series(out, c, "worker_state_spilled_pages_total", "", WF_SPILLED);
-    header(out, "worker_state_refused_total", "counter",
-           "Stored states the worker refused (checksum, model fingerprint or layout).");
-    worker_series(out, c, "worker_state_refused_total", "", WF_REFUSED);
-    header(out, "worker_state_dropped_pages_total", "counter",
-           "Spills dropped because the state store's write queue was full.");
-    worker_series(out, c, "worker_state_dropped_pages_total", "", WF_DROPPED);
-    header(out, "worker_generated_tokens_total", "counter", "Tokens the worker generated.");
-    worker_series(out, c, "worker_generated_tokens_total", "", WF_GENERATED);
-    header(out, "worker_preemptions_total", "counter", "Streams the worker preempted.");
-    worker_series(out, c, "worker_preemptions_total", "", WF_PREEMPTIONS);
+    for (size_t i = 0; i < sizeof worker_metrics / sizeof worker_metrics[0]; i++) {
+        const worker_metric *wm = &worker_metrics[i];
+        if (i == 0 || strcmp(wm->name, worker_metrics[i - 1].name) != 0)
+            header(out, wm->name, wm->type, wm->help);
+        worker_series(out, c, wm->name, wm->label, wm->field);
+    }
     return !coordinator_buf_failed(out);
 }

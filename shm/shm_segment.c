@@ -2,6 +2,7 @@
 
 #include "common/common_assert.h"
 #include "common/common_log.h"
+#include "common/common_time.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -39,13 +40,6 @@ bool shm_cluster_name_ok(const char *name)
             return false;
     }
     return true;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static size_t align_up(size_t x, size_t a)
@@ -248,7 +242,7 @@ shoal_err shm_segment_create(const char *name, const shm_segment_sizes *sizes, s
     h->version = SHM_SEGMENT_VERSION;
     h->header_bytes = sizeof *h;
     h->total_bytes = bytes;
-    h->created_ns = now_ns();
+    h->created_ns = common_wall_ns();
     h->creator_pid = (int32_t)getpid();
     layout(sizes, h);
     snprintf(h->cluster, sizeof h->cluster, "%s", name);
@@ -455,35 +449,53 @@ static void index_each(shm_segment *s, const common_hash *hash,
     }
 }
 
+/* The chain walk behind leads and leases: lead[w] = how many of
+ * hashes[0..n) lead the chain and are published on w, for every worker but
+ * `self` (-1: none) and, with live_only, only ready or draining ones.
+ * Stops at the first block no counted worker extends. Returns the longest. */
 typedef struct leads_walk {
+    shm_segment *s;
     int32_t *lead;
     int block;
     int best;
+    int self;
+    bool live_only;
 } leads_walk;
 
 static bool extend_lead(void *ctx, int worker, int page)
 {
     (void)page;
     leads_walk *w = ctx;
-    if (w->lead[worker] == w->block) {
-        w->lead[worker]++;
-        if (w->lead[worker] > w->best)
-            w->best = w->lead[worker];
+    if (worker == w->self || w->lead[worker] != w->block)
+        return true;
+    if (w->live_only) {
+        uint32_t st = atomic_load(&shm_segment_worker(w->s, worker)->state);
+        if (st != SHM_WORKER_READY && st != SHM_WORKER_DRAINING)
+            return true;
     }
+    w->lead[worker]++;
+    if (w->lead[worker] > w->best)
+        w->best = w->lead[worker];
     return true;
 }
 
-int shm_index_leads(shm_segment *s, const common_hash *hashes, int n, int32_t *lead)
+static int walk_leads(shm_segment *s, const common_hash *hashes, int n, int self, bool live_only,
+                      int32_t *lead)
 {
     shm_segment_header *h = s->base;
     for (int w = 0; w < h->workers_max; w++)
         lead[w] = 0;
-    leads_walk walk = {lead, 0, 0};
+    leads_walk walk = {s, lead, 0, 0, self, live_only};
     for (int b = 0; b < n && walk.best == b; b++) {
         walk.block = b;
         index_each(s, &hashes[b], extend_lead, &walk);
     }
     return walk.best;
+}
+
+int shm_index_leads(shm_segment *s, const common_hash *hashes, int n, int32_t *lead)
+{
+    return walk_leads(s, hashes, n, -1, false, lead);
 }
 
 /* ---- leases ---- */
@@ -546,24 +558,19 @@ int shm_lease_reclaim_locked(shm_segment *s)
     return reclaim_and_recount(s, false);
 }
 
-typedef struct chain_walk {
-    shm_segment *s;
-    int self;
-    int block;
-    int32_t *lead; /* per worker, as shm_index_leads */
-    int32_t *page; /* per worker: its page of the current block */
-} chain_walk;
+/* index_each's callback: the page of one worker. */
+typedef struct page_of_worker {
+    int worker;
+    int page;
+} page_of_worker;
 
-static bool chain_step(void *ctx, int worker, int page)
+static bool find_on_worker(void *ctx, int worker, int page)
 {
-    chain_walk *c = ctx;
-    if (worker != c->self && c->lead[worker] == c->block) {
-        shm_worker_row *w = shm_segment_worker(c->s, worker);
-        if (atomic_load(&w->state) == SHM_WORKER_READY ||
-            atomic_load(&w->state) == SHM_WORKER_DRAINING)
-            c->lead[worker]++;
-    }
-    return true;
+    page_of_worker *f = ctx;
+    if (worker != f->worker)
+        return true;
+    f->page = page;
+    return false;
 }
 
 void shm_lease_chain(shm_segment *s, int self, const common_hash *hashes, int n, int max,
@@ -576,25 +583,12 @@ void shm_lease_chain(shm_segment *s, int self, const common_hash *hashes, int n,
         n = max;
     if (n <= 0)
         return;
-    int32_t lead[SHM_SEGMENT_WORKERS_MAX] = {0};
-    chain_walk c = {s, self, 0, lead, NULL};
+    int32_t lead[SHM_SEGMENT_WORKERS_MAX];
     shm_segment_lock(s);
-    int best = 0, owner = -1;
-    for (int b = 0; b < n; b++) {
-        c.block = b;
-        index_each(s, &hashes[b], chain_step, &c);
-        int any = 0;
-        for (int w = 0; w < h->workers_max; w++)
-            if (lead[w] == b + 1) {
-                any = 1;
-                if (b + 1 > best) {
-                    best = b + 1;
-                    owner = w;
-                }
-            }
-        if (!any)
-            break;
-    }
+    int best = walk_leads(s, hashes, n, self, true, lead), owner = -1;
+    for (int w = 0; best > 0 && owner < 0; w++)
+        if (lead[w] == best)
+            owner = w;
     if (owner < 0) {
         shm_segment_unlock(s);
         return;
@@ -602,24 +596,16 @@ void shm_lease_chain(shm_segment *s, int self, const common_hash *hashes, int n,
     uint64_t epoch = atomic_load(&shm_segment_worker(s, owner)->epoch);
     shm_page_row *rows = shm_segment_pages(s, owner);
     for (int b = 0; b < best; b++) {
-        /* the owner's page of block b */
-        int page = -1;
-        uint64_t *ix = index_of(s);
-        uint32_t mask = h->index_slots - 1;
-        for (uint32_t i = home_of(h, &hashes[b]); ix[i] != 0; i = (i + 1) & mask)
-            if ((int)(ix[i] >> 32) - 1 == owner &&
-                common_hash_equal(&rows[(uint32_t)ix[i]].hash, &hashes[b])) {
-                page = (int)(uint32_t)ix[i];
-                break;
-            }
-        if (page < 0)
+        page_of_worker f = {owner, -1};
+        index_each(s, &hashes[b], find_on_worker, &f);
+        if (f.page < 0)
             break;
-        int slot = lease_slot_take(s, owner, page, epoch);
+        int slot = lease_slot_take(s, owner, f.page, epoch);
         if (slot < 0)
             break;
-        atomic_fetch_add(&rows[page].leases, 1);
-        atomic_fetch_add(&rows[page].uses, 1);
-        lease->pages[lease->count] = page;
+        atomic_fetch_add(&rows[f.page].leases, 1);
+        atomic_fetch_add(&rows[f.page].uses, 1);
+        lease->pages[lease->count] = f.page;
         lease->slots[lease->count] = slot;
         lease->count++;
         shm_test_pause("lease-locked"); /* a test kills us here, lock held */
@@ -706,8 +692,8 @@ shoal_err shm_worker_register(shm_segment *s, int index, pid_t pid, const char *
     atomic_store(&w->pages_total, pages);
     atomic_store(&w->pages_free, pages);
     atomic_store(&w->page_bytes, page_bytes);
-    atomic_store(&w->started_ns, now_ns());
-    atomic_store(&w->heartbeat_ns, now_ns());
+    atomic_store(&w->started_ns, common_wall_ns());
+    atomic_store(&w->heartbeat_ns, common_wall_ns());
     atomic_store(&w->state, SHM_WORKER_READY);
     shm_segment_unlock(s);
     *epoch = next;
@@ -730,7 +716,7 @@ void shm_worker_forget(shm_segment *s, int index, shm_worker_state state, int ex
     atomic_store(&w->pages_free, 0);
     atomic_store(&w->pages_total, 0);
     atomic_store(&w->exit_code, exit_code);
-    atomic_store(&w->dead_ns, now_ns());
+    atomic_store(&w->dead_ns, common_wall_ns());
     atomic_fetch_add(&w->exits, 1);
     atomic_store(&w->epoch, atomic_load(&w->epoch) + 1); /* old leases hold nothing now */
     atomic_store(&w->state, state);

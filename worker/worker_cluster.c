@@ -2,6 +2,7 @@
 
 #include "common/common_limits.h"
 #include "common/common_log.h"
+#include "common/common_time.h"
 #include "shm/shm_arena.h"
 
 #include <stdio.h>
@@ -36,13 +37,6 @@ struct worker_cluster {
     int streams_max;
     int streams_written;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* Attaches to the cluster's segment once its coordinator has made it. A
  * worker started on its own (systemd starts the worker and coordinator
@@ -224,8 +218,7 @@ static int import_fill(void *ctx, worker_pages *pages, uint64_t stream, const co
     if (n > cl->lease_max)
         n = cl->lease_max;
     shm_lease lease = {.pages = cl->lease_pages, .slots = cl->lease_slots};
-    struct timespec ts0, ts1;
-    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    uint64_t t0 = common_mono_ns();
     shm_lease_chain(cl->seg, cl->index, hashes, n, n, &lease);
     if (lease.count == 0)
         return 0;
@@ -267,8 +260,7 @@ static int import_fill(void *ctx, worker_pages *pages, uint64_t stream, const co
     shm_lease_release(cl->seg, &lease);
     for (int i = 0; i < k; i++)
         worker_pages_publish(pages, out[i], &hashes[i], i == 0 ? parent : &hashes[i - 1]);
-    clock_gettime(CLOCK_MONOTONIC, &ts1);
-    cl->import_ns += (uint64_t)((ts1.tv_sec - ts0.tv_sec) * 1000000000ll + ts1.tv_nsec - ts0.tv_nsec);
+    cl->import_ns += common_mono_ns() - t0;
     return k;
 }
 
@@ -296,7 +288,7 @@ void worker_cluster_report(worker_cluster *cl, worker_engine *e)
     atomic_store(&w->restore_tokens, st.restore_tokens);
     atomic_store(&w->cached_tokens, st.cached_tokens - st.import_tokens - st.restore_tokens);
     atomic_store(&w->prompt_tokens, st.prompt_tokens);
-    atomic_store(&w->heartbeat_ns, now_ns());
+    atomic_store(&w->heartbeat_ns, common_wall_ns());
     int n = worker_engine_streams(e, cl->streams, cl->streams_max);
     shm_stream_row *rows = shm_segment_streams(cl->seg, cl->index);
     for (int i = 0; i < n; i++) {
@@ -304,7 +296,7 @@ void worker_cluster_report(worker_cluster *cl, worker_engine *e)
         shm_stream_row *r = &rows[i];
         if (atomic_load(&r->id) != s->id) {
             atomic_store(&r->id, s->id);
-            atomic_store(&r->started_ns, now_ns());
+            atomic_store(&r->started_ns, common_wall_ns());
         }
         atomic_store(&r->state, !s->running     ? SHM_STREAM_WAITING
                                 : s->prefilling ? SHM_STREAM_PREFILL
@@ -323,9 +315,4 @@ void worker_cluster_report(worker_cluster *cl, worker_engine *e)
     /* Here the row's counts and the page rows agree (one thread writes
      * both): a test stops us here to compare shoalctl with them. */
     shm_test_pause("reported");
-}
-
-bool worker_cluster_drain_requested(worker_cluster *cl)
-{
-    return atomic_load(&shm_segment_worker(cl->seg, cl->index)->drain) != 0;
 }

@@ -44,7 +44,5 @@ void worker_cluster_report(worker_cluster *cl, worker_engine *e);
  * it). A peer whose mapping failed is not retried until it restarts. */
 void worker_cluster_idle(worker_cluster *cl);
 
-/* True when shoalctl asked this worker to drain. */
-bool worker_cluster_drain_requested(worker_cluster *cl);
 
 #endif

@@ -358,9 +358,6 @@ void worker_pages_stats_get(const worker_pages *p, worker_pages_stats *out)
     out->hits = p->hits;
     out->evictions = p->evictions;
     out->lease_skips = p->lease_skips;
-    out->leased = 0;
-    for (int id = 0; p->seg && id < p->count; id++)
-        out->leased += atomic_load_explicit(&p->rows[id].leases, memory_order_relaxed) > 0;
 }
 
 bool worker_pages_check(const worker_pages *p, const int32_t *expected_refs, shoal_diag *diag)

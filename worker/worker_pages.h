@@ -34,7 +34,6 @@ typedef struct worker_pages_stats {
     uint64_t lookups;   /* prefix-cache block lookups */
     uint64_t hits;      /* of which found a page */
     uint64_t evictions; /* cached pages reused for new data */
-    int leased;         /* pages other workers read now */
     uint64_t lease_skips; /* evictions passed over a leased page */
 } worker_pages_stats;
 

@@ -1,6 +1,7 @@
 #include "worker_serve.h"
 
 #include "common/common_log.h"
+#include "common/common_time.h"
 #include "shm/shm_channel.h"
 #include "shm/shm_proto.h"
 
@@ -41,13 +42,6 @@ static volatile sig_atomic_t stop_requested;
 void worker_serve_stop(void)
 {
     stop_requested = 1;
-}
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static void fill_load(const serve *sv, shm_load *load)
@@ -278,7 +272,7 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
         goto out;
     }
     LOG_INFO("worker %d serving on %s", o->worker_index, o->socket_path);
-    long long last_sent = now_ms(), next_step_ns = 0;
+    long long last_sent = common_mono_ms(), next_step_ns = 0;
     while (!(sv.shutdown && !busy(&sv)) && !stop_requested) {
         /* everything that arrived; wait for it only when idle */
         int wait = busy(&sv) ? 0 : o->heartbeat_ms;
@@ -310,12 +304,12 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
                     fake_pace(&next_step_ns, o->fake_step_us);
                 n = fake_step(&sv);
             }
-            if (n > 0 || now_ms() - last_sent >= o->heartbeat_ms) {
+            if (n > 0 || common_mono_ms() - last_sent >= o->heartbeat_ms) {
                 if ((err = send_step(&sv, n)))
                     goto out;
-                last_sent = now_ms();
+                last_sent = common_mono_ms();
             }
-        } else if (now_ms() - last_sent >= o->heartbeat_ms) {
+        } else if (common_mono_ms() - last_sent >= o->heartbeat_ms) {
             if (o->cluster && e) {
                 worker_cluster_report(o->cluster, e);
                 worker_cluster_idle(o->cluster);
@@ -325,7 +319,7 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
             fill_load(&sv, &hb.load);
             if ((err = shm_channel_send(sv.ch, &hb, sizeof hb, -1)))
                 goto out;
-            last_sent = now_ms();
+            last_sent = common_mono_ms();
         }
     }
     err = SHOAL_OK;

@@ -3,6 +3,7 @@
 #include "common/common_limits.h"
 #include "common/common_log.h"
 #include "common/common_pool.h"
+#include "common/common_time.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -35,13 +36,6 @@ struct worker_states {
     worker_pages *evict_pages; /* the pool the spill hook serves */
     worker_states_stats stats;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 shoal_err worker_states_open(const worker_states_options *o, worker_model *m, worker_states **out,
                              shoal_diag *diag)
@@ -168,7 +162,7 @@ static int restore_fill(void *ctx, worker_pages *pages, uint64_t stream, const c
                         const common_hash *parent, int n, int32_t *pages_out)
 {
     worker_states *st = ctx;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = common_mono_ns();
     int stored = 0, done = 0;
     shoal_diag diag;
     if (store_state_lookup(st->store, hashes, n, &stored, &diag) != SHOAL_OK) {
@@ -216,7 +210,7 @@ static int restore_fill(void *ctx, worker_pages *pages, uint64_t stream, const c
             st->stats.restore_stops++;
         }
     }
-    st->stats.restore_ns += now_ns() - t0;
+    st->stats.restore_ns += common_mono_ns() - t0;
     return done;
 }
 
@@ -299,7 +293,7 @@ static int left_ms(uint64_t deadline_ns)
 {
     if (!deadline_ns)
         return -1;
-    uint64_t now = now_ns();
+    uint64_t now = common_mono_ns();
     return now >= deadline_ns ? 0 : (int)((deadline_ns - now) / 1000000);
 }
 
@@ -322,7 +316,7 @@ shoal_err worker_states_write_all(worker_states *st, worker_pages *pages, int ti
     uint64_t room = st->spill_bytes / st->page_bytes;
     if ((uint64_t)c.n > room)
         first = c.n - (int)room;
-    uint64_t t0 = now_ns(), last_log = t0;
+    uint64_t t0 = common_mono_ns(), last_log = t0;
     uint64_t deadline = timeout_ms < 0 ? 0 : t0 + (uint64_t)timeout_ms * 1000000ull;
     shoal_err err = SHOAL_OK;
     int done = 0, total = c.n - first;
@@ -354,7 +348,7 @@ shoal_err worker_states_write_all(worker_states *st, worker_pages *pages, int ti
                                   done, total, shoal_strerror(err));
         }
         done++;
-        uint64_t now = now_ns();
+        uint64_t now = common_mono_ns();
         if (now - last_log > 2000000000ull) {
             LOG_INFO("state store: %d of %d pages written", done, total);
             last_log = now;
@@ -375,7 +369,7 @@ shoal_err worker_states_write_all(worker_states *st, worker_pages *pages, int ti
                               done, total, timeout_ms);
     if (total > 0)
         LOG_INFO("state store: %d learned pages written in %.1f s", done,
-                 (double)(now_ns() - t0) / 1e9);
+                 (double)(common_mono_ns() - t0) / 1e9);
     return SHOAL_OK;
 }
 
