@@ -2,12 +2,13 @@
  * the twin of kernels/cpu/attention.c.
  *
  * A row's context (positions [0, pos]) is cut into attn_splits_of(pos + 1,
- * cap) segments of whole pages of 16 (attention_mma.cuh). The cap comes
- * from the round's row count and the shape (enough blocks to fill the GPU
- * about four times, within the per-row scratch; eight measured slower at
- * batch 32 and 64, kernels/lab/README.md), never from a slice or
- * the page table's capacity, so a sliced round equals an unsliced one to
- * the byte. The grid has `cap` segments per row, and blocks past a row's
+ * cap, fill) segments of whole pages of 16 (attention_mma.cuh). The cap
+ * comes from the round's row count and the shape (enough blocks to fill
+ * the GPU about four times, within the per-row scratch; eight measured
+ * slower at batch 32 and 64, kernels/lab/README.md), and so does fill
+ * (segments a row of a small round should have for one full wave), never
+ * from a slice or the page table's capacity, so a sliced round equals an
+ * unsliced one to the byte. The grid has `cap` segments per row, and blocks past a row's
  * count return at once: the launch is the same for every round of the
  * same rows, as a CUDA graph needs, and a large round of short contexts
  * launches few empty blocks.
@@ -63,7 +64,8 @@ struct attn_args {
     kernels_kv_layout L;
     int layer;
     int heads;
-    int splits;
+    int splits; /* the round's cap on segments a row, and the scratch's stride */
+    int fill;   /* segments a row of the round should have (attention_mma.cuh) */
     float scale;
     int page_table_stride;
     float *scratch; /* [slice rows][heads][splits][head_dim + 2] */
@@ -93,11 +95,11 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     float *corr = l + ATTN_GQ;
 
     const int ctx = positions[r] + 1;
-    const int splits = attn_splits_of(ctx, a.splits);
+    const int splits = attn_splits_of(ctx, a.splits, a.fill);
     if (split >= splits)
         return; /* the merge reads this row's first `splits` records alone */
     const int32_t *pages = page_table + (size_t)row_stream[r] * (size_t)a.page_table_stride;
-    const int seg = attn_seg_tokens(ctx, a.splits);
+    const int seg = attn_seg_tokens(ctx, a.splits, a.fill);
     const int t_begin = split * seg;
     const int t_end = min(ctx, (split + 1) * seg);
 
@@ -180,51 +182,103 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     }
 }
 
-template <typename T>
+/* The merge, one block per (row, query head), segments in order. The
+ * first version walks the segments three times per thread, each load
+ * waiting on the last; WIDE (SHOAL_CUDA_ATTN_FILL >= 1) loads every
+ * segment's (max, sum) at once into shared memory, computes each weight
+ * once, and leaves the loop over the accumulators free to have many loads
+ * in flight. Same expressions in the same order: the same bits. */
+template <typename T, bool WIDE>
 static __global__ void __launch_bounds__(MERGE_THREADS)
-    attn_merge(const float *scratch, T *out, int heads, int head_dim, int splits_max,
+    attn_merge(const float *scratch, T *out, int heads, int head_dim, int splits_max, int fill,
                const int32_t *positions)
 {
     pdl_trigger(); /* a GEMV after may start fetching its weights */
     const int r = blockIdx.x, h = blockIdx.y;
     const size_t rec_floats = (size_t)head_dim + 2;
     const float *rec = scratch + ((size_t)r * heads + h) * splits_max * rec_floats;
-    const int splits = attn_splits_of(positions[r] + 1, splits_max);
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; s++)
-        mx = fmaxf(mx, rec[s * rec_floats]);
-    float den = 0.0f;
-    for (int s = 0; s < splits; s++) {
-        float ms = rec[s * rec_floats];
-        if (ms != -INFINITY)
-            den += rec[s * rec_floats + 1] * expf(ms - mx);
-    }
+    const int splits = attn_splits_of(positions[r] + 1, splits_max, fill);
     T *o = out + ((size_t)r * heads + h) * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float num = 0.0f;
+    if constexpr (WIDE) {
+        __shared__ float ms[CUDA_ATTN_SPLITS_MAX], ls[CUDA_ATTN_SPLITS_MAX];
+        __shared__ float ws[CUDA_ATTN_SPLITS_MAX];
+        for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+            ms[s] = rec[s * rec_floats];
+            ls[s] = rec[s * rec_floats + 1];
+        }
+        __syncthreads();
+        float mx = -INFINITY;
+        for (int s = 0; s < splits; s++)
+            mx = fmaxf(mx, ms[s]);
+        for (int s = threadIdx.x; s < splits; s += blockDim.x)
+            ws[s] = ms[s] != -INFINITY ? expf(ms[s] - mx) : 0.0f;
+        __syncthreads();
+        float den = 0.0f;
+        for (int s = 0; s < splits; s++)
+            if (ms[s] != -INFINITY)
+                den += ls[s] * ws[s];
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            float num = 0.0f;
+#pragma unroll 8
+            for (int s = 0; s < splits; s++)
+                if (ms[s] != -INFINITY)
+                    num += rec[s * rec_floats + 2 + d] * ws[s];
+            o[d] = from_f32<T>(num / den);
+        }
+    } else {
+        float mx = -INFINITY;
+        for (int s = 0; s < splits; s++)
+            mx = fmaxf(mx, rec[s * rec_floats]);
+        float den = 0.0f;
         for (int s = 0; s < splits; s++) {
             float ms = rec[s * rec_floats];
             if (ms != -INFINITY)
-                num += rec[s * rec_floats + 2 + d] * expf(ms - mx);
+                den += rec[s * rec_floats + 1] * expf(ms - mx);
         }
-        o[d] = from_f32<T>(num / den);
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            float num = 0.0f;
+            for (int s = 0; s < splits; s++) {
+                float ms = rec[s * rec_floats];
+                if (ms != -INFINITY)
+                    num += rec[s * rec_floats + 2 + d] * expf(ms - mx);
+            }
+            o[d] = from_f32<T>(num / den);
+        }
     }
 }
 
 /* Segments a row of a round of `rows` rows may have: enough for about
  * four blocks a multiprocessor over the round (blocks_per_row is the
  * grid's other factor per row), within CUDA_ATTN_SPLITS_MAX and the
- * per-row scratch. From the round and the shape, never from the slice. */
-static int attn_splits_cap(int sm_count, int rows, int blocks_per_row, int heads, int head_dim)
+ * scratch. From the round and the shape, never from the slice: with fill
+ * the scratch a row may use is the budget of KERNELS_ATTN_SLICE_ROWS rows
+ * shared by the round's rows (up to that many), which the scratch always
+ * has (alloc_attn_scratch), so a round of one row may take 64 segments of
+ * a 32-head model where the first rule's 512 KiB held 31. */
+static int attn_splits_cap(int sm_count, int rows, int blocks_per_row, int heads, int head_dim,
+                           bool fill)
 {
     size_t per_split = (size_t)heads * ((size_t)head_dim + 2) * sizeof(float);
-    long long fit = (long long)(CUDA_ATTN_ROW_SCRATCH_BYTES / per_split);
+    size_t budget = CUDA_ATTN_ROW_SCRATCH_BYTES;
+    if (fill)
+        budget = budget * KERNELS_ATTN_SLICE_ROWS /
+                 (size_t)(rows < KERNELS_ATTN_SLICE_ROWS ? rows : KERNELS_ATTN_SLICE_ROWS);
+    long long fit = (long long)(budget / per_split);
     long long s = CUDA_ATTN_SPLITS_MAX < fit ? CUDA_ATTN_SPLITS_MAX : fit;
     long long per_round = (long long)rows * blocks_per_row;
     long long want = (4LL * sm_count + per_round - 1) / per_round;
     if (want < s)
         s = want;
     return s < 1 ? 1 : (int)s;
+}
+
+/* Segments a row of a small round should have: one wave of the
+ * tensor-core partials, whose 102 KB of shared memory (three stages of K
+ * and V at head dim 128) leave room for two blocks a multiprocessor. */
+static int attn_splits_fill(int sm_count, int rows, int blocks_per_row)
+{
+    long long per_round = (long long)rows * blocks_per_row;
+    return (int)((2LL * sm_count + per_round - 1) / per_round);
 }
 
 /* ---- the tensor-core partial kernel ---- */
@@ -250,10 +304,10 @@ static __global__ void __launch_bounds__(TC_THREADS)
     const int gn = min(TC_GM, group - g0);
     const int split = blockIdx.z;
     const int ctx = positions[r] + 1;
-    const int splits = attn_splits_of(ctx, a.splits);
+    const int splits = attn_splits_of(ctx, a.splits, a.fill);
     if (split >= splits)
         return; /* the merge reads this row's first `splits` records alone */
-    const int seg = attn_seg_tokens(ctx, a.splits);
+    const int seg = attn_seg_tokens(ctx, a.splits, a.fill);
     const int tb = split * seg, te = min(ctx, tb + seg);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int h0 = kvh * group + g0;
@@ -407,7 +461,8 @@ struct slice_ctx {
     attn_args args;
     int chunks;
     size_t smem;
-    bool tc; /* the tensor-core partial kernel */
+    bool tc;         /* the tensor-core partial kernel */
+    bool wide_merge; /* attn_merge<T, true> */
 };
 
 template <typename T, typename KV> static void launch_slice(void *p, const kernels_attn_slice *s)
@@ -431,9 +486,14 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
     if (!cuda_launched(c->be, "attention partial"))
         return;
     dim3 mgrid((unsigned)s->rows, (unsigned)c->args.heads);
-    attn_merge<T><<<mgrid, MERGE_THREADS, 0, stream>>>(c->args.scratch, (T *)s->out,
-                                                       c->args.heads, c->args.L.head_dim,
-                                                       c->args.splits, s->positions);
+    if (c->wide_merge)
+        attn_merge<T, true><<<mgrid, MERGE_THREADS, 0, stream>>>(
+            c->args.scratch, (T *)s->out, c->args.heads, c->args.L.head_dim, c->args.splits,
+            c->args.fill, s->positions);
+    else
+        attn_merge<T, false><<<mgrid, MERGE_THREADS, 0, stream>>>(
+            c->args.scratch, (T *)s->out, c->args.heads, c->args.L.head_dim, c->args.splits,
+            c->args.fill, s->positions);
     cuda_launched(c->be, "attention merge");
 }
 
@@ -501,8 +561,21 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
         c.chunks = (heads / layout->kv_heads + ATTN_GQ - 1) / ATTN_GQ;
         c.smem = partial_smem_floats(hd) * sizeof(float);
     }
-    c.args.splits = attn_splits_cap(st->sm_count, batch->rows, layout->kv_heads * c.chunks,
-                                    heads, hd);
+    /* SHOAL_CUDA_ATTN_FILL: 0 the first rule and merge, 1 the wide merge,
+     * 2 (default) also the segments of small rounds shortened to fill the
+     * GPU (the tensor-core kernel's shape; the SIMT one keeps the rule) */
+    bool fill = st->attn_fill >= 2 && c.tc;
+    int blocks_per_row = layout->kv_heads * c.chunks;
+    c.wide_merge = st->attn_fill >= 1;
+    c.args.splits = attn_splits_cap(st->sm_count, batch->rows, blocks_per_row, heads, hd, fill);
+    c.args.fill = fill ? attn_splits_fill(st->sm_count, batch->rows, blocks_per_row) : 0;
+    /* a slice's records fit the scratch */
+    int slice_rows = batch->rows < st->attn_slice_rows ? batch->rows : st->attn_slice_rows;
+    SHOAL_ASSERT((size_t)slice_rows * (size_t)c.args.splits * (size_t)heads * ((size_t)hd + 2) *
+                     sizeof(float) <=
+                 (size_t)(st->attn_slice_rows > KERNELS_ATTN_SLICE_ROWS ? st->attn_slice_rows
+                                                                        : KERNELS_ATTN_SLICE_ROWS) *
+                     CUDA_ATTN_ROW_SCRATCH_BYTES);
 
     size_t row_bytes = (size_t)heads * (size_t)hd * a;
     kernels_attn_round round;

@@ -19,29 +19,39 @@
 #include "cuda_ops.h"
 
 /* Context tokens per split of a decode row: the partial kernels cut a row
- * of ctx tokens into segments of attn_seg_tokens(ctx, cap) tokens (whole
- * pages of 16), attn_splits_of(ctx, cap) of them, where cap is the round's
- * (cuda_attention picks it from the round's rows and the shape, never
- * from a slice): a row's result depends on its context and the size of
- * its round, not on how the round is sliced. About 192 tokens a segment
- * (three tiles) give a batch-1 row of 4k context 22 segments per KV head,
- * enough blocks to keep every multiprocessor reading, and each block a
- * pipeline of three tiles. */
+ * of ctx tokens into segments of attn_seg_tokens(ctx, cap, fill) tokens
+ * (whole pages of 16), attn_splits_of(ctx, cap, fill) of them, where cap
+ * and fill are the round's (cuda_attention picks them from the round's
+ * rows and the shape, never from a slice): a row's result depends on its
+ * context and the size of its round, not on how the round is sliced.
+ * About 192 tokens a segment (three tiles) keep each block a pipeline of
+ * three tiles; that gives a batch-1 row of 4k context only 22 segments a
+ * KV head, 176 blocks for 132 multiprocessors. So a round of few rows
+ * (fill > 0) takes at least `fill` segments a row, down to one tile of 64
+ * tokens each, which fills the GPU once over at batch 1 and changes
+ * nothing at batch 4 and up (their cap is under 22 segments at 4k).
+ * fill = 0 is the first rule (SHOAL_CUDA_ATTN_FILL=0). */
 #define CUDA_ATTN_SPLIT_TOKENS 192
+#define CUDA_ATTN_SPLIT_TOKENS_MIN 64
 #define CUDA_ATTN_SEG_ALIGN 16
 
-static __host__ __device__ __forceinline__ int attn_seg_tokens(int ctx, int splits_max)
+static __host__ __device__ __forceinline__ int attn_seg_tokens(int ctx, int splits_max, int fill)
 {
     int s = (ctx + CUDA_ATTN_SPLIT_TOKENS - 1) / CUDA_ATTN_SPLIT_TOKENS;
+    if (fill > 0) {
+        int most = (ctx + CUDA_ATTN_SPLIT_TOKENS_MIN - 1) / CUDA_ATTN_SPLIT_TOKENS_MIN;
+        int f = fill < most ? fill : most;
+        s = s > f ? s : f;
+    }
     s = s < 1 ? 1 : s < splits_max ? s : splits_max;
     int seg = (ctx + s - 1) / s;
     return (seg + CUDA_ATTN_SEG_ALIGN - 1) / CUDA_ATTN_SEG_ALIGN * CUDA_ATTN_SEG_ALIGN;
 }
 
 /* Segments of a row of ctx tokens: every one non-empty. */
-static __host__ __device__ __forceinline__ int attn_splits_of(int ctx, int splits_max)
+static __host__ __device__ __forceinline__ int attn_splits_of(int ctx, int splits_max, int fill)
 {
-    int seg = attn_seg_tokens(ctx, splits_max);
+    int seg = attn_seg_tokens(ctx, splits_max, fill);
     return (ctx + seg - 1) / seg;
 }
 

@@ -7,6 +7,7 @@
 #include "cuda_ops.h"
 
 extern "C" {
+#include "common/common_limits.h"
 #include "common/common_log.h"
 }
 
@@ -204,6 +205,7 @@ static void cuda_close(kernels_backend *be)
             cudaFree(st->allocs.ptr[i]);
         free(st->allocs.ptr);
         cudaFree(st->attn_scratch);
+        cudaFree(st->sample_parts);
         cudaFree(st->cublas_workspace);
         if (st->cublas)
             cublasDestroy(st->cublas);
@@ -229,7 +231,8 @@ static shoal_err alloc_attn_scratch(kernels_backend *be, int rows, shoal_diag *d
     cuda_state *st = cuda_of(be);
     cudaFree(st->attn_scratch);
     st->attn_scratch = NULL;
-    size_t bytes = (size_t)rows * CUDA_ATTN_ROW_SCRATCH_BYTES;
+    size_t bytes = (size_t)(rows > KERNELS_ATTN_SLICE_ROWS ? rows : KERNELS_ATTN_SLICE_ROWS) *
+                   CUDA_ATTN_ROW_SCRATCH_BYTES;
     if (cudaMalloc(&st->attn_scratch, bytes) != cudaSuccess) {
         cudaGetLastError();
         st->attn_scratch = NULL;
@@ -292,6 +295,8 @@ static void pick_kernels(cuda_state *st)
     if (st->gemv_rows_max > CUDA_GEMV_ROWS_MAX)
         st->gemv_rows_max = CUDA_GEMV_ROWS_MAX;
     st->graphs = env_int("SHOAL_CUDA_GRAPHS", legacy ? 0 : 1) != 0;
+    st->attn_fill = env_int("SHOAL_CUDA_ATTN_FILL", legacy ? 0 : 2);
+    st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
@@ -353,6 +358,16 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     if ((e = cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device)) !=
         cudaSuccess) {
         err = shoal_diag_set(diag, SHOAL_ERR_DEVICE, "cuda: GPU %d: %s", device,
+                             cudaGetErrorString(e));
+        goto out_close;
+    }
+    /* a round of r rows reads each row in at most max(1, 4 sm / r)
+     * chunks (sample.cu): r + 4 sm summaries at most */
+    st->sample_parts_max = SHOAL_BATCH_ROWS_MAX + 4 * st->sm_count;
+    if ((e = cudaMalloc(&st->sample_parts,
+                        (size_t)st->sample_parts_max * CUDA_SAMPLE_PART_BYTES)) != cudaSuccess) {
+        err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                             "cuda: GPU %d: no memory for the sampler's scratch: %s", device,
                              cudaGetErrorString(e));
         goto out_close;
     }

@@ -30,7 +30,8 @@ extern "C" {
 /* Attention partial scratch per row: one (max, sum, acc[head_dim]) F32
  * record per query head and segment. 512 KiB a row holds 32 query heads of
  * 128 dims in 31 segments; the segment count is capped to fit (and at
- * CUDA_ATTN_SPLITS_MAX), from the shape and the round's rows, and each row
+ * CUDA_ATTN_SPLITS_MAX), from the shape and the round's rows (a round of
+ * fewer rows than KERNELS_ATTN_SLICE_ROWS shares their scratch), and each row
  * takes as many as its own context needs (attention_mma.cuh), so a
  * launch's results never depend on how many rows the scratch has. */
 #define CUDA_ATTN_ROW_SCRATCH_BYTES (512u << 10)
@@ -41,6 +42,17 @@ extern "C" {
  * faster than cuBLAS, at two and more cuBLAS's kernels win (lab, H200). */
 #define CUDA_GEMV_ROWS_MAX 8
 #define CUDA_GEMV_ROWS_DEFAULT 1
+
+/* Sampling (sample.cu): a row is read in at most this many chunks by as
+ * many blocks, whose summaries (24 bytes each) the row's block merges;
+ * the scratch holds SHOAL_BATCH_ROWS_MAX rows' worth plus the chunks that
+ * make a small round fill the GPU (four blocks a multiprocessor). The
+ * split path marks penalised tokens in a shared-memory bitmap of the
+ * vocabulary: up to 262,144 tokens (32 KiB); larger vocabularies take the
+ * first version. */
+#define CUDA_SAMPLE_PARTS_MAX 64
+#define CUDA_SAMPLE_PART_BYTES 24
+#define CUDA_SAMPLE_BITMAP_TOKENS_MAX (1 << 18)
 
 /* Recorded graphs a backend holds (graph_end's slots). */
 #define CUDA_GRAPH_SLOTS 1024
@@ -56,19 +68,30 @@ typedef struct cuda_state {
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *cublas_workspace;
-    float *attn_scratch; /* attn_slice_rows * CUDA_ATTN_ROW_SCRATCH_BYTES */
+    /* max(attn_slice_rows, KERNELS_ATTN_SLICE_ROWS) rows of
+     * CUDA_ATTN_ROW_SCRATCH_BYTES: a small round's rows share the default
+     * slice's budget (attention.cu), whatever the slice */
+    float *attn_scratch;
     int attn_slice_rows;
     kernels_attn_fault attn_fault; /* tests only */
+    void *sample_parts; /* sample_parts_max chunk summaries (sample.cu) */
+    int sample_parts_max;
     /* Kernel choices, read from the environment at open (benchmarks and
-     * the before/after of a change; SHOAL_CUDA_LEGACY=1 turns all three to
+     * the before/after of a change; SHOAL_CUDA_LEGACY=1 turns them all to
      * the first version's): tensor-core attention (SHOAL_CUDA_ATTN_TC,
-     * default 1), our GEMV for matmuls of at most gemv_rows_max rows
-     * (SHOAL_CUDA_GEMV_ROWS, default 1; 0 = cuBLAS always), and CUDA
-     * graphs (SHOAL_CUDA_GRAPHS, default 1). */
+     * default 1), decode segments shortened to fill the GPU at small
+     * rounds (SHOAL_CUDA_ATTN_FILL, default 1; 0 = about 192 tokens a
+     * segment always), our GEMV for matmuls of at most gemv_rows_max rows
+     * (SHOAL_CUDA_GEMV_ROWS, default 1; 0 = cuBLAS always), CUDA graphs
+     * (SHOAL_CUDA_GRAPHS, default 1), and the sampler read in chunks by
+     * coalesced loads (SHOAL_CUDA_SAMPLE, default 1; 0 = one block a row
+     * walking contiguous runs). */
     int sm_count;
     bool attn_tc;
+    int attn_fill;
     int gemv_rows_max;
     bool graphs;
+    bool sample_split;
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */

@@ -8,9 +8,12 @@
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
  * SHOAL_CUDA_LEGACY=1 (the first version's kernels: SIMT attention
- * partials for every round, cuBLAS for every matmul), and for the GEMV
- * sweep "new" with SHOAL_CUDA_GEMV_ROWS=8. All run on the same device
- * memory.
+ * partials for every round, cuBLAS for every matmul), for the GEMV
+ * sweep "new" with SHOAL_CUDA_GEMV_ROWS=8, and for the sampling and
+ * decode attention sweeps "prev" (the defaults before issue #5's sampler
+ * and short segments: SHOAL_CUDA_SAMPLE=0 SHOAL_CUDA_ATTN_FILL=0) and
+ * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone). All run on the
+ * same device memory.
  *
  * Timing: each measurement records `n` calls of one op as a CUDA graph and
  * replays it `reps` times; the figure is the median replay over n. Weights
@@ -22,8 +25,9 @@
  *
  * Prints, in order: the ops of one decode step at batch 1 (4k context)
  * and of a 2,048-token prefill, with a per-layer and per-model sum; the
- * GEMV against cuBLAS at 1 to 8 rows; paged decode attention at batch
- * 1/32/64 and 4k/8k/32k context (effective read bandwidth); causal prompt
+ * GEMV against cuBLAS at 1 to 8 rows; greedy sampling of 1 and 64 rows of
+ * 151,936 logits; paged decode attention at batch 1/32/64 and 4k/8k/32k
+ * context (effective read bandwidth); causal prompt
  * attention at 4,096 tokens (TFLOP/s). */
 #include "common/common_dtype.h"
 #include "kernels/kernels_backend.h"
@@ -178,8 +182,12 @@ static double time_op(op *o, int n, int reps)
     return t[reps / 2] / n;
 }
 
-static kernels_backend *open_variant(int device, bool v1, int gemv_rows)
+/* A backend with the switches of a variant; `env` is NULL or a list of
+ * NAME=VALUE strings ended by NULL. */
+static kernels_backend *open_variant(int device, bool v1, int gemv_rows, const char *const *env)
 {
+    for (int i = 0; env && env[i]; i++)
+        putenv((char *)env[i]);
     if (v1) {
         setenv("SHOAL_CUDA_LEGACY", "1", 1);
         setenv("SHOAL_CUDA_GRAPHS", "1", 1); /* for the timing itself */
@@ -201,6 +209,11 @@ static kernels_backend *open_variant(int device, bool v1, int gemv_rows)
     unsetenv("SHOAL_CUDA_LEGACY");
     unsetenv("SHOAL_CUDA_GRAPHS");
     unsetenv("SHOAL_CUDA_GEMV_ROWS");
+    for (int i = 0; env && env[i]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(env[i], "="), env[i]);
+        unsetenv(name);
+    }
     return be;
 }
 
@@ -436,8 +449,24 @@ static void gemv_vs_cublas(kernels_backend *nb, kernels_backend *vb, bufs *b, in
         }
 }
 
-static void attention_sweep(kernels_backend *nb, kernels_backend *vb, bufs *b, int reps,
-                            bool quick)
+static void sample_sweep(kernels_backend *nb, kernels_backend *pb, bufs *b, int reps)
+{
+    static const int rowss[] = {1, 64};
+    printf("\ngreedy sampling, vocab %d (new: chunks by coalesced loads; prev: one block a row, "
+           "SHOAL_CUDA_SAMPLE=0), GB/s of logits\n",
+           VOCAB);
+    for (int ri = 0; ri < 2; ri++)
+        for (int vi = 0; vi < 2; vi++) {
+            int rows = rowss[ri];
+            op o = {.kind = OP_SAMPLE, .be = vi ? pb : nb, .b = b, .rows = rows};
+            row("sample (greedy)", vi ? "prev" : "new", rows, time_op(&o, 20, reps),
+                (double)rows * VOCAB * 4, 0, 0, NULL);
+        }
+}
+
+/* bes/names: the variants, new first; v1 (SIMT) is the last and slow */
+static void attention_sweep(kernels_backend *const *bes, const char *const *names, int nvar,
+                            bufs *b, int reps, bool quick)
 {
     static const int batches[] = {1, 32, 64};
     static const int ctxs[] = {4096, 8192, 32768};
@@ -446,18 +475,20 @@ static void attention_sweep(kernels_backend *nb, kernels_backend *vb, bufs *b, i
     for (int bi = 0; bi < 3; bi++)
         for (int ci = 0; ci < 3; ci++) {
             int B = batches[bi], C = ctxs[ci];
-            kernels_batch kb = make_batch(nb, b, B, 1, C);
+            kernels_batch kb = make_batch(bes[0], b, B, 1, C);
             double kv = (double)B * C * KVH * HD * 2 * 2;
             char what[64];
             snprintf(what, sizeof what, "decode b%d ctx%d", B, C);
-            for (int vi = 0; vi < (quick ? 1 : 2); vi++) {
-                op o = {.kind = OP_ATTENTION, .be = vi ? vb : nb, .b = b, .rows = B, .batch = kb};
-                int n = vi ? 2 : (int)(4e8 / kv) + 2;
+            for (int vi = 0; vi < (quick ? nvar - 1 : nvar); vi++) {
+                bool v1 = vi == nvar - 1;
+                op o = {.kind = OP_ATTENTION, .be = bes[vi], .b = b, .rows = B, .batch = kb};
+                int n = v1 ? 2 : (int)(4e8 / kv) + 2;
                 if (n > 50)
                     n = 50;
-                row(what, vi ? "v1" : "new", B, time_op(&o, n, vi ? 3 : reps), kv, 0, 0, NULL);
+                row(what, names[vi], B, time_op(&o, n, v1 ? 3 : reps), kv, 0, 0, NULL);
             }
         }
+    kernels_backend *nb = bes[0], *vb = bes[nvar - 1];
     printf("\ncausal prompt attention, one stream (32 q heads, 8 KV heads, 128 dims, bf16), "
            "FLOPs 2 n^2 d heads (causal half of 4 n^2 d)\n");
     static const int ns[] = {2048, 4096};
@@ -485,8 +516,14 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--quick") == 0)
             quick = true;
     }
-    kernels_backend *nb = open_variant(device, false, 0), *vb = open_variant(device, true, 0);
-    kernels_backend *gb = open_variant(device, false, 8); /* our GEMV up to 8 rows */
+    static const char *const prev_env[] = {"SHOAL_CUDA_SAMPLE=0", "SHOAL_CUDA_ATTN_FILL=0",
+                                           NULL};
+    static const char *const merge_env[] = {"SHOAL_CUDA_ATTN_FILL=1", NULL};
+    kernels_backend *nb = open_variant(device, false, 0, NULL);
+    kernels_backend *vb = open_variant(device, true, 0, NULL);
+    kernels_backend *gb = open_variant(device, false, 8, NULL); /* our GEMV up to 8 rows */
+    kernels_backend *pb = open_variant(device, false, 0, prev_env);
+    kernels_backend *mb = open_variant(device, false, 0, merge_env);
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
@@ -502,7 +539,12 @@ int main(int argc, char **argv)
     printf("\nprefill ops, 2048 tokens of one stream (per call)\n");
     step_ops(nb, vb, &b, 1, 2048, 2048, 3, 5);
     gemv_vs_cublas(gb, vb, &b, reps);
-    attention_sweep(nb, vb, &b, reps, quick);
+    sample_sweep(nb, pb, &b, reps);
+    kernels_backend *attn_bes[] = {nb, mb, pb, vb};
+    const char *attn_names[] = {"new", "merge", "prev", "v1"};
+    attention_sweep(attn_bes, attn_names, 4, &b, reps, quick);
+    kernels_backend_close(mb);
+    kernels_backend_close(pb);
     kernels_backend_close(gb);
     kernels_backend_close(vb);
     kernels_backend_close(nb);

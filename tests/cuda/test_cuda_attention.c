@@ -6,6 +6,7 @@
  *     byte for byte;
  *   - both equal the CPU reference within the tolerance of the dtype;
  *   - a planted fault (slices that leave the row tables at row 0) is red;
+ *   - one decode row alone (segments shortened to fill the GPU) as well;
  *   - the prompt op (tensor-core tiles over the page table with bf16
  *     activations) equals the CPU reference within the same tolerance on
  *     the same round, tiles of several streams included. */
@@ -219,6 +220,23 @@ static void decode_rows_at_long_context(shoal_dtype kvdt)
     run_case(label, wide_shape, kvdt, n, rows, past);
 }
 
+/* One decode row alone, the batch-1 step: its segments are shortened to
+ * fill the GPU (SHOAL_CUDA_ATTN_FILL=2, tensor-core partials), down to
+ * one 64-token tile, and at 4k and up a row has more segments (32, 43, 64)
+ * than a single row's 512 KiB of scratch held (31), so the records use
+ * the default slice's shared budget. */
+static void one_decode_row_in_short_segments(shoal_dtype kvdt)
+{
+    static const int ctxs[] = {301, 4096, 8192, 32768};
+    int n = test_sanitize ? 2 : 4;
+    for (int i = 0; i < n; i++) {
+        int rows = 1, past = ctxs[i] - 1;
+        char label[64];
+        snprintf(label, sizeof label, "decode, one stream at %d context", ctxs[i]);
+        run_case(label, wide_shape, kvdt, 1, &rows, &past);
+    }
+}
+
 static void two_streams_whose_slices_cross(shoal_dtype kvdt)
 {
     static const int pairs[][4] = {
@@ -255,6 +273,7 @@ static void bf16_pages(void)
     two_streams_whose_slices_cross(SHOAL_DTYPE_BF16);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_BF16);
     decode_rows_at_long_context(SHOAL_DTYPE_BF16);
+    one_decode_row_in_short_segments(SHOAL_DTYPE_BF16);
 }
 
 static void fp8_pages_with_scales(void)
@@ -263,6 +282,7 @@ static void fp8_pages_with_scales(void)
     two_streams_whose_slices_cross(SHOAL_DTYPE_F8_E4M3);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_F8_E4M3);
     decode_rows_at_long_context(SHOAL_DTYPE_F8_E4M3);
+    one_decode_row_in_short_segments(SHOAL_DTYPE_F8_E4M3);
 }
 
 int main(int argc, char **argv)

@@ -507,6 +507,117 @@ static void sample_picks_the_cpu_token_for_every_parameter_mix(void)
     }
 }
 
+/* Rows of z through both backends; how many differ (token, logprob, top
+ * list), the first few printed. */
+static int sample_rows_differ(const char *label, const float *z, int rows, int vocab,
+                              const kernels_sample_params *p, const int32_t *off,
+                              const int32_t *tok, const int32_t *cnt)
+{
+    size_t n = (size_t)rows * vocab;
+    int entries = off ? off[rows] : 0;
+    kernels_sample_result *ref = xmalloc((size_t)rows * sizeof *ref);
+    kernels_sample_result *got = xmalloc((size_t)rows * sizeof *got);
+    cpu->sample(cpu, ref, z, rows, vocab, p, off, tok, cnt);
+    void *dz = dev_copy(gpu, z, n * 4), *dp = dev_copy(gpu, p, (size_t)rows * sizeof *p);
+    void *doff = off ? dev_copy(gpu, off, (size_t)(rows + 1) * 4) : NULL;
+    void *dtok = off ? dev_copy(gpu, tok, (size_t)(entries ? entries : 1) * 4) : NULL;
+    void *dcnt = off ? dev_copy(gpu, cnt, (size_t)(entries ? entries : 1) * 4) : NULL;
+    void *dres = dev_alloc(gpu, (size_t)rows * sizeof *got);
+    dev_poison(gpu, dres, (size_t)rows * sizeof *got);
+    gpu->sample(gpu, dres, dz, rows, vocab, dp, doff, dtok, dcnt);
+    CHECK(gpu->download(gpu, got, dres, (size_t)rows * sizeof *got) == SHOAL_OK);
+    int differ = 0;
+    for (int r = 0; r < rows; r++) {
+        bool ok = got[r].token == ref[r].token && lp_close(got[r].logprob, ref[r].logprob);
+        int nlp = p[r].logprobs < vocab ? p[r].logprobs : vocab;
+        for (int i = 0; i < nlp; i++)
+            ok = ok && got[r].top_ids[i] == ref[r].top_ids[i] &&
+                 lp_close(got[r].top_logprobs[i], ref[r].top_logprobs[i]);
+        if (!ok && differ++ < 5)
+            fprintf(stderr, "  %s, vocab %d row %d (T %.2f): gpu %d (%g), cpu %d (%g)\n", label,
+                    vocab, r, p[r].temperature, got[r].token, got[r].logprob, ref[r].token,
+                    ref[r].logprob);
+    }
+    gpu->free(gpu, dz);
+    gpu->free(gpu, dp);
+    if (off) {
+        gpu->free(gpu, doff);
+        gpu->free(gpu, dtok);
+        gpu->free(gpu, dcnt);
+    }
+    gpu->free(gpu, dres);
+    free(ref);
+    free(got);
+    return differ;
+}
+
+/* The batch-1 step's sampling: one row of Qwen3's 151,936 logits, which
+ * the default path reads in 64 chunks by as many blocks and merges, and a
+ * few rows (fewer chunks each), one of them at an odd vocabulary so that
+ * the second row is not 16-byte aligned (scalar loads). The row's maximum
+ * is planted at three ids in different chunks:
+ * greedy must take the lowest id (kernels_sample.h), with and without a
+ * penalty that pushes it under the next; with logprobs, with sampling
+ * (penalties read from the row's bitmap), a row masked to -inf but one
+ * token, a row masked throughout (NaN log-probabilities on both), a NaN. */
+static void sample_one_row_at_full_vocab_takes_the_lowest_id_of_a_tie(void)
+{
+    static const int vocabs[] = {151936, 151935};
+    for (int vi = 0; vi < 2; vi++) {
+        int vocab = vocabs[vi], rows_max = 8;
+        float *z = xmalloc((size_t)rows_max * vocab * 4);
+        for (size_t i = 0; i < (size_t)rows_max * vocab; i++)
+            z[i] = 8.0f * rnd_uniform() - 4.0f;
+        kernels_sample_params base = {.top_p = 1.0f, .repetition_penalty = 1.0f};
+        kernels_sample_params p[8];
+        int32_t off[9], tok[600], cnt[600];
+        int entries = 0;
+        for (int r = 0; r < rows_max; r++) {
+            float *zr = z + (size_t)r * vocab;
+            zr[150001] = zr[77777] = zr[5003] = 10.0f; /* the tie */
+            zr[60000] = 9.5f;                          /* the next */
+            p[r] = base;
+            p[r].seed = 1000 + (uint64_t)r;
+            p[r].step = 7;
+            off[r] = entries;
+            for (int t = r; t < vocab && entries - off[r] < 70; t += 2111 + r)
+                if (t != 5003) {
+                    tok[entries] = t;
+                    cnt[entries++] = t % 4;
+                }
+        }
+        off[rows_max] = entries;
+        int differ = sample_rows_differ("one greedy row", z, 1, vocab, p, NULL, NULL, NULL);
+        CHECK_MSG(differ == 0, "one greedy row of %d", vocab);
+        /* the tie's lowest id, penalised below the others: 77777 next */
+        int32_t off1[2] = {0, 1}, tok1[1] = {5003}, cnt1[1] = {2};
+        p[0].repetition_penalty = 1.3f;
+        differ = sample_rows_differ("one penalised row", z, 1, vocab, p, off1, tok1, cnt1);
+        CHECK_MSG(differ == 0, "one penalised greedy row of %d", vocab);
+        p[0].logprobs = 20;
+        p[0].repetition_penalty = 1.0f;
+        p[0].presence_penalty = 0.5f;
+        differ = sample_rows_differ("one row with logprobs", z, 1, vocab, p, off1, tok1, cnt1);
+        CHECK_MSG(differ == 0, "one greedy row with logprobs of %d", vocab);
+        /* the batch: mixes of the above */
+        p[0] = base;
+        p[1].logprobs = 5;
+        p[2].temperature = 0.8f, p[2].top_p = 0.9f, p[2].repetition_penalty = 1.2f;
+        p[3].temperature = 1.0f, p[3].top_k = 40, p[3].frequency_penalty = 0.3f;
+        p[4].temperature = 0.7f, p[4].min_p = 0.05f, p[4].logprobs = 3;
+        for (int i = 0; i < vocab; i++) /* row 5 masked but one token */
+            z[(size_t)5 * vocab + i] = i == 123456 ? 1.0f : -INFINITY;
+        for (int i = 0; i < vocab; i++) /* row 6 masked throughout */
+            z[(size_t)6 * vocab + i] = -INFINITY;
+        p[6].logprobs = 2;
+        z[(size_t)7 * vocab + 99999] = NAN;
+        p[7].temperature = 0.5f;
+        differ = sample_rows_differ("a mixed batch", z, rows_max, vocab, p, off, tok, cnt);
+        CHECK_MSG(differ == 0, "%d of %d rows differ at vocab %d", differ, rows_max, vocab);
+        free(z);
+    }
+}
+
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_ops", argc, argv);
@@ -534,6 +645,7 @@ int main(int argc, char **argv)
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
             TEST_RUN(sample_picks_the_cpu_token_for_every_parameter_mix);
+            TEST_RUN(sample_one_row_at_full_vocab_takes_the_lowest_id_of_a_tie);
         }
         CHECK(gpu->sync(gpu) == SHOAL_OK);
         kernels_backend_close(gpu);
