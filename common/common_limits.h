@@ -121,11 +121,28 @@
 
 /* The bridge between a worker's pages and the store (worker_states). */
 
-/* Host staging of one restore run: pages read from the store at once
- * before they are uploaded. 64 MiB is 27 pages of an 8B model, enough to
- * keep 8 reader threads and the disk busy while the device takes the
- * uploads, and a minor share of host memory. */
-#define SHOAL_STATES_STAGING_BYTES_MAX (64ull * 1024 * 1024)
+/* Host staging of restores: pages read from the store wait here until the
+ * engine's next step uploads them, so it must hold what the readers bring
+ * in one step (a 2,048-token prefill chunk of an 8B model takes ~55 ms:
+ * ~550 MB from the page cache at 10 GB/s, ~80 MB from a 1.5 GB/s disk).
+ * 512 MiB (227 pages of an 8B model, pinned) is a minor share of a GPU
+ * host's memory; at most SHOAL_STATES_STAGING_PAGES_MAX pages of a small
+ * model. */
+#define SHOAL_STATES_STAGING_BYTES_MAX (512ull * 1024 * 1024)
+#define SHOAL_STATES_STAGING_PAGES_MAX 256
+
+/* How long an engine whose streams only wait for restores waits for a read
+ * before it steps again. */
+#define SHOAL_STATES_WAIT_MS 2
+
+/* The read speed a restore assumes before it has measured one, bytes a
+ * second: the page cache's (10-12 GB/s measured on the H200 host). */
+#define SHOAL_STATES_READ_PRIOR_BPS 8e9
+
+/* Steps of at least this many rows measure the engine's prefill speed,
+ * smaller ones the fixed cost of a step; with both a restore shares a
+ * history between computing and reading. */
+#define SHOAL_PREFILL_SAMPLE_ROWS 64
 
 /* Reader threads of one worker's restores: each checks a page's SHA-256
  * at ~1.5-2 GB/s, so 8 keep up with a fast NVMe drive. */

@@ -95,7 +95,7 @@ struct coordinator_cluster {
     char cluster[SHM_CLUSTER_NAME_MAX];
     shm_segment *seg;
     char *model_dir, *runtime_dir, *worker_path, *load_format, *kv_dtype;
-    char *state_dir, *spill_gib;
+    char *state_dir, *spill_gib, *restore_mode;
     bool reader_check_due; /* a worker exited since the last check (lock) */
     pthread_mutex_t lock;
     pthread_cond_t changed;
@@ -319,6 +319,10 @@ static void spawn(coordinator_cluster *c, cworker *w)
         if (c->spill_gib) {
             argv[a++] = "--spill-gib";
             argv[a++] = c->spill_gib;
+        }
+        if (c->restore_mode) {
+            argv[a++] = "--restore-mode";
+            argv[a++] = c->restore_mode;
         }
     }
     static const char *const flags[6] = {"--threads",  "--page-tokens",      "--kv-pages",
@@ -769,6 +773,7 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
     c->kv_dtype = o->kv_dtype ? strdup(o->kv_dtype) : NULL;
     c->state_dir = o->state_dir ? strdup(o->state_dir) : NULL;
     c->spill_gib = o->spill_gib ? strdup(o->spill_gib) : NULL;
+    c->restore_mode = o->restore_mode ? strdup(o->restore_mode) : NULL;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
     c->next_id = 1;
@@ -941,6 +946,7 @@ void coordinator_cluster_close(coordinator_cluster *c)
     free(c->kv_dtype);
     free(c->state_dir);
     free(c->spill_gib);
+    free(c->restore_mode);
     free(c);
 }
 

@@ -54,6 +54,7 @@ typedef struct coordinator_cluster_options {
      * states when it stops them. */
     const char *state_dir;
     const char *spill_gib;
+    const char *restore_mode; /* --restore-mode as given, or NULL: the worker's default */
     /* supervision */
     int heartbeat_ms;    /* a worker reports at least this often while idle */
     int dead_after_ms;   /* silence after which a worker is declared dead */

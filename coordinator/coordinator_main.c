@@ -69,6 +69,9 @@ static void usage(FILE *f)
         "  --state-dir DIR         the store (LMDB, made 0700), shared by the workers and\n"
         "                          kept across restarts; shoalctl states inspects it\n"
         "  --spill-gib N           the store's size limit in GiB (default 16)\n"
+        "  --restore-mode M        overlap (default): a turn computes the head of its\n"
+        "                          history while the store reads the tail; read: it\n"
+        "                          reads every stored block\n"
         "  --heartbeat-ms N, --dead-after-ms N, --start-timeout-s N\n",
         COORDINATOR_BODY_BYTES_MAX, COORDINATOR_STREAMS_MAX);
 }
@@ -179,6 +182,7 @@ int main(int argc, char **argv)
         OPT_LEARN,
         OPT_STATE_DIR,
         OPT_SPILL,
+        OPT_RESTORE,
         OPT_HELP
     };
     static const struct option opts[] = {
@@ -213,6 +217,7 @@ int main(int argc, char **argv)
         {"learn-conversations", no_argument, 0, OPT_LEARN},
         {"state-dir", required_argument, 0, OPT_STATE_DIR},
         {"spill-gib", required_argument, 0, OPT_SPILL},
+        {"restore-mode", required_argument, 0, OPT_RESTORE},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -310,6 +315,15 @@ int main(int argc, char **argv)
             co.spill_gib = optarg;
             break;
         }
+        case OPT_RESTORE:
+            if (strcmp(optarg, "overlap") != 0 && strcmp(optarg, "read") != 0) {
+                fprintf(stderr,
+                        "shoal-coordinator: --restore-mode '%s': expected overlap or read\n",
+                        optarg);
+                return 2;
+            }
+            co.restore_mode = optarg;
+            break;
         case OPT_ROUTE:
             if (strcmp(optarg, "prefix") == 0) {
                 co.route = COORDINATOR_ROUTE_PREFIX;
@@ -337,9 +351,9 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!learn && (state_dir || co.spill_gib)) {
+    if (!learn && (state_dir || co.spill_gib || co.restore_mode)) {
         fprintf(stderr, "shoal-coordinator: %s needs --learn-conversations\n",
-                state_dir ? "--state-dir" : "--spill-gib");
+                state_dir ? "--state-dir" : co.spill_gib ? "--spill-gib" : "--restore-mode");
         return 2;
     }
     if (learn && !state_dir) {

@@ -2,6 +2,7 @@
 
 #include "common/common_assert.h"
 #include "common/common_limits.h"
+#include "common/common_time.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,11 @@ typedef struct stream {
     int computed;  /* tokens whose KV is in pages */
     int cached_tokens;
     bool admitted_once;
+    bool first_admission; /* admitted once and not preempted since */
+    /* A restore in progress (worker_async_source): blocks [job_first,
+     * job_first + job_blocks) arrive from the store or are computed. */
+    void *job;
+    int job_first, job_blocks;
     int batch_slot; /* index in this step's batch, or -1 */
     int rows;       /* rows in this step */
 } stream;
@@ -57,6 +63,11 @@ struct worker_engine {
     int32_t *pen_off, *pen_tok, *pen_cnt, *sort_buf;
     int pen_cap;
 
+    /* How fast steps run (EWMAs; 0: not measured yet): small steps give
+     * the fixed cost, big ones the prefill speed beyond it. A restore
+     * shares a history's blocks with the store's reads by it. */
+    worker_speed speed;
+
     worker_engine_stats stats;
 };
 
@@ -70,8 +81,17 @@ static void stream_free(stream *s)
     free(s);
 }
 
+static void end_job(worker_engine *e, stream *s)
+{
+    if (s->job) {
+        e->o.restore.end(e->o.restore.ctx, s->job);
+        s->job = NULL;
+    }
+}
+
 static void release_pages(worker_engine *e, stream *s)
 {
+    end_job(e, s); /* before the pages go: the source lets go of them first */
     for (int i = 0; i < s->n_pages; i++)
         worker_pages_unref(e->pages, s->pages[i]);
     s->n_pages = 0;
@@ -404,6 +424,7 @@ static bool preempt_latest(worker_engine *e, int after)
     stream *v = e->running[i];
     SHOAL_ASSERT(v->batch_slot < 0); /* later streams are not scheduled yet */
     release_pages(e, v);
+    v->first_admission = false;
     running_remove(e, i);
     wait_push_front(e, v);
     e->stats.preemptions++;
@@ -455,12 +476,58 @@ static void add_rows(worker_engine *e, batch_build *b, stream *s, int n)
     }
 }
 
-/* A prompt chunk of s, as long as the budget and the pages allow. */
+/* Clamps a prompt chunk of n tokens of s to what the restore job lets it
+ * compute now: blocks the store delivered are skipped (counted as
+ * restored), blocks still being read end the chunk, the rest are claimed
+ * for computing. Ends the job once the stream is past it. */
+static int job_chunk(worker_engine *e, stream *s, int n)
+{
+    const worker_async_source *src = &e->o.restore;
+    int pt = e->pt, end = (s->job_first + s->job_blocks) * pt;
+    while (s->computed % pt == 0 && s->computed < end) {
+        worker_take t =
+            src->take(src->ctx, s->job, s->computed / pt - s->job_first, 0, e->speed);
+        if (t == WORKER_TAKE_COMPUTE)
+            break;
+        if (t == WORKER_TAKE_WAIT)
+            return 0;
+        /* READY: the store's page holds this block (published by the source) */
+        SHOAL_ASSERT(s->published == s->computed / pt);
+        s->computed += pt;
+        s->published++;
+        e->stats.restore_tokens += (uint64_t)pt;
+        if (s->first_admission) {
+            s->cached_tokens += pt;
+            e->stats.cached_tokens += (uint64_t)pt;
+        }
+    }
+    if (s->computed >= end) {
+        end_job(e, s);
+        return n < s->len - s->computed ? n : s->len - s->computed;
+    }
+    if (n > s->len - s->computed)
+        n = s->len - s->computed;
+    /* the chunk's later blocks inside the job: claim each, stop at one the
+     * store has or is reading */
+    int first = s->computed / pt;
+    for (int blk = first + 1; blk * pt < s->computed + n && blk * pt < end; blk++)
+        if (src->take(src->ctx, s->job, blk - s->job_first, blk - first, e->speed) !=
+            WORKER_TAKE_COMPUTE) {
+            n = blk * pt - s->computed;
+            break;
+        }
+    return n;
+}
+
+/* A prompt chunk of s, as long as the budget, the pages and a restore in
+ * progress allow. */
 static void add_prefill(worker_engine *e, batch_build *b, int idx, stream *s)
 {
     int n = s->len - s->computed;
     if (n > b->budget)
         n = b->budget;
+    if (s->job && (n = job_chunk(e, s, n)) == 0)
+        return;
     grow(e, idx, s, s->computed + n, false);
     int room = s->n_pages * e->pt - s->computed;
     if (n > room)
@@ -484,10 +551,33 @@ static int fill_from(worker_engine *e, stream *s, const worker_prefix_source *sr
     return n;
 }
 
+/* Starts a restore of blocks [from, max_blocks) from the state store,
+ * whose first `budget` tokens the engine computes in this step; returns
+ * how many blocks it will deliver or leave to the engine. */
+static int start_job(worker_engine *e, stream *s, int from, int max_blocks, int budget)
+{
+    const worker_async_source *src = &e->o.restore;
+    if (!src->start || from >= max_blocks)
+        return 0;
+    block_hash(e, s, max_blocks - 1);
+    const common_hash *parent = from == 0 ? &s->root : &s->hashes[from - 1];
+    void *job = NULL;
+    int n = src->start(src->ctx, e->pages, s->id, s->hashes + from, parent, max_blocks - from,
+                       (budget + e->pt - 1) / e->pt, e->speed, s->pages + s->n_pages, &job);
+    SHOAL_ASSERT(n >= 0 && n <= max_blocks - from && (n == 0) == (job == NULL));
+    s->job = job;
+    s->job_first = from;
+    s->job_blocks = n;
+    s->n_pages += n;
+    return n;
+}
+
 /* Takes the longest cached prefix of s's known tokens (leaving at least
  * one token to compute, whose logits start its output): this worker's own
- * pages first, then another worker's, then the state store's. */
-static int take_prefix(worker_engine *e, stream *s, int *imported, int *restored)
+ * pages first, then another worker's; then starts a restore of what the
+ * state store holds after them, which arrives while the stream computes.
+ * Returns the blocks the stream need not compute now. */
+static int take_prefix(worker_engine *e, stream *s, int budget, int *imported, int *job_blocks)
 {
     int max_blocks = (s->len - 1) / e->pt;
     int hits = 0;
@@ -500,10 +590,9 @@ static int take_prefix(worker_engine *e, stream *s, int *imported, int *restored
     }
     *imported = fill_from(e, s, &e->o.import, hits, max_blocks);
     hits += *imported;
-    *restored = fill_from(e, s, &e->o.restore, hits, max_blocks);
-    hits += *restored;
     s->computed = hits * e->pt;
     s->published = hits;
+    *job_blocks = start_job(e, s, hits, max_blocks, budget);
     return hits;
 }
 
@@ -511,9 +600,9 @@ static void admit(worker_engine *e, batch_build *b)
 {
     while (e->n_waiting > 0 && e->n_running < e->o.parallel && b->budget > 0) {
         stream *s = e->waiting[e->wait_head];
-        int imported, restored;
-        int hits = take_prefix(e, s, &imported, &restored);
-        int need = (s->len + e->pt - 1) / e->pt - hits;
+        int imported, job_blocks;
+        int hits = take_prefix(e, s, b->budget, &imported, &job_blocks);
+        int need = (s->len + e->pt - 1) / e->pt - hits - job_blocks;
         if (worker_pages_available(e->pages) < need) {
             release_pages(e, s); /* first come, first served: wait for room */
             break;
@@ -521,12 +610,12 @@ static void admit(worker_engine *e, batch_build *b)
         wait_pop(e);
         if (!s->admitted_once) {
             s->admitted_once = true;
-            s->cached_tokens = hits * e->pt;
+            s->first_admission = true;
+            s->cached_tokens = hits * e->pt; /* restored blocks add as they come */
             e->stats.prompt_tokens += (uint64_t)s->prompt_len;
             e->stats.cached_tokens += (uint64_t)s->cached_tokens;
         }
         e->stats.import_tokens += (uint64_t)(imported * e->pt);
-        e->stats.restore_tokens += (uint64_t)(restored * e->pt);
         e->running[e->n_running++] = s;
         add_prefill(e, b, e->n_running - 1, s);
     }
@@ -537,6 +626,25 @@ static void publish_blocks(worker_engine *e, stream *s)
     for (; (s->published + 1) * e->pt <= s->computed; s->published++)
         worker_pages_publish(e->pages, s->pages[s->published], block_hash(e, s, s->published),
                              s->published == 0 ? &s->root : &s->hashes[s->published - 1]);
+}
+
+static double ewma(double old, double sample)
+{
+    return old > 0 ? 0.7 * old + 0.3 * sample : sample;
+}
+
+/* A step of `rows` rows took dt seconds: small steps are its fixed cost
+ * (the weights' pass), big ones add the prefill speed beyond that. */
+static void measure_step(worker_engine *e, int rows, double dt)
+{
+    if (rows < SHOAL_PREFILL_SAMPLE_ROWS) {
+        e->speed.fixed_s = ewma(e->speed.fixed_s, dt);
+    } else {
+        double beyond = dt - e->speed.fixed_s;
+        if (beyond < dt / 4) /* a fixed cost measured on other shapes: ignore it */
+            beyond = dt;
+        e->speed.bps = ewma(e->speed.bps, (double)rows / e->pt / beyond);
+    }
 }
 
 static int cmp_i32(const void *a, const void *b)
@@ -630,6 +738,8 @@ shoal_err worker_engine_step(worker_engine *e, worker_event *events, int *count,
     }
     e->n_cancelled = 0;
 
+    if (e->o.restore.pump)
+        e->o.restore.pump(e->o.restore.ctx, 0);
     batch_build b = {.budget = e->o.max_batch_tokens};
     uint64_t preempted = e->stats.preemptions;
     /* 1. one decode row for every stream whose prompt is done, oldest first */
@@ -654,9 +764,14 @@ shoal_err worker_engine_step(worker_engine *e, worker_event *events, int *count,
     if (e->stats.preemptions == preempted)
         admit(e, &b);
     if (b.rows == 0) {
-        /* Every running stream waits for pages that others hold: free the
-         * latest one's so the rest can move. */
-        if (e->n_running > 1)
+        bool restoring = false;
+        for (int i = 0; i < e->n_running; i++)
+            restoring |= e->running[i]->job != NULL;
+        if (restoring) /* streams wait for the store's reads: wait with them */
+            e->o.restore.pump(e->o.restore.ctx, SHOAL_STATES_WAIT_MS);
+        else if (e->n_running > 1)
+            /* Every running stream waits for pages that others hold: free
+             * the latest one's so the rest can move. */
             preempt_latest(e, e->n_running - 2);
         *count = nev;
         return SHOAL_OK;
@@ -677,11 +792,13 @@ shoal_err worker_engine_step(worker_engine *e, worker_event *events, int *count,
     bool has_pen = build_penalties(e, b.logits, &pen);
     worker_forward f = {b.rows, e->ids,   e->pos,       e->row_stream, b.streams,
                         stride, e->table, b.logits,     e->logit_rows};
+    uint64_t t0 = common_mono_ns();
     shoal_err err = worker_model_step(e->m, &f, e->params, has_pen ? &pen : NULL, e->results, diag);
     if (err) {
         e->broken = true;
         return err;
     }
+    measure_step(e, b.rows, (double)(common_mono_ns() - t0) / 1e9);
     e->stats.steps++;
     e->stats.computed_tokens += (uint64_t)b.rows;
     for (int j = 0; j < b.streams; j++) {

@@ -29,8 +29,8 @@
 
 enum { WORKER_STOP_IDS_MAX = 16 };
 
-/* A place a prefix's KV can come from besides this worker's own pages:
- * another worker's arena (issue #8) or the state store (issue #9). Given
+/* A place a prefix's KV can come from besides this worker's own pages, at
+ * once: another worker's arena (issue #8). Given
  * the chain hashes[0..n) of blocks that follow the stream's local hits
  * (parent: the hash before hashes[0]), it takes pages from `pages` with
  * worker_pages_alloc, fills them with those blocks' KV, publishes them,
@@ -42,6 +42,54 @@ typedef struct worker_prefix_source {
     void *ctx;
 } worker_prefix_source;
 
+/* A source whose blocks arrive while the engine computes others: the state
+ * store (issue #9), whose reads from disk can take longer than computing.
+ *   start  given the chain hashes[0..n) that follows the stream's local and
+ *          imported hits (parent: the hash before hashes[0]), finds how many
+ *          leading blocks k it holds, takes k pages from `pages` into
+ *          pages_out (the stream's page table: block i's KV goes to
+ *          pages_out[i], whoever fills it) and starts reading them in the
+ *          background, the last block first; returns k (0: no job) and its
+ *          job in *job. The engine would compute up to `claim` blocks at
+ *          once (its first chunk), at `speed`; the source leaves it those
+ *          it should compute.
+ *   take   the engine reached block i of the job, having claimed `claimed`
+ *          blocks for this chunk already: READY (read and in its page; the
+ *          engine skips it), WAIT (being read, or better left to the
+ *          readers), or COMPUTE (the source will not read it: the engine
+ *          computes it). The engine takes the lowest blocks while the reads
+ *          come down from the top; the source shares the blocks between
+ *          the two by their speeds, so a turn waits for about max(compute
+ *          the head, read the tail), never for both.
+ *   end    the stream is past the job, or its pages go back (preemption,
+ *          cancel): the source lets go of pages_out.
+ *   pump   once a step, before the batch is built, on the engine's thread:
+ *          puts what was read into its pages; with wait_ms > 0 (nothing
+ *          else to do) it first waits up to that long for a read.
+ * All calls come from the engine's thread. */
+/* How fast the engine computes: a step costs fixed_s plus a block of
+ * prompt per 1 / bps seconds (0: not measured yet). */
+typedef struct worker_speed {
+    double bps;
+    double fixed_s;
+} worker_speed;
+
+typedef enum worker_take {
+    WORKER_TAKE_COMPUTE = 0,
+    WORKER_TAKE_READY,
+    WORKER_TAKE_WAIT,
+} worker_take;
+
+typedef struct worker_async_source {
+    int (*start)(void *ctx, worker_pages *pages, uint64_t stream, const common_hash *hashes,
+                 const common_hash *parent, int n, int claim, worker_speed speed,
+                 int32_t *pages_out, void **job);
+    worker_take (*take)(void *ctx, void *job, int block, int claimed, worker_speed speed);
+    void (*end)(void *ctx, void *job);
+    void (*pump)(void *ctx, int wait_ms);
+    void *ctx;
+} worker_async_source;
+
 typedef struct worker_engine_options {
     int max_batch_tokens; /* rows of one step (the model's max_rows) */
     int parallel;         /* running streams at most */
@@ -52,7 +100,7 @@ typedef struct worker_engine_options {
     shm_segment *segment;
     int worker_index;
     worker_prefix_source import;  /* tried after local hits; fill NULL: none */
-    worker_prefix_source restore; /* tried after imports */
+    worker_async_source restore;  /* tried after imports; start NULL: none */
 } worker_engine_options;
 
 typedef struct worker_request {

@@ -69,6 +69,9 @@ static void usage(FILE *f)
             "                         cluster's workers)\n"
             "  --spill-gib N          the store's size limit in GiB (default 16; fractions\n"
             "                         allowed); least recently used states go first\n"
+            "  --restore-mode M       overlap (default): a turn computes the head of its\n"
+            "                         history while the store reads the tail, the two\n"
+            "                         meeting; read: it reads every stored block\n"
             "  --fake-tokens          serving benchmark: no model, one token per stream per\n"
             "                         step, to measure the coordinator alone\n"
             "  --fake-step-us N       with --fake-tokens: a step at most every N us (default 0:\n"
@@ -267,7 +270,7 @@ int main(int argc, char **argv)
     enum { OPT_MODEL = 1, OPT_LOAD, OPT_DEVICE, OPT_THREADS, OPT_IDS, OPT_RANDOM, OPT_MAX,
            OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_BENCH, OPT_PARALLEL, OPT_PAGES, OPT_LEN, OPT_SERVE,
            OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_FAKE_STEP, OPT_KVDTYPE, OPT_KVFRAC,
-           OPT_CLUSTER, OPT_LEARN, OPT_STATE_DIR, OPT_SPILL, OPT_HELP };
+           OPT_CLUSTER, OPT_LEARN, OPT_STATE_DIR, OPT_SPILL, OPT_RESTORE, OPT_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"load-format", required_argument, 0, OPT_LOAD},
@@ -295,6 +298,7 @@ int main(int argc, char **argv)
         {"learn-conversations", no_argument, 0, OPT_LEARN},
         {"state-dir", required_argument, 0, OPT_STATE_DIR},
         {"spill-gib", required_argument, 0, OPT_SPILL},
+        {"restore-mode", required_argument, 0, OPT_RESTORE},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -304,7 +308,7 @@ int main(int argc, char **argv)
     const char *ids_text = NULL;
     int random_len = 0, max_tokens = 16, bench_streams = 0, parallel = 64, kv_pages = 0;
     int max_model_len = 0, worker_index = 0, heartbeat_ms = 200, fake_step_us = 0;
-    bool serve = false, fake = false, batch_given = false;
+    bool serve = false, fake = false, batch_given = false, restore_given = false;
     const char *connect = NULL, *cluster = NULL;
     bool ignore_eos = false;
     /* flags that take an integer: one table, one parse */
@@ -365,6 +369,15 @@ int main(int argc, char **argv)
             learn.o.spill_bytes = bytes;
             break;
         }
+        case OPT_RESTORE:
+            if (strcmp(optarg, "overlap") != 0 && strcmp(optarg, "read") != 0) {
+                fprintf(stderr, "shoal-worker: --restore-mode '%s': expected overlap or read\n",
+                        optarg);
+                return 2;
+            }
+            learn.o.read_all = strcmp(optarg, "read") == 0;
+            restore_given = true;
+            break;
         case OPT_FAKE: fake = true; break;
         case OPT_KVDTYPE:
             if (strcmp(optarg, "bf16") == 0) {
@@ -390,9 +403,9 @@ int main(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (!learn.on && (learn.o.dir || learn.o.spill_bytes)) {
+    if (!learn.on && (learn.o.dir || learn.o.spill_bytes || restore_given)) {
         fprintf(stderr, "shoal-worker: %s needs --learn-conversations\n",
-                learn.o.dir ? "--state-dir" : "--spill-gib");
+                learn.o.dir ? "--state-dir" : learn.o.spill_bytes ? "--spill-gib" : "--restore-mode");
         return 2;
     }
     if (learn.on && (!serve || fake || !learn.o.dir)) {

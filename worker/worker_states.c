@@ -1,15 +1,47 @@
 #include "worker_states.h"
 
+#include "common/common_assert.h"
 #include "common/common_limits.h"
 #include "common/common_log.h"
-#include "common/common_pool.h"
 #include "common/common_time.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* A block of a restore job. */
+enum { BLOCK_OPEN, BLOCK_READING, BLOCK_READ, BLOCK_READY, BLOCK_COMPUTE, BLOCK_FAILED };
+
+/* One stream's restore (worker_async_source's job). Readers take its
+ * blocks from the top down; the engine takes them from the bottom up. */
+typedef struct restore_job {
+    struct restore_job *next; /* st->jobs, oldest first */
+    worker_pages *pages;
+    int32_t *pages_out; /* the stream's page table at the job's first block */
+    common_hash *chain; /* the parent, then the job's k blocks: block b is chain[b + 1] */
+    uint8_t *state;      /* BLOCK_* of each block */
+    int k;
+    int top;       /* the next block a reader may take, counting down */
+    int holds;     /* slots that still name the job */
+    bool ended;    /* the engine let go: nothing more goes into its pages */
+    uint64_t t0;
+    int reads;            /* reads finished */
+    uint64_t last_read_ns; /* when the last one finished */
+} restore_job;
+
+/* A staging buffer of one page. */
+enum { SLOT_FREE, SLOT_READING, SLOT_READ, SLOT_PLACING, SLOT_INFLIGHT };
+
+typedef struct slot {
+    int state;
+    restore_job *job;
+    int block;
+    shoal_err err;
+    int tokens;
+} slot;
 
 struct worker_states {
     worker_model *m;
@@ -18,24 +50,31 @@ struct worker_states {
     size_t page_bytes;
     int page_tokens;
     uint64_t spill_bytes;
+    bool read_all;
     store_state *store;
-    common_pool *pool; /* reads of one restore run, in parallel */
-    /* Staging: `slots` host buffers of page_bytes for the reads of a
-     * restore run, and one for spills (the eviction hook runs inside
-     * worker_pages_alloc, which a restore calls between its reads'
-     * uploads, so the two never share a buffer). */
+    /* Staging: `slots` host buffers of page_bytes that readers fill and
+     * the engine's pump uploads, and one for spills (the eviction hook
+     * runs inside worker_pages_alloc on the engine's thread). */
     int slots;
     uint8_t *staging;
     size_t staging_bytes;
     bool pinned; /* staging is pinned: uploads are async, sync before reuse */
     uint8_t *spill_buf;
-    /* One restore chunk: what each slot's read gave. */
-    const common_hash *chunk_hashes;
-    shoal_err *chunk_err;
-    int *chunk_tokens;
+    /* readers; everything below is under mu */
+    pthread_t *threads;
+    int n_threads;
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* readers: a block to read and a free slot, or quit */
+    pthread_cond_t done; /* the pump: a read finished */
+    bool quit;
+    slot *slot;
+    restore_job *jobs;
+    double read_bps; /* blocks a second the readers delivered (EWMA of jobs; 0: none yet) */
     worker_pages *evict_pages; /* the pool the spill hook serves */
     worker_states_stats stats;
 };
+
+static void *reader_main(void *arg);
 
 shoal_err worker_states_open(const worker_states_options *o, worker_model *m, worker_states **out,
                              shoal_diag *diag)
@@ -51,18 +90,26 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
     st->page_bytes = kv->page_bytes;
     st->page_tokens = kv->page_tokens;
     st->spill_bytes = o->spill_bytes;
+    st->read_all = o->read_all;
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->work, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&st->done, &ca);
+    pthread_condattr_destroy(&ca);
     shoal_err err;
     int threads = o->read_threads;
-    if (threads <= 0) { /* reads run while the engine waits for them: use the cores */
+    if (threads <= 0) { /* cold reads wait on the disk: many in flight */
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 32 ? 32 : n > 1 ? (int)n : 1;
     }
     if (threads > SHOAL_STATES_READ_THREADS_MAX)
         threads = SHOAL_STATES_READ_THREADS_MAX;
-    /* A chunk of reads: at least one page a thread, as many as the staging
-     * bound allows beyond that (more pages in flight per wake-up). */
     size_t cap = SHOAL_STATES_STAGING_BYTES_MAX / st->page_bytes;
-    st->slots = cap < (size_t)threads ? threads : (int)(cap < 64 ? cap : 64);
+    if (cap > SHOAL_STATES_STAGING_PAGES_MAX)
+        cap = SHOAL_STATES_STAGING_PAGES_MAX;
+    st->slots = cap < (size_t)threads ? threads : (int)cap;
     store_state_options so = {
         .dir = o->dir, .spill_bytes = o->spill_bytes, .fingerprint = *worker_model_fingerprint(m)};
     so.layout = (store_page_layout){.page_tokens = kv->page_tokens,
@@ -76,9 +123,9 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
     st->staging_bytes = ((size_t)st->slots * st->page_bytes + 4095) / 4096 * 4096;
     st->staging = aligned_alloc(4096, st->staging_bytes);
     st->spill_buf = aligned_alloc(4096, (st->page_bytes + 4095) / 4096 * 4096);
-    st->chunk_err = calloc((size_t)st->slots, sizeof *st->chunk_err);
-    st->chunk_tokens = calloc((size_t)st->slots, sizeof *st->chunk_tokens);
-    if (!st->staging || !st->spill_buf || !st->chunk_err || !st->chunk_tokens) {
+    st->slot = calloc((size_t)st->slots, sizeof *st->slot);
+    st->threads = calloc((size_t)threads, sizeof *st->threads);
+    if (!st->staging || !st->spill_buf || !st->slot || !st->threads) {
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
                              "state store: no memory for %d staging pages of %zu bytes", st->slots,
                              st->page_bytes);
@@ -87,13 +134,16 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
     /* pinned staging: uploads at the link's speed instead of through the
      * driver's bounce buffer */
     st->pinned = st->be->host_pin(st->be, st->staging, st->staging_bytes) == SHOAL_OK;
-    if ((err = common_pool_open(threads, &st->pool))) {
-        shoal_diag_set(diag, err, "state store: cannot start %d reader threads", threads);
-        goto out_close;
-    }
+    for (; st->n_threads < threads; st->n_threads++)
+        if (pthread_create(&st->threads[st->n_threads], NULL, reader_main, st) != 0) {
+            err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                                 "state store: cannot start %d reader threads", threads);
+            goto out_close;
+        }
     LOG_INFO("state store %s: learning conversations (spill limit %.2f GiB, pages of %zu "
-             "bytes, %d reader threads)",
-             o->dir, (double)o->spill_bytes / (1ull << 30), st->page_bytes, threads);
+             "bytes, %d reader threads, %d staging pages, restores %s)",
+             o->dir, (double)o->spill_bytes / (1ull << 30), st->page_bytes, threads, st->slots,
+             st->read_all ? "read every stored block" : "overlap with computing the head");
     *out = st;
     return SHOAL_OK;
 out_close:
@@ -101,18 +151,42 @@ out_close:
     return err;
 }
 
+static void job_free(restore_job *j)
+{
+    if (j) {
+        free(j->chain);
+        free(j->state);
+        free(j);
+    }
+}
+
 void worker_states_close(worker_states *st)
 {
     if (!st)
         return;
-    common_pool_close(st->pool);
+    pthread_mutex_lock(&st->mu);
+    st->quit = true;
+    pthread_cond_broadcast(&st->work);
+    pthread_mutex_unlock(&st->mu);
+    for (int i = 0; i < st->n_threads; i++)
+        pthread_join(st->threads[i], NULL);
+    while (st->jobs) {
+        restore_job *j = st->jobs;
+        st->jobs = j->next;
+        job_free(j);
+    }
     store_state_close(st->store);
-    if (st->pinned)
+    if (st->pinned) {
+        st->be->sync(st->be); /* uploads from staging still in flight */
         st->be->host_unpin(st->be, st->staging);
+    }
     free(st->staging);
     free(st->spill_buf);
-    free(st->chunk_err);
-    free(st->chunk_tokens);
+    free(st->slot);
+    free(st->threads);
+    pthread_cond_destroy(&st->work);
+    pthread_cond_destroy(&st->done);
+    pthread_mutex_destroy(&st->mu);
     free(st);
 }
 
@@ -123,100 +197,334 @@ store_state *worker_states_store(worker_states *st)
 
 /* ---- restore ---- */
 
-static void read_one(void *ctx, int task, int thread)
+/* The next block to read and a free slot for it, or false. Under mu. */
+static bool next_read(worker_states *st, restore_job **job, int *block, int *slot_index)
 {
-    (void)thread;
-    worker_states *st = ctx;
-    /* The reason of a refusal is logged (once) and counted by the store. */
-    st->chunk_err[task] = store_state_get(st->store, &st->chunk_hashes[task],
-                                          st->staging + (size_t)task * st->page_bytes,
-                                          st->page_bytes, &st->chunk_tokens[task], NULL);
+    int free_slot = -1;
+    for (int i = 0; i < st->slots && free_slot < 0; i++)
+        if (st->slot[i].state == SLOT_FREE)
+            free_slot = i;
+    if (free_slot < 0)
+        return false;
+    for (restore_job *j = st->jobs; j; j = j->next) {
+        while (!j->ended && j->top >= 0 && j->state[j->top] != BLOCK_OPEN)
+            j->top--; /* the engine claimed it */
+        if (j->ended || j->top < 0)
+            continue;
+        *job = j;
+        *block = j->top--;
+        *slot_index = free_slot;
+        return true;
+    }
+    return false;
 }
 
-/* Puts the read page of slot `slot` into a new page of the pool as block
- * `hash`: -1 when no page is left or the upload failed. */
-static int place(worker_states *st, worker_pages *pages, uint64_t stream, int slot,
-                 const common_hash *hash, const common_hash *parent)
+static void *reader_main(void *arg)
 {
-    int page = worker_pages_alloc(pages, stream);
-    if (page < 0)
-        return -1;
+    worker_states *st = arg;
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        restore_job *j;
+        int b, i;
+        while (!st->quit && !next_read(st, &j, &b, &i))
+            pthread_cond_wait(&st->work, &st->mu);
+        if (st->quit)
+            break;
+        slot *sl = &st->slot[i];
+        *sl = (slot){.state = SLOT_READING, .job = j, .block = b};
+        j->state[b] = BLOCK_READING;
+        j->holds++;
+        pthread_mutex_unlock(&st->mu);
+        /* A refusal's reason is logged (once) and counted by the store. */
+        int tokens = 0;
+        shoal_err err = store_state_get(st->store, &j->chain[b + 1],
+                                        st->staging + (size_t)i * st->page_bytes, st->page_bytes,
+                                        &tokens, NULL);
+        pthread_mutex_lock(&st->mu);
+        sl->err = err;
+        sl->tokens = tokens;
+        sl->state = SLOT_READ;
+        j->state[b] = BLOCK_READ;
+        j->reads++;
+        j->last_read_ns = common_mono_ns();
+        pthread_cond_signal(&st->done);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+/* Drops a slot's hold on its job; frees an ended job nobody holds. Under mu. */
+static void slot_release(worker_states *st, slot *sl)
+{
+    restore_job *j = sl->job;
+    sl->state = SLOT_FREE;
+    sl->job = NULL;
+    if (j && --j->holds == 0 && j->ended) {
+        restore_job **p = &st->jobs;
+        while (*p != j)
+            p = &(*p)->next;
+        *p = j->next;
+        job_free(j);
+    }
+}
+
+/* Uploads the page read into slot i as block b of job j and publishes it:
+ * false when the upload failed. Engine thread, without mu. */
+static bool place(worker_states *st, restore_job *j, int i, int b)
+{
+    int page = j->pages_out[b];
     shoal_err err = st->be->upload(st->be, st->arena + (size_t)page * st->page_bytes,
-                                   st->staging + (size_t)slot * st->page_bytes, st->page_bytes);
+                                   st->staging + (size_t)i * st->page_bytes, st->page_bytes);
     if (err) {
         LOG_ERROR("state store: uploading a restored page failed: %s", shoal_strerror(err));
-        worker_pages_unref(pages, page); /* no hash: it goes back to the free list */
-        return -1;
+        return false;
     }
-    if (!worker_pages_publish(pages, page, hash, parent)) {
-        /* Already cached here (a later block survived an eviction that took
-         * an earlier one): take that page instead of a second copy. */
-        worker_pages_unref(pages, page);
-        return worker_pages_lookup(pages, hash);
-    }
-    worker_pages_mark_stored(pages, page, true);
-    return page;
+    /* Another page may hold the block already (a stream computed it
+     * meanwhile): this one then stays the stream's own, unpublished. */
+    if (worker_pages_publish(j->pages, page, &j->chain[b + 1], &j->chain[b]))
+        worker_pages_mark_stored(j->pages, page, true);
+    return true;
 }
 
-static int restore_fill(void *ctx, worker_pages *pages, uint64_t stream, const common_hash *hashes,
-                        const common_hash *parent, int n, int32_t *pages_out)
+static void restore_pump(void *ctx, int wait_ms)
 {
     worker_states *st = ctx;
-    uint64_t t0 = common_mono_ns();
-    int stored = 0, done = 0;
+    pthread_mutex_lock(&st->mu);
+    bool inflight = false, ready = false;
+    for (int i = 0; i < st->slots; i++) {
+        inflight |= st->slot[i].state == SLOT_INFLIGHT;
+        ready |= st->slot[i].state == SLOT_READ;
+    }
+    if (!ready && wait_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += (long)wait_ms * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&st->done, &st->mu, &ts);
+    }
+    /* Uploads of the last pump have run: the step in between ended with a
+     * sync, and this one makes sure. */
+    if (inflight) {
+        pthread_mutex_unlock(&st->mu);
+        st->be->sync(st->be);
+        pthread_mutex_lock(&st->mu);
+        for (int i = 0; i < st->slots; i++)
+            if (st->slot[i].state == SLOT_INFLIGHT)
+                slot_release(st, &st->slot[i]);
+    }
+    int placing = 0;
+    for (int i = 0; i < st->slots; i++) {
+        slot *sl = &st->slot[i];
+        if (sl->state != SLOT_READ)
+            continue;
+        restore_job *j = sl->job;
+        if (j->ended) {
+            slot_release(st, sl);
+        } else if (sl->err != SHOAL_OK || sl->tokens != st->page_tokens) {
+            /* Refused (counted by the store), evicted since the lookup, or
+             * a partial block: the engine computes it. */
+            st->stats.refused += sl->err == SHOAL_ERR_FORMAT;
+            st->stats.restore_stops++;
+            j->state[sl->block] = BLOCK_FAILED;
+            slot_release(st, sl);
+        } else {
+            sl->state = SLOT_PLACING;
+            placing++;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (placing == 0) {
+        pthread_cond_broadcast(&st->work);
+        return;
+    }
+    /* Jobs end only on this thread, so those being placed stay alive. */
+    for (int i = 0; i < st->slots; i++) {
+        slot *sl = &st->slot[i];
+        if (sl->state != SLOT_PLACING)
+            continue;
+        bool ok = place(st, sl->job, i, sl->block);
+        pthread_mutex_lock(&st->mu);
+        sl->job->state[sl->block] = ok ? BLOCK_READY : BLOCK_FAILED;
+        if (ok) {
+            st->stats.restored_pages++;
+            st->stats.restore_bytes += st->page_bytes;
+        }
+        if (ok && st->pinned)
+            sl->state = SLOT_INFLIGHT; /* the upload may still read it */
+        else
+            slot_release(st, sl);
+        pthread_mutex_unlock(&st->mu);
+    }
+    pthread_cond_broadcast(&st->work);
+}
+
+/* Of `open` blocks that both could take, how many the engine should
+ * compute so that it and the readers finish together: a chunk of x costs
+ * the engine F + x / c (F its fixed cost of a step, c its speed), the
+ * readers take (open - x) / r, so x = (open - F r) c / (c + r), rounded
+ * down (a block the readers would nearly have reached is theirs), and
+ * none when the readers finish sooner than a step costs.
+ * The read speed is this job's once four reads are in, else that of
+ * earlier jobs, else the page cache's (SHOAL_STATES_READ_PRIOR_BPS): a
+ * fast GPU then still computes most of a history while a slow CPU leaves
+ * it to the readers, and the first measured reads correct it (early
+ * reads of many in flight undercount a disk's parallel speed, so a cold
+ * start leans to computing, which is what a slow disk wants). An engine
+ * that has not measured its own speed computes all it reaches; read_all
+ * computes none. Under mu. */
+static int engine_share(const worker_states *st, const restore_job *j, int open,
+                        worker_speed speed)
+{
+    if (st->read_all)
+        return 0;
+    double c = speed.bps;
+    if (c <= 0)
+        return open;
+    double r = st->read_bps > 0 ? st->read_bps : SHOAL_STATES_READ_PRIOR_BPS / st->page_bytes;
+    if (j->reads >= 4 && j->last_read_ns > j->t0)
+        r = j->reads / ((double)(j->last_read_ns - j->t0) / 1e9);
+    double x = (open - speed.fixed_s * r) * c / (c + r);
+    return x > 0 ? (int)x : 0;
+}
+
+static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
+                         const common_hash *hashes, const common_hash *parent, int n,
+                         int claim, worker_speed speed, int32_t *pages_out, void **job)
+{
+    worker_states *st = ctx;
+    *job = NULL;
+    int stored = 0;
     shoal_diag diag;
     if (store_state_lookup(st->store, hashes, n, &stored, &diag) != SHOAL_OK) {
         LOG_WARN("state store: lookup failed: %s", diag.msg);
         stored = 0;
     }
-    bool stop = false;
-    while (done < stored && !stop) {
-        int c = stored - done < st->slots ? stored - done : st->slots;
-        st->chunk_hashes = hashes + done;
-        common_pool_run(st->pool, c, read_one, st);
-        for (int j = 0; j < c; j++)
-            st->stats.refused += st->chunk_err[j] == SHOAL_ERR_FORMAT;
-        for (int j = 0; j < c; j++) {
-            if (st->chunk_err[j] != SHOAL_OK || st->chunk_tokens[j] != st->page_tokens) {
-                /* Refused (counted by the store), evicted since the lookup,
-                 * or a partial block: the engine computes from here. */
-                st->stats.restore_stops++;
-                stop = true;
-                break;
-            }
-            const common_hash *par = done == 0 ? parent : &hashes[done - 1];
-            int page = place(st, pages, stream, j, &hashes[done], par);
-            if (page < 0) {
-                stop = true;
-                break;
-            }
-            pages_out[done++] = page;
-            st->stats.restored_pages++;
-            st->stats.restore_bytes += st->page_bytes;
-        }
-        /* the next chunk's reads overwrite the staging that pinned uploads
-         * may still read */
-        if (st->pinned)
-            st->be->sync(st->be);
-    }
-    if (!stop && stored < n) {
+    if (stored < n) {
         /* lookup stops silently at a record whose header is another
          * model's or layout's; a get of it counts and logs the refusal
          * (and is a quick miss when the chain simply ends here). */
-        st->chunk_hashes = hashes + stored;
-        read_one(st, 0, 0);
-        if (st->chunk_err[0] == SHOAL_ERR_FORMAT) {
+        int tokens;
+        if (store_state_get(st->store, &hashes[stored], st->spill_buf, st->page_bytes, &tokens,
+                            NULL) == SHOAL_ERR_FORMAT) {
             st->stats.refused++;
             st->stats.restore_stops++;
         }
     }
-    st->stats.restore_ns += common_mono_ns() - t0;
-    return done;
+    if (stored == 0)
+        return 0;
+    restore_job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->chain = malloc((size_t)(stored + 1) * sizeof *j->chain);
+        j->state = calloc((size_t)stored, 1);
+    }
+    if (!j || !j->chain || !j->state) {
+        job_free(j);
+        LOG_WARN("state store: no memory for a restore of %d blocks; computing them", stored);
+        return 0;
+    }
+    /* the job's pages, taken now (evictions may spill other pages) */
+    int k = 0;
+    for (; k < stored; k++) {
+        int page = worker_pages_alloc(pages, stream);
+        if (page < 0)
+            break;
+        pages_out[k] = page;
+    }
+    if (k == 0) {
+        job_free(j);
+        return 0;
+    }
+    j->pages = pages;
+    j->pages_out = pages_out;
+    j->chain[0] = *parent;
+    memcpy(j->chain + 1, hashes, (size_t)k * sizeof *hashes);
+    j->k = k;
+    j->top = k - 1;
+    j->t0 = common_mono_ns();
+    pthread_mutex_lock(&st->mu);
+    /* the engine's first chunk: its share of the history, at most */
+    int share = engine_share(st, j, k, speed);
+    for (int b = 0; b < claim && b < share; b++)
+        j->state[b] = BLOCK_COMPUTE;
+    restore_job **p = &st->jobs;
+    while (*p)
+        p = &(*p)->next;
+    *p = j;
+    pthread_cond_broadcast(&st->work);
+    pthread_mutex_unlock(&st->mu);
+    *job = j;
+    return k;
 }
 
-worker_prefix_source worker_states_restore_source(worker_states *st)
+static worker_take restore_take(void *ctx, void *job, int block, int claimed,
+                                worker_speed speed)
 {
-    return (worker_prefix_source){.fill = restore_fill, .ctx = st};
+    worker_states *st = ctx;
+    restore_job *j = job;
+    SHOAL_ASSERT(block >= 0 && block < j->k);
+    pthread_mutex_lock(&st->mu);
+    worker_take t;
+    switch (j->state[block]) {
+    case BLOCK_OPEN: {
+        /* blocks between the engine and the readers, this chunk's claims
+         * included: the engine computes its share of them */
+        int open = claimed;
+        for (int b = block; b <= j->top; b++)
+            open += j->state[b] == BLOCK_OPEN;
+        if (claimed < engine_share(st, j, open, speed)) {
+            j->state[block] = BLOCK_COMPUTE; /* readers pass it by */
+            t = WORKER_TAKE_COMPUTE;
+        } else {
+            t = WORKER_TAKE_WAIT; /* the readers get there first */
+        }
+        break;
+    }
+    case BLOCK_READY:
+        t = WORKER_TAKE_READY;
+        break;
+    case BLOCK_COMPUTE:
+    case BLOCK_FAILED:
+        t = WORKER_TAKE_COMPUTE;
+        break;
+    default: /* being read, or read and not yet placed */
+        t = WORKER_TAKE_WAIT;
+        break;
+    }
+    pthread_mutex_unlock(&st->mu);
+    return t;
+}
+
+static void restore_end(void *ctx, void *job)
+{
+    worker_states *st = ctx;
+    restore_job *j = job;
+    pthread_mutex_lock(&st->mu);
+    j->ended = true;
+    st->stats.restore_ns += common_mono_ns() - j->t0;
+    if (j->reads >= 4 && j->last_read_ns > j->t0) {
+        double r = j->reads / ((double)(j->last_read_ns - j->t0) / 1e9);
+        st->read_bps = st->read_bps > 0 ? 0.5 * st->read_bps + 0.5 * r : r;
+    }
+    for (int b = 0; b < j->k; b++)
+        st->stats.restore_computed += j->state[b] == BLOCK_COMPUTE;
+    if (j->holds == 0) {
+        restore_job **p = &st->jobs;
+        while (*p != j)
+            p = &(*p)->next;
+        *p = j->next;
+        job_free(j);
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
+worker_async_source worker_states_restore_source(worker_states *st)
+{
+    return (worker_async_source){.start = restore_start,
+                                 .take = restore_take,
+                                 .end = restore_end,
+                                 .pump = restore_pump,
+                                 .ctx = st};
 }
 
 /* ---- spill ---- */

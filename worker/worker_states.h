@@ -1,17 +1,20 @@
 /* worker_states.h: the bridge between a worker's KV pages and the state
  * store (--learn-conversations).
  *
- * Three paths, all on the engine's thread:
+ * Three paths:
  *   restore  the engine's restore source (worker_engine_options.restore):
- *            blocks of a stream's prefix that the store holds are read
- *            (several at once, into host staging buffers made at open),
- *            uploaded into pages taken from the pool, published and marked
- *            stored; the first block the store does not have, or refuses
- *            (checksum, fingerprint, layout), ends the run and the engine
- *            computes the rest;
- *   spill    the pool's eviction hook: a cached page about to be reused is
- *            downloaded and queued for the store (store_state_put_async,
- *            which never waits for the disk) unless it is stored already;
+ *            the blocks of a stream's prefix that the store holds get
+ *            pages at admission; reader threads read them, the last block
+ *            first, into pinned host staging, and the engine's thread
+ *            uploads them at its next step, publishes them and marks them
+ *            stored. Meanwhile the engine computes the prefix's head
+ *            itself, upward, until the two meet (with read_all it waits
+ *            for every read instead). A block the store refuses (checksum,
+ *            fingerprint, layout) or lost is computed;
+ *   spill    the pool's eviction hook, on the engine's thread: a cached
+ *            page about to be reused is downloaded and queued for the store
+ *            (store_state_put_async, which never waits for the disk)
+ *            unless it is stored already;
  *   write    at a clean shutdown, every published page not yet stored is
  *            written (newest last, at most --spill-gib of them), then the
  *            store is flushed, so conversations survive a restart of the
@@ -37,15 +40,19 @@ typedef struct worker_states_options {
     const char *dir;      /* --state-dir */
     uint64_t spill_bytes; /* --spill-gib in bytes */
     int read_threads;     /* blocks read at once on restore (each checks its
-                             page's SHA-256); 0: one a processor, at most 8 */
+                             page's SHA-256); 0: one a processor, at most 32 */
+    bool read_all;        /* restores read every stored block; else the
+                             engine computes the head while the tail is read
+                             (--restore-mode read | overlap) */
 } worker_states_options;
 
 /* What the bridge did since open (store counters are store_state's). */
 typedef struct worker_states_stats {
     uint64_t restored_pages; /* uploaded from the store */
     uint64_t restore_bytes;  /* their payload bytes */
-    uint64_t restore_ns;     /* time in the restore source (reads, uploads) */
-    uint64_t restore_stops;  /* runs ended by a refused or vanished record */
+    uint64_t restore_ns;     /* restores' time, start to end, summed */
+    uint64_t restore_computed; /* blocks of restores the engine computed first */
+    uint64_t restore_stops;  /* blocks refused or vanished, computed instead */
     uint64_t spilled_pages;  /* evicted pages queued for the store */
     uint64_t spill_skipped;  /* evicted pages the store already held */
     uint64_t spill_drops;    /* evicted pages the full queue refused */
@@ -67,7 +74,7 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
 void worker_states_close(worker_states *st);
 
 /* The engine's restore source. */
-worker_prefix_source worker_states_restore_source(worker_states *st);
+worker_async_source worker_states_restore_source(worker_states *st);
 
 /* Registers the spill hook on the engine's pool (worker_pages_on_evict). */
 void worker_states_attach(worker_states *st, worker_pages *pages);

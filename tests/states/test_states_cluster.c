@@ -6,11 +6,15 @@
  *   - turns 2 and 3 of a conversation restore their history from LMDB
  *     (counted) and answer exactly as a full recomputation does; after the
  *     whole cluster is stopped and started again, turn 3 is restored from
- *     disk and answers the same;
+ *     disk and answers the same (--restore-mode read: every stored block
+ *     is read, so the counts are exact);
+ *   - with --restore-mode overlap (the default) the worker computes the
+ *     head of the history while the tail is read: both parts are used,
+ *     and the answer is still exact;
  *   - states of another model fingerprint are never used; a record with a
- *     flipped payload byte, or one resealed under another fingerprint, is
- *     refused and counted, the restore stops before it, and the turn is
- *     still answered correctly;
+ *     flipped payload byte is refused, counted and computed while the
+ *     blocks around it restore; one resealed under another fingerprint ends
+ *     the chain there; the turn is still answered correctly;
  *   - SIGTERM makes a worker write what it learned before it exits;
  *   - the flags are checked with messages that name them. */
 #include "common/common_hash.h"
@@ -175,7 +179,9 @@ static void on_event(void *ctx, const shm_event *ev, const char *error)
 
 static char runtime_dir[64];
 
-static coordinator_cluster *start(const char *state_dir)
+/* A cluster on state_dir; restore_mode "read" or "overlap", chunks of at
+ * most batch tokens. */
+static coordinator_cluster *start_with(const char *state_dir, const char *restore_mode, int batch)
 {
     coordinator_cluster_options o;
     coordinator_cluster_options_default(&o);
@@ -187,16 +193,22 @@ static coordinator_cluster *start(const char *state_dir)
     o.parallel = 4;
     o.kv_pages = KV_PAGES;
     o.max_model_len = 1024;
-    o.max_batch_tokens = 256;
+    o.max_batch_tokens = batch;
     o.heartbeat_ms = 50;
     o.dead_after_ms = 5000; /* generous: CI shares two cores */
     o.start_timeout_ms = 60000;
     o.state_dir = state_dir;
     o.spill_gib = "0.25";
+    o.restore_mode = restore_mode;
     coordinator_cluster *c = NULL;
     shoal_diag diag = {{0}};
     CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
     return c;
+}
+
+static coordinator_cluster *start(const char *state_dir)
+{
+    return start_with(state_dir, "read", 256);
 }
 
 /* Runs one greedy stream to its end; false on a timeout or an error. */
@@ -393,14 +405,15 @@ static void refused_states_are_never_used(void)
     CHECK(wait_stored(dir, conv[1], b1));
     coordinator_cluster_close(c);
 
-    /* One flipped payload byte in block 3: blocks 0-2 restore, 3 is refused. */
+    /* One flipped payload byte in block 3: it is refused and computed, the
+     * blocks before and after it restore (their own checksums hold). */
     CHECK(tu_flip_record_byte(dir, &fingerprint, &h[3], STORE_RECORD_HEADER_BYTES + 100));
     c = start(dir);
     if (!c)
         goto out;
-    turn_expect(c, 1, 3 * PT);
+    turn_expect(c, 1, (b1 - 1) * PT);
     l = settled_load(c);
-    CHECK_EQ_INT(l.restore_tokens, 3 * PT);
+    CHECK_EQ_INT(l.restore_tokens, (b1 - 1) * PT);
     CHECK_EQ_INT(l.states_refused, 1);
     coordinator_cluster_close(c);
 
@@ -419,6 +432,50 @@ static void refused_states_are_never_used(void)
     int rc = tu_shoalctl(text, sizeof text, args);
     CHECK_MSG(rc == 1, "shoalctl states verify: %d: %s", rc, text); /* both named there */
     CHECK_HAS(text, "checksum");
+out:
+    tu_rmtree(dir);
+}
+
+/* Turn t in overlap mode after its history was evicted and stored: the
+ * answer is exact, the restore counter matches usage, and the engine's
+ * first chunk (two blocks, claimed at admission) was never read. Returns
+ * the restored tokens; *history gets the stored blocks it could use. */
+static int overlap_turn(coordinator_cluster *c, const char *dir, int t, int *history)
+{
+    evict_all(c, t);
+    int prompt_blocks = (conv_len[t] - 1) / PT;
+    common_hash h[LEN_MAX / PT];
+    chain(conv[t], prompt_blocks, h);
+    CHECK(wait_stored(dir, conv[t], blocks_after(conv_len[t - 1])));
+    *history = stored(dir, h, prompt_blocks);
+    uint64_t before = load_of(c).restore_tokens;
+    int got = turn(c, t);
+    shm_load l = settled_load(c);
+    CHECK_EQ_INT(l.restore_tokens - before, got);
+    CHECK_MSG(got % PT == 0 && got <= (*history - 2) * PT,
+              "turn %d restored %d tokens of a %d-block history", t + 1, got, *history);
+    return got;
+}
+
+/* The default mode: the engine computes from the bottom of the history
+ * (two blocks a step here) while the readers come down from the top. That
+ * the readers get some blocks depends on the threads being scheduled
+ * while the engine computes: a few tries make it certain. */
+static void overlap_computes_the_head_and_restores_the_tail(void)
+{
+    char dir[64];
+    tu_tempdir(dir, sizeof dir, "overlap");
+    coordinator_cluster *c = start_with(dir, "overlap", 2 * PT);
+    if (!c)
+        goto out;
+    turn_expect(c, 0, 0);
+    int got = 0, history = 0, tries = 0;
+    for (int t = 1; tries < 6 && got < PT; tries++, t = t == 1 ? 2 : 1)
+        got = overlap_turn(c, dir, t, &history);
+    CHECK_MSG(got >= PT, "no block was restored in %d tries", tries);
+    printf("  restored %d of %d history blocks (try %d); the engine computed the rest\n",
+           got / PT, history, tries);
+    coordinator_cluster_close(c);
 out:
     tu_rmtree(dir);
 }
@@ -516,6 +573,7 @@ int main(void)
     TEST_RUN(flags_are_checked_by_name);
     TEST_RUN(three_turns_restore_from_lmdb_and_after_a_restart);
     TEST_RUN(refused_states_are_never_used);
+    TEST_RUN(overlap_computes_the_head_and_restores_the_tail);
     TEST_RUN(sigterm_writes_what_the_worker_learned);
     worker_model_close(ref_model);
     rmdir(runtime_dir);

@@ -13,7 +13,7 @@ is back; after the stop shoalctl finds no cluster. Then the other order, as syst
 later, and READY=1 still comes.
 
     test_notify.py SOURCE_DIR COORDINATOR WORKER MAKE_DEMO TOKENIZER_DIR SHOALCTL"""
-import json, os, re, shlex, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import atexit, json, os, re, shlex, signal, socket, subprocess, sys, tempfile, time, urllib.request
 
 failures = []
 
@@ -57,7 +57,17 @@ coord_argv = exec_start("shoal-coordinator.service", "", env)
 worker_argv = exec_start("shoal-worker@.service", "0", env)
 print("coordinator:", " ".join(coord_argv))
 print("worker:", " ".join(worker_argv))
-c = subprocess.Popen(coord_argv, env=penv)
+started = []  # every process this test starts: killed at exit, even after an exception
+
+
+def start(argv):
+    p = subprocess.Popen(argv, env=penv)
+    started.append(p)
+    return p
+
+
+atexit.register(lambda: [p.kill() for p in started if p.poll() is None])
+c = start(coord_argv)
 msgs = []
 
 
@@ -73,7 +83,7 @@ def drain(seconds):
 drain(1.0)
 if any("READY=1" in m for m in msgs):
     failures.append("READY=1 before any worker registered")
-w = subprocess.Popen(worker_argv, env=penv)
+w = start(worker_argv)
 end = time.time() + 120
 while time.time() < end and not any("READY=1" in m for m in msgs):
     drain(0.2)
@@ -113,7 +123,7 @@ else:
     if r.returncode != 0 or "systemctl start shoal-worker@0" not in r.stdout:
         failures.append("undrain of the unit's worker: exit %d: %s %s"
                         % (r.returncode, r.stdout, r.stderr))
-    w = subprocess.Popen(worker_argv, env=penv)
+    w = start(worker_argv)
     state = ""
     for _ in range(600):
         r = subprocess.run([shoalctl, "workers", "--json", "--sample", "0", "--cluster", cluster],
@@ -142,11 +152,11 @@ print("notifications:", [m.replace("\n", " ") for m in msgs][:6], "...")
 # The other order: the worker waits for the coordinator's segment.
 msgs.clear()
 os.unlink(os.path.join(tmp, "port"))
-w = subprocess.Popen(worker_argv, env=penv)
+w = start(worker_argv)
 time.sleep(1.5)
 if w.poll() is not None:
     failures.append("a worker started before its coordinator exited (%d)" % w.returncode)
-c = subprocess.Popen(coord_argv, env=penv)
+c = start(coord_argv)
 end = time.time() + 120
 while time.time() < end and not any("READY=1" in m for m in msgs):
     drain(0.2)

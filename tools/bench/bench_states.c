@@ -17,11 +17,14 @@
  *              are written (worker_states_write_all, as at shutdown) and
  *              the store is closed and dropped from the page cache
  *              (posix_fadvise DONTNEED on data.mdb);
- *   restore    a fresh engine with the store: the same prompt; its history
- *              comes from disk (cold), then once more from the page cache
- *              (warm). The first token must equal the recomputed one.
- * Restore bandwidth is the payload bytes over the time the engine spent in
- * the restore source (reads, checksums, uploads). The disk's read
+ *   restore    a fresh engine with the store: the same prompt, in each
+ *              --restore-mode: read (every history block from the store)
+ *              and overlap (the engine computes the head while the store
+ *              reads the tail); each from disk (cold), then once more from
+ *              the page cache (warm). The first token must equal the
+ *              recomputed one.
+ * Restore bandwidth (read mode) is the payload bytes over the restore's
+ * time, start to the last block in place. The disk's read
  * bandwidth is measured in the same directory: a probe file written,
  * synced, dropped from the page cache and read back with O_DIRECT in 4 MiB
  * requests (buffered after DONTNEED where O_DIRECT is refused, e.g. on
@@ -59,8 +62,30 @@ typedef struct run_result {
     int cached;
 } run_result;
 
+/* Runs the engine until it is idle; -1 on an error. */
+static int drain(worker_engine *e, worker_event *ev, run_result *out, double t0)
+{
+    shoal_diag diag = {{0}};
+    while (worker_engine_busy(e)) {
+        int n;
+        if (worker_engine_step(e, ev, &n, &diag)) {
+            fprintf(stderr, "shoal-bench-states: %s\n", diag.msg);
+            return -1;
+        }
+        for (int i = 0; out && i < n; i++)
+            if (ev[i].token >= 0 && ev[i].index == 0) {
+                out->ttft_s = now_s() - t0;
+                out->first = ev[i].token;
+                out->cached = ev[i].cached_tokens;
+            }
+    }
+    return 0;
+}
+
 /* One stream of `len` tokens and one output token through a fresh engine
- * (with the store when st is not NULL). */
+ * (with the store when st is not NULL), after a warm-up stream of 256
+ * other tokens and 4 outputs: the engine has measured its speed, as a
+ * serving engine has. */
 static int run_turn(worker_model *m, const worker_engine_options *eo_in, worker_states *st,
                     const int32_t *prompt, int len, int max_tokens, run_result *out, bool write)
 {
@@ -83,25 +108,28 @@ static int run_turn(worker_model *m, const worker_engine_options *eo_in, worker_
     worker_event *ev = calloc((size_t)worker_engine_events_max(e), sizeof *ev);
     if (!ev)
         goto out;
+    static uint64_t warm_seed = 7; /* a new warm-up prompt each time: never a cache hit */
+    int32_t warm[256];
+    int vocab = worker_model_config(m)->vocab;
+    for (int i = 0; i < 256; i++)
+        warm[i] = (int32_t)(common_rng_next(&warm_seed) % (uint64_t)vocab);
+    worker_request w = r;
+    w.id = 2;
+    w.prompt = warm;
+    w.prompt_len = 256;
+    w.max_tokens = 4; /* and three small steps */
+    if (worker_engine_submit(e, &w, &diag) || drain(e, ev, NULL, 0)) {
+        fprintf(stderr, "shoal-bench-states: warm-up: %s\n", diag.msg);
+        goto out;
+    }
+    out->ttft_s = -1;
     double t0 = now_s();
     if (worker_engine_submit(e, &r, &diag)) {
         fprintf(stderr, "shoal-bench-states: %s\n", diag.msg);
         goto out;
     }
-    out->ttft_s = -1;
-    while (worker_engine_busy(e)) {
-        int n;
-        if (worker_engine_step(e, ev, &n, &diag)) {
-            fprintf(stderr, "shoal-bench-states: %s\n", diag.msg);
-            goto out;
-        }
-        for (int i = 0; i < n; i++)
-            if (ev[i].token >= 0 && ev[i].index == 0) {
-                out->ttft_s = now_s() - t0;
-                out->first = ev[i].token;
-                out->cached = ev[i].cached_tokens;
-            }
-    }
+    if (drain(e, ev, out, t0))
+        goto out;
     if (write && worker_states_write_all(st, worker_engine_pages_mut(e), -1, NULL, &diag)) {
         fprintf(stderr, "shoal-bench-states: %s\n", diag.msg);
         goto out;
@@ -304,7 +332,7 @@ int main(int argc, char **argv)
     worker_engine_options eo = {
         .max_batch_tokens = batch, .parallel = 1, .max_queued = 4, .max_model_len = max_len};
     mo.max_rows = batch;
-    mo.kv_pages = max_len / 16 + 4; /* page_tokens 16 */
+    mo.kv_pages = max_len / 16 + 4 + 17; /* page_tokens 16; the warm-up keeps 17 */
     worker_engine_size_model(&eo, &mo);
     worker_model *m = NULL;
     int32_t *prompt = NULL;
@@ -343,7 +371,7 @@ int main(int argc, char **argv)
         uint64_t seed = 1000 + (uint64_t)H;
         for (int i = 0; i < len; i++)
             prompt[i] = (int32_t)(common_rng_next(&seed) % (uint64_t)vocab);
-        run_result rec, learn, cold, warm;
+        run_result rec, learn;
         if (run_turn(m, &eo, NULL, prompt, len, 1, &rec, false))
             goto out;
         /* learn: the history alone (it publishes H / 16 full blocks), written */
@@ -363,35 +391,47 @@ int main(int argc, char **argv)
             goto out;
         char data[4400];
         snprintf(data, sizeof data, "%s/data.mdb", sub);
-        drop_cache(data);
-        double bw[2] = {0, 0};
-        for (int pass = 0; pass < 2; pass++) {
-            if (worker_states_open(&so, m, &st, &diag)) {
-                fprintf(stderr, "shoal-bench-states: %s\n", diag.msg);
-                goto out;
+        /* read: every block from the store; overlap: the head computed
+         * while the tail is read. Each cold (page cache dropped), then warm. */
+        run_result res[2][2];
+        double bw[2][2] = {{0, 0}, {0, 0}};
+        bool same = true;
+        for (int mode = 0; mode < 2; mode++) {
+            so.read_all = mode == 0;
+            drop_cache(data);
+            for (int pass = 0; pass < 2; pass++) {
+                if (worker_states_open(&so, m, &st, &diag)) {
+                    fprintf(stderr, "shoal-bench-states: %s\n", diag.msg);
+                    goto out;
+                }
+                run_result *r = &res[mode][pass];
+                int e = run_turn(m, &eo, st, prompt, len, 1, r, false);
+                worker_states_stats ws;
+                worker_states_stats_get(st, &ws);
+                worker_states_close(st);
+                if (e)
+                    goto out;
+                bw[mode][pass] =
+                    ws.restore_ns ? (double)ws.restore_bytes / (double)ws.restore_ns : 0;
+                same &= r->first == rec.first;
+                if (mode == 0 && r->cached != H) {
+                    fprintf(stderr,
+                            "shoal-bench-states: history %d: %d tokens restored, expected %d\n",
+                            H, r->cached, H);
+                    goto out;
+                }
             }
-            run_result *r = pass ? &warm : &cold;
-            int e = run_turn(m, &eo, st, prompt, len, 1, r, false);
-            worker_states_stats ws;
-            worker_states_stats_get(st, &ws);
-            worker_states_close(st);
-            if (e)
-                goto out;
-            bw[pass] = ws.restore_ns ? (double)ws.restore_bytes / (double)ws.restore_ns : 0;
-            if (r->cached != H)
-                fprintf(stderr,
-                        "shoal-bench-states: history %d: %d tokens restored, expected "
-                        "%d\n",
-                        H, r->cached, H);
         }
-        bool same = cold.first == rec.first && warm.first == rec.first;
-        printf("history %6d: TTFT recompute %.4f s, restore %.4f s cold (%.1fx faster), %.4f s "
-               "warm; restore %.2f GB/s cold, %.2f GB/s warm (disk %.2f GB/s, %d MiB stored); "
-               "first token %s\n",
-               H, rec.ttft_s, cold.ttft_s, rec.ttft_s / cold.ttft_s, warm.ttft_s, bw[0], bw[1],
-               disk, (int)((size_t)(H / 16) * kv->page_bytes >> 20), same ? "equal" : "DIFFERS");
+        printf("history %6d: TTFT recompute %.4f s; read %.4f s cold (%.2fx), %.4f s warm "
+               "(%.2fx), %.2f / %.2f GB/s; overlap %.4f s cold (%.2fx, %d of %d blocks read), "
+               "%.4f s warm (%.2fx, %d read); disk %.2f GB/s, %d MiB stored; first token %s\n",
+               H, rec.ttft_s, res[0][0].ttft_s, rec.ttft_s / res[0][0].ttft_s, res[0][1].ttft_s,
+               rec.ttft_s / res[0][1].ttft_s, bw[0][0], bw[0][1], res[1][0].ttft_s,
+               rec.ttft_s / res[1][0].ttft_s, res[1][0].cached / 16, H / 16, res[1][1].ttft_s,
+               rec.ttft_s / res[1][1].ttft_s, res[1][1].cached / 16, disk,
+               (int)((size_t)(H / 16) * kv->page_bytes >> 20), same ? "equal" : "DIFFERS");
         fflush(stdout);
-        if (!same || cold.cached != H)
+        if (!same)
             goto out;
         if (!keep)
             nftw(sub, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
