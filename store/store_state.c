@@ -474,8 +474,9 @@ shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, si
     return SHOAL_OK;
 }
 
-shoal_err store_state_lookup(store_state *s, const common_hash *hashes, int n, int *stored,
-                             shoal_diag *diag)
+/* The leading hashes with a record, checking headers or not. */
+static shoal_err lookup(store_state *s, const common_hash *hashes, int n, bool headers, int *stored,
+                        shoal_diag *diag)
 {
     *stored = 0;
     if (!store_env_owned(s->env))
@@ -494,8 +495,9 @@ shoal_err store_state_lookup(store_state *s, const common_hash *hashes, int n, i
         MDB_val k = {STORE_KEY_BYTES, key}, v;
         if ((rc = mdb_get(txn, records, &k, &v)) != 0)
             break;
-        if (store_record_check(key, v.mv_data, v.mv_size, &s->layout, false, NULL, NULL) !=
-            SHOAL_OK)
+        if (headers &&
+            store_record_check(key, v.mv_data, v.mv_size, &s->layout, false, NULL, NULL) !=
+                SHOAL_OK)
             break;
     }
     store_env_read_end(s->env, txn);
@@ -503,6 +505,18 @@ shoal_err store_state_lookup(store_state *s, const common_hash *hashes, int n, i
     if (rc != 0 && rc != MDB_NOTFOUND)
         return store_env_error(s->env, rc, "looking up states", diag);
     return SHOAL_OK;
+}
+
+shoal_err store_state_lookup(store_state *s, const common_hash *hashes, int n, int *stored,
+                             shoal_diag *diag)
+{
+    return lookup(s, hashes, n, true, stored, diag);
+}
+
+shoal_err store_state_lookup_keys(store_state *s, const common_hash *hashes, int n, int *present,
+                                  shoal_diag *diag)
+{
+    return lookup(s, hashes, n, false, present, diag);
 }
 
 /* ---- flush, stats ---- */

@@ -113,6 +113,14 @@ shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, si
 shoal_err store_state_lookup(store_state *s, const common_hash *hashes, int n, int *stored,
                              shoal_diag *diag);
 
+/* How many of hashes[0..n) lead the list and have a record under this
+ * model's key, in *present, without reading the records: on a cold page
+ * cache lookup's header checks cost a disk read per record, one after
+ * another, where this touches only the B-tree (get checks each record in
+ * full). One read transaction; counts nothing. Any thread. */
+shoal_err store_state_lookup_keys(store_state *s, const common_hash *hashes, int n, int *present,
+                                  shoal_diag *diag);
+
 /* Waits until everything queued before the call is written (or dropped
  * after an error), at most timeout_ms (< 0: no limit). SHOAL_OK or
  * SHOAL_ERR_TIMEOUT. For tests and shutdown; any thread. */

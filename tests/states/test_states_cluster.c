@@ -12,9 +12,9 @@
  *     head of the history while the tail is read: both parts are used,
  *     and the answer is still exact;
  *   - states of another model fingerprint are never used; a record with a
- *     flipped payload byte is refused, counted and computed while the
- *     blocks around it restore; one resealed under another fingerprint ends
- *     the chain there; the turn is still answered correctly;
+ *     flipped payload byte, or one resealed under another fingerprint, is
+ *     refused, counted and computed while the blocks around it restore;
+ *     the turn is still answered correctly;
  *   - SIGTERM makes a worker write what it learned before it exits;
  *   - the flags are checked with messages that name them. */
 #include "common/common_hash.h"
@@ -417,15 +417,19 @@ static void refused_states_are_never_used(void)
     CHECK_EQ_INT(l.states_refused, 1);
     coordinator_cluster_close(c);
 
-    /* Block 1 resealed as another model's (its checksum is right): refused. */
+    /* Block 1 resealed as another model's (its checksum is right): refused
+     * too, and computed with block 3 (still flipped: a put of a stored
+     * block only marks it used); the rest of the prompt's blocks, turn 2's
+     * own stored at the stop included, restore. */
     CHECK(tu_reseal_with_fingerprint(dir, &fingerprint, &h[1], &other));
     c = start(dir);
     if (!c)
         goto out;
-    turn_expect(c, 1, 1 * PT);
+    int prompt_blocks = (conv_len[1] - 1) / PT;
+    turn_expect(c, 1, (prompt_blocks - 2) * PT);
     l = settled_load(c);
-    CHECK_EQ_INT(l.restore_tokens, 1 * PT);
-    CHECK_EQ_INT(l.states_refused, 1);
+    CHECK_EQ_INT(l.restore_tokens, (prompt_blocks - 2) * PT);
+    CHECK_EQ_INT(l.states_refused, 2);
     coordinator_cluster_close(c);
     char text[8192];
     const char *args[] = {"states", "verify", "--state-dir", dir, NULL};

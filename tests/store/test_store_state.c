@@ -169,6 +169,10 @@ static void test_lookup_counts_the_leading_stored_blocks(void)
     CHECK_EQ_INT(n, 0);
     CHECK_EQ_INT(store_state_lookup(s, hs, 0, &n, NULL), SHOAL_OK);
     CHECK_EQ_INT(n, 0);
+    CHECK_EQ_INT(store_state_lookup_keys(s, hs, 7, &n, NULL), SHOAL_OK);
+    CHECK_EQ_INT(n, 5);
+    CHECK_EQ_INT(store_state_lookup_keys(s, hs + 5, 2, &n, NULL), SHOAL_OK);
+    CHECK_EQ_INT(n, 0);
     store_state_close(s);
     tu_rmtree(dir);
 }
@@ -222,6 +226,8 @@ static void test_other_fingerprint_and_flipped_byte_are_refused_and_counted(void
     int n = -1;
     CHECK_EQ_INT(store_state_lookup(s, chain, 4, &n, NULL), SHOAL_OK);
     CHECK_EQ_INT(n, 1); /* the header of block 1 fails */
+    CHECK_EQ_INT(store_state_lookup_keys(s, chain, 4, &n, NULL), SHOAL_OK);
+    CHECK_EQ_INT(n, 4); /* keys only: the records are not read */
     store_state_close(s);
 
     /* the same model with another page layout refuses even good records */
