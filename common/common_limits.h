@@ -135,9 +135,16 @@
  * before it steps again. */
 #define SHOAL_STATES_WAIT_MS 2
 
-/* The read speed a restore assumes before it has measured one, bytes a
- * second: the page cache's (10-12 GB/s measured on the H200 host). */
-#define SHOAL_STATES_READ_PRIOR_BPS 8e9
+/* The disk read speed a restore assumes before it has measured one, bytes
+ * a second (1.4-2.0 GB/s measured on the H200 hosts; an NVMe drive is
+ * faster, and the first reads correct it). A history in the page cache
+ * reads at 10-14 GB/s, three times faster than an 8B model computes its
+ * KV on an H200, and is read whole. */
+#define SHOAL_STATES_DISK_PRIOR_BPS 1.5e9
+
+/* A history at least this much in the page cache (mincore) counts as
+ * warm. */
+#define SHOAL_STATES_WARM_FRACTION 0.9
 
 /* Steps of at least this many rows measure the engine's prefill speed,
  * smaller ones the fixed cost of a step; with both a restore shares a

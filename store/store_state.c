@@ -10,7 +10,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 /* How long the writer lets last-use updates gather when no page is
  * waiting: a restore gets many pages in a burst, and one transaction (one
@@ -511,6 +513,41 @@ shoal_err store_state_lookup(store_state *s, const common_hash *hashes, int n, i
                              shoal_diag *diag)
 {
     return lookup(s, hashes, n, true, stored, diag);
+}
+
+shoal_err store_state_resident(store_state *s, const common_hash *hashes, int n,
+                               uint64_t *resident, uint64_t *total, shoal_diag *diag)
+{
+    *resident = *total = 0;
+    MDB_txn *txn;
+    shoal_err err = store_env_read_begin(s->env, &txn, diag);
+    if (err != SHOAL_OK)
+        return err;
+    MDB_dbi records = store_env_index(s->env)->records;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    unsigned char vec[256];
+    for (int i = 0; i < n; i++) {
+        uint8_t key[STORE_KEY_BYTES];
+        store_record_key(key, &s->fingerprint, &hashes[i]);
+        MDB_val k = {STORE_KEY_BYTES, key}, v;
+        if (mdb_get(txn, records, &k, &v) != 0)
+            continue;
+        /* the value's pages in the map, a window of vec's size at a time */
+        uintptr_t lo = (uintptr_t)v.mv_data / page * page;
+        uintptr_t hi = (uintptr_t)v.mv_data + v.mv_size;
+        while (lo < hi) {
+            size_t pages = (hi - lo + page - 1) / page;
+            if (pages > sizeof vec)
+                pages = sizeof vec;
+            if (mincore((void *)lo, pages * page, vec) == 0)
+                for (size_t p = 0; p < pages; p++)
+                    *resident += (vec[p] & 1) ? page : 0;
+            *total += pages * page;
+            lo += pages * page;
+        }
+    }
+    store_env_read_end(s->env, txn);
+    return SHOAL_OK;
 }
 
 shoal_err store_state_lookup_keys(store_state *s, const common_hash *hashes, int n, int *present,

@@ -121,6 +121,12 @@ shoal_err store_state_lookup(store_state *s, const common_hash *hashes, int n, i
 shoal_err store_state_lookup_keys(store_state *s, const common_hash *hashes, int n, int *present,
                                   shoal_diag *diag);
 
+/* Of the records of hashes[0..n) (all stored), how many bytes are in the
+ * page cache (mincore over the map, no read), in *resident, of *total:
+ * whether a restore will read memory or the disk. One read transaction. */
+shoal_err store_state_resident(store_state *s, const common_hash *hashes, int n,
+                               uint64_t *resident, uint64_t *total, shoal_diag *diag);
+
 /* Waits until everything queued before the call is written (or dropped
  * after an error), at most timeout_ms (< 0: no limit). SHOAL_OK or
  * SHOAL_ERR_TIMEOUT. For tests and shutdown; any thread. */

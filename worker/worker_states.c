@@ -30,6 +30,7 @@ typedef struct restore_job {
     uint64_t t0;
     int reads;            /* reads finished */
     uint64_t last_read_ns; /* when the last one finished */
+    bool warm;            /* in the page cache: read whole */
 } restore_job;
 
 /* A staging buffer of one page. */
@@ -69,7 +70,8 @@ struct worker_states {
     bool quit;
     slot *slot;
     restore_job *jobs;
-    double read_bps; /* blocks a second the readers delivered (EWMA of jobs; 0: none yet) */
+    double disk_bps; /* blocks a second the readers delivered from disk (EWMA of
+                        cold jobs; 0: none yet) */
     worker_pages *evict_pages; /* the pool the spill hook serves */
     worker_states_stats stats;
 };
@@ -365,14 +367,11 @@ static void restore_pump(void *ctx, int wait_ms)
  * readers take (open - x) / r, so x = (open - F r) c / (c + r), rounded
  * down (a block the readers would nearly have reached is theirs), and
  * none when the readers finish sooner than a step costs.
- * The read speed is this job's once four reads are in, else that of
- * earlier jobs, else the page cache's (SHOAL_STATES_READ_PRIOR_BPS): a
- * fast GPU then still computes most of a history while a slow CPU leaves
- * it to the readers, and the first measured reads correct it (early
- * reads of many in flight undercount a disk's parallel speed, so a cold
- * start leans to computing, which is what a slow disk wants). An engine
- * that has not measured its own speed computes all it reaches; read_all
- * computes none. Under mu. */
+ * read_all computes none; an engine that has not measured its own speed
+ * all it reaches; a history in the page cache is read whole (see
+ * SHOAL_STATES_DISK_PRIOR_BPS). From disk, the read speed is this job's
+ * once four reads are in, else that of earlier cold jobs, else
+ * SHOAL_STATES_DISK_PRIOR_BPS. Under mu. */
 static int engine_share(const worker_states *st, const restore_job *j, int open,
                         worker_speed speed)
 {
@@ -381,7 +380,9 @@ static int engine_share(const worker_states *st, const restore_job *j, int open,
     double c = speed.bps;
     if (c <= 0)
         return open;
-    double r = st->read_bps > 0 ? st->read_bps : SHOAL_STATES_READ_PRIOR_BPS / st->page_bytes;
+    if (j->warm)
+        return 0;
+    double r = st->disk_bps > 0 ? st->disk_bps : SHOAL_STATES_DISK_PRIOR_BPS / st->page_bytes;
     if (j->reads >= 4 && j->last_read_ns > j->t0)
         r = j->reads / ((double)(j->last_read_ns - j->t0) / 1e9);
     double x = (open - speed.fixed_s * r) * c / (c + r);
@@ -432,6 +433,10 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
     memcpy(j->chain + 1, hashes, (size_t)k * sizeof *hashes);
     j->k = k;
     j->top = k - 1;
+    uint64_t resident, total;
+    j->warm = !st->read_all &&
+              store_state_resident(st->store, hashes, k, &resident, &total, &diag) == SHOAL_OK &&
+              resident >= SHOAL_STATES_WARM_FRACTION * (double)total;
     j->t0 = common_mono_ns();
     pthread_mutex_lock(&st->mu);
     /* the engine's first chunk: its share of the history, at most */
@@ -493,9 +498,9 @@ static void restore_end(void *ctx, void *job)
     pthread_mutex_lock(&st->mu);
     j->ended = true;
     st->stats.restore_ns += common_mono_ns() - j->t0;
-    if (j->reads >= 4 && j->last_read_ns > j->t0) {
+    if (!j->warm && j->reads >= 4 && j->last_read_ns > j->t0) {
         double r = j->reads / ((double)(j->last_read_ns - j->t0) / 1e9);
-        st->read_bps = st->read_bps > 0 ? 0.5 * st->read_bps + 0.5 * r : r;
+        st->disk_bps = st->disk_bps > 0 ? 0.5 * st->disk_bps + 0.5 * r : r;
     }
     for (int b = 0; b < j->k; b++)
         st->stats.restore_computed += j->state[b] == BLOCK_COMPUTE;
