@@ -146,6 +146,9 @@
  * warm. */
 #define SHOAL_STATES_WARM_FRACTION 0.9
 
+/* The nice value of reader threads: the engine's thread comes first. */
+#define SHOAL_STATES_READER_NICE 10
+
 /* Steps of at least this many rows measure the engine's prefill speed,
  * smaller ones the fixed cost of a step; with both a restore shares a
  * history between computing and reading. */

@@ -525,26 +525,18 @@ shoal_err store_state_resident(store_state *s, const common_hash *hashes, int n,
         return err;
     MDB_dbi records = store_env_index(s->env)->records;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    unsigned char vec[256];
     for (int i = 0; i < n; i++) {
         uint8_t key[STORE_KEY_BYTES];
         store_record_key(key, &s->fingerprint, &hashes[i]);
         MDB_val k = {STORE_KEY_BYTES, key}, v;
         if (mdb_get(txn, records, &k, &v) != 0)
             continue;
-        /* the value's pages in the map, a window of vec's size at a time */
-        uintptr_t lo = (uintptr_t)v.mv_data / page * page;
-        uintptr_t hi = (uintptr_t)v.mv_data + v.mv_size;
-        while (lo < hi) {
-            size_t pages = (hi - lo + page - 1) / page;
-            if (pages > sizeof vec)
-                pages = sizeof vec;
-            if (mincore((void *)lo, pages * page, vec) == 0)
-                for (size_t p = 0; p < pages; p++)
-                    *resident += (vec[p] & 1) ? page : 0;
-            *total += pages * page;
-            lo += pages * page;
-        }
+        /* the first page of the value in the map (records are read and
+         * written whole, so one page tells) */
+        unsigned char in = 0;
+        uintptr_t at = (uintptr_t)v.mv_data / page * page;
+        *resident += mincore((void *)at, page, &in) == 0 && (in & 1);
+        *total += 1;
     }
     store_env_read_end(s->env, txn);
     return SHOAL_OK;

@@ -121,9 +121,10 @@ shoal_err store_state_lookup(store_state *s, const common_hash *hashes, int n, i
 shoal_err store_state_lookup_keys(store_state *s, const common_hash *hashes, int n, int *present,
                                   shoal_diag *diag);
 
-/* Of the records of hashes[0..n) (all stored), how many bytes are in the
- * page cache (mincore over the map, no read), in *resident, of *total:
- * whether a restore will read memory or the disk. One read transaction. */
+/* Of the records of hashes[0..n), how many are in the page cache, judged
+ * by the first page of each (mincore over the map, no read), in
+ * *resident, of *total found: whether a restore will read memory or the
+ * disk. One read transaction. */
 shoal_err store_state_resident(store_state *s, const common_hash *hashes, int n,
                                uint64_t *resident, uint64_t *total, shoal_diag *diag);
 

@@ -7,6 +7,8 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -224,6 +226,10 @@ static bool next_read(worker_states *st, restore_job **job, int *block, int *slo
 static void *reader_main(void *arg)
 {
     worker_states *st = arg;
+    /* below the engine's thread, whose kernel launches the GPU waits for
+     * while the readers check checksums on every core */
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), SHOAL_STATES_READER_NICE) != 0)
+        LOG_DEBUG("state store: reader threads keep the default priority");
     pthread_mutex_lock(&st->mu);
     for (;;) {
         restore_job *j;

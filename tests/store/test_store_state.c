@@ -173,6 +173,16 @@ static void test_lookup_counts_the_leading_stored_blocks(void)
     CHECK_EQ_INT(n, 5);
     CHECK_EQ_INT(store_state_lookup_keys(s, hs + 5, 2, &n, NULL), SHOAL_OK);
     CHECK_EQ_INT(n, 0);
+    /* residency: records found are counted, a missing one is not, and a
+     * record just read is in the page cache */
+    uint64_t resident = 99, total = 99;
+    CHECK_EQ_INT(get_block(s, &l, 20, 2, NULL, NULL), SHOAL_OK);
+    CHECK_EQ_INT(store_state_resident(s, hs, 7, &resident, &total, NULL), SHOAL_OK);
+    CHECK_EQ_INT(total, 5); /* blocks 0-4; hs[5] and hs[6] are not stored */
+    CHECK(resident >= 1 && resident <= total);
+    CHECK_EQ_INT(store_state_resident(s, hs + 5, 1, &resident, &total, NULL), SHOAL_OK);
+    CHECK_EQ_INT(total, 0);
+    CHECK_EQ_INT(resident, 0);
     store_state_close(s);
     tu_rmtree(dir);
 }
