@@ -17,6 +17,11 @@
 /* A block of a restore job. */
 enum { BLOCK_OPEN, BLOCK_READING, BLOCK_READ, BLOCK_READY, BLOCK_COMPUTE, BLOCK_FAILED };
 
+/* A job's lookup of how many of its blocks are stored: the B-tree of a
+ * cold store costs a disk read a level, which the engine does not wait
+ * for (it computes the head meanwhile). */
+enum { LOOKUP_TODO, LOOKUP_RUNNING, LOOKUP_DONE };
+
 /* One stream's restore (worker_async_source's job). Readers take its
  * blocks from the top down; the engine takes them from the bottom up. */
 typedef struct restore_job {
@@ -25,7 +30,9 @@ typedef struct restore_job {
     int32_t *pages_out; /* the stream's page table at the job's first block */
     common_hash *chain; /* the parent, then the job's k blocks: block b is chain[b + 1] */
     uint8_t *state;      /* BLOCK_* of each block */
-    int k;
+    int k;         /* blocks of the job: every candidate */
+    int stored;    /* of which the store has [0, stored), once looked up */
+    int lookup;    /* LOOKUP_*: the stored blocks are found by a reader */
     int top;       /* the next block a reader may take, counting down */
     int holds;     /* slots that still name the job */
     bool ended;    /* the engine let go: nothing more goes into its pages */
@@ -164,6 +171,16 @@ static void job_free(restore_job *j)
     }
 }
 
+/* Takes an ended job nobody holds off the list and frees it. Under mu. */
+static void job_unlink_free(worker_states *st, restore_job *j)
+{
+    restore_job **p = &st->jobs;
+    while (*p != j)
+        p = &(*p)->next;
+    *p = j->next;
+    job_free(j);
+}
+
 void worker_states_close(worker_states *st)
 {
     if (!st)
@@ -204,6 +221,13 @@ store_state *worker_states_store(worker_states *st)
 /* The next block to read and a free slot for it, or false. Under mu. */
 static bool next_read(worker_states *st, restore_job **job, int *block, int *slot_index)
 {
+    for (restore_job *j = st->jobs; j; j = j->next)
+        if (!j->ended && j->lookup == LOOKUP_TODO) {
+            *job = j;
+            *block = -1; /* the lookup */
+            *slot_index = -1;
+            return true;
+        }
     int free_slot = -1;
     for (int i = 0; i < st->slots && free_slot < 0; i++)
         if (st->slot[i].state == SLOT_FREE)
@@ -213,7 +237,7 @@ static bool next_read(worker_states *st, restore_job **job, int *block, int *slo
     for (restore_job *j = st->jobs; j; j = j->next) {
         while (!j->ended && j->top >= 0 && j->state[j->top] != BLOCK_OPEN)
             j->top--; /* the engine claimed it */
-        if (j->ended || j->top < 0)
+        if (j->ended || j->lookup != LOOKUP_DONE || j->top < 0)
             continue;
         *job = j;
         *block = j->top--;
@@ -221,6 +245,37 @@ static bool next_read(worker_states *st, restore_job **job, int *block, int *slo
         return true;
     }
     return false;
+}
+
+/* Finds how many of a job's blocks are stored and whether they are in
+ * the page cache; the rest are the engine's. Reader thread; mu held on
+ * entry and exit, dropped for the lookup. */
+static void job_lookup(worker_states *st, restore_job *j)
+{
+    j->lookup = LOOKUP_RUNNING;
+    j->holds++;
+    pthread_mutex_unlock(&st->mu);
+    int stored = 0;
+    uint64_t resident = 0, total = 0;
+    shoal_diag diag;
+    if (store_state_lookup_keys(st->store, j->chain + 1, j->k, &stored, &diag) != SHOAL_OK) {
+        LOG_WARN("state store: lookup failed: %s", diag.msg);
+        stored = 0;
+    }
+    bool warm = stored > 0 && !st->read_all &&
+                store_state_resident(st->store, j->chain + 1, stored, &resident, &total, &diag) ==
+                    SHOAL_OK &&
+                resident >= SHOAL_STATES_WARM_FRACTION * (double)total;
+    pthread_mutex_lock(&st->mu);
+    for (int b = stored; b < j->k; b++)
+        j->state[b] = BLOCK_COMPUTE; /* not stored */
+    j->stored = stored;
+    j->warm = warm;
+    j->top = stored - 1;
+    j->lookup = LOOKUP_DONE;
+    if (--j->holds == 0 && j->ended)
+        job_unlink_free(st, j);
+    pthread_cond_broadcast(&st->work);
 }
 
 static void *reader_main(void *arg)
@@ -238,6 +293,10 @@ static void *reader_main(void *arg)
             pthread_cond_wait(&st->work, &st->mu);
         if (st->quit)
             break;
+        if (b < 0) {
+            job_lookup(st, j);
+            continue;
+        }
         slot *sl = &st->slot[i];
         *sl = (slot){.state = SLOT_READING, .job = j, .block = b};
         j->state[b] = BLOCK_READING;
@@ -267,13 +326,8 @@ static void slot_release(worker_states *st, slot *sl)
     restore_job *j = sl->job;
     sl->state = SLOT_FREE;
     sl->job = NULL;
-    if (j && --j->holds == 0 && j->ended) {
-        restore_job **p = &st->jobs;
-        while (*p != j)
-            p = &(*p)->next;
-        *p = j->next;
-        job_free(j);
-    }
+    if (j && --j->holds == 0 && j->ended)
+        job_unlink_free(st, j);
 }
 
 /* Uploads the page read into slot i as block b of job j and publishes it:
@@ -386,6 +440,8 @@ static int engine_share(const worker_states *st, const restore_job *j, int open,
     double c = speed.bps;
     if (c <= 0)
         return open;
+    if (j->lookup != LOOKUP_DONE) /* at start: the first chunk as if cold */
+        return (int)(open * c / (c + SHOAL_STATES_DISK_PRIOR_BPS / st->page_bytes));
     if (j->warm)
         return 0;
     double r = st->disk_bps > 0 ? st->disk_bps : SHOAL_STATES_DISK_PRIOR_BPS / st->page_bytes;
@@ -401,29 +457,31 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
 {
     worker_states *st = ctx;
     *job = NULL;
-    /* keys only: the readers' gets check every record (and count and log
-     * one that is another model's, or fails its checksum) */
-    int stored = 0;
+    /* Only the first block here (a new conversation's miss is one B-tree
+     * walk); how many follow it is looked up by a reader while the engine
+     * computes. */
+    int first = 0;
     shoal_diag diag;
-    if (store_state_lookup_keys(st->store, hashes, n, &stored, &diag) != SHOAL_OK) {
+    if (store_state_lookup_keys(st->store, hashes, 1, &first, &diag) != SHOAL_OK) {
         LOG_WARN("state store: lookup failed: %s", diag.msg);
-        stored = 0;
+        return 0;
     }
-    if (stored == 0)
+    if (first == 0)
         return 0;
     restore_job *j = calloc(1, sizeof *j);
     if (j) {
-        j->chain = malloc((size_t)(stored + 1) * sizeof *j->chain);
-        j->state = calloc((size_t)stored, 1);
+        j->chain = malloc((size_t)(n + 1) * sizeof *j->chain);
+        j->state = calloc((size_t)n, 1);
     }
     if (!j || !j->chain || !j->state) {
         job_free(j);
-        LOG_WARN("state store: no memory for a restore of %d blocks; computing them", stored);
+        LOG_WARN("state store: no memory for a restore of up to %d blocks; computing them", n);
         return 0;
     }
-    /* the job's pages, taken now (evictions may spill other pages) */
+    /* the job's pages, taken now (evictions may spill other pages): every
+     * candidate block's, whoever fills it */
     int k = 0;
-    for (; k < stored; k++) {
+    for (; k < n; k++) {
         int page = worker_pages_alloc(pages, stream);
         if (page < 0)
             break;
@@ -438,11 +496,8 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
     j->chain[0] = *parent;
     memcpy(j->chain + 1, hashes, (size_t)k * sizeof *hashes);
     j->k = k;
-    j->top = k - 1;
-    uint64_t resident, total;
-    j->warm = !st->read_all &&
-              store_state_resident(st->store, hashes, k, &resident, &total, &diag) == SHOAL_OK &&
-              resident >= SHOAL_STATES_WARM_FRACTION * (double)total;
+    j->stored = k; /* at most, until looked up */
+    j->top = -1;
     j->t0 = common_mono_ns();
     pthread_mutex_lock(&st->mu);
     /* the engine's first chunk: its share of the history, at most */
@@ -472,6 +527,8 @@ static worker_take restore_take(void *ctx, void *job, int block, int claimed,
         /* blocks between the engine and the readers, this chunk's claims
          * included: the engine computes its share of them */
         int open = claimed;
+        if (j->lookup != LOOKUP_DONE)
+            open += j->k - block; /* every candidate, until looked up */
         for (int b = block; b <= j->top; b++)
             open += j->state[b] == BLOCK_OPEN;
         if (claimed < engine_share(st, j, open, speed)) {
@@ -508,15 +565,10 @@ static void restore_end(void *ctx, void *job)
         double r = j->reads / ((double)(j->last_read_ns - j->t0) / 1e9);
         st->disk_bps = st->disk_bps > 0 ? 0.5 * st->disk_bps + 0.5 * r : r;
     }
-    for (int b = 0; b < j->k; b++)
+    for (int b = 0; b < j->stored; b++)
         st->stats.restore_computed += j->state[b] == BLOCK_COMPUTE;
-    if (j->holds == 0) {
-        restore_job **p = &st->jobs;
-        while (*p != j)
-            p = &(*p)->next;
-        *p = j->next;
-        job_free(j);
-    }
+    if (j->holds == 0)
+        job_unlink_free(st, j);
     pthread_mutex_unlock(&st->mu);
 }
 
