@@ -429,8 +429,9 @@ static void restore_pump(void *ctx, int wait_ms)
  * none when the readers finish sooner than a step costs.
  * read_all computes none; an engine that has not measured its own speed
  * all it reaches; a history in the page cache is read whole (see
- * SHOAL_STATES_DISK_PRIOR_BPS). From disk, the read speed is this job's
- * once four reads are in, else that of earlier cold jobs, else
+ * SHOAL_STATES_DISK_PRIOR_BPS; until the lookup has looked at all of it,
+ * its first block tells). From disk, the read speed is this job's once
+ * four reads are in, else that of earlier cold jobs, else
  * SHOAL_STATES_DISK_PRIOR_BPS. Under mu. */
 static int engine_share(const worker_states *st, const restore_job *j, int open,
                         worker_speed speed)
@@ -440,10 +441,10 @@ static int engine_share(const worker_states *st, const restore_job *j, int open,
     double c = speed.bps;
     if (c <= 0)
         return open;
-    if (j->lookup != LOOKUP_DONE) /* at start: the first chunk as if cold */
-        return (int)(open * c / (c + SHOAL_STATES_DISK_PRIOR_BPS / st->page_bytes));
-    if (j->warm)
+    if (j->warm) /* until looked up: as the first block is */
         return 0;
+    if (j->lookup != LOOKUP_DONE) /* the first chunk, cold */
+        return (int)(open * c / (c + SHOAL_STATES_DISK_PRIOR_BPS / st->page_bytes));
     double r = st->disk_bps > 0 ? st->disk_bps : SHOAL_STATES_DISK_PRIOR_BPS / st->page_bytes;
     if (j->reads >= 4 && j->last_read_ns > j->t0)
         r = j->reads / ((double)(j->last_read_ns - j->t0) / 1e9);
@@ -498,6 +499,11 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
     j->k = k;
     j->stored = k; /* at most, until looked up */
     j->top = -1;
+    /* in the page cache or not, by the first block until looked up */
+    uint64_t resident = 0, total = 0;
+    j->warm = !st->read_all &&
+              store_state_resident(st->store, hashes, 1, &resident, &total, &diag) == SHOAL_OK &&
+              resident == 1;
     j->t0 = common_mono_ns();
     pthread_mutex_lock(&st->mu);
     /* the engine's first chunk: its share of the history, at most */
