@@ -326,6 +326,32 @@ int store_wtx_touch(store_wtx *w, const uint8_t *key)
     return 0;
 }
 
+/* A block stored already whose record fails its checks (a flipped bit, a
+ * header of another model under this key) is rewritten with the page just
+ * computed for it: readers refuse and recompute it, and their spill heals
+ * it. A good record stays. */
+static int repair(store_wtx *w, const uint8_t *key, const uint8_t *header, const void *payload,
+                  size_t page_bytes)
+{
+    MDB_val k = {STORE_KEY_BYTES, (void *)key}, v;
+    int rc = mdb_get(w->txn, w->ix->records, &k, &v);
+    if (rc != 0)
+        return rc == MDB_NOTFOUND ? 0 : rc;
+    uint64_t bytes = STORE_RECORD_HEADER_BYTES + (uint64_t)page_bytes;
+    if (v.mv_size == bytes &&
+        store_record_check(key, v.mv_data, v.mv_size, NULL, true, NULL, NULL) == SHOAL_OK)
+        return 0;
+    if (v.mv_size != bytes)
+        return 0; /* another layout's size: left for shoalctl states verify */
+    v.mv_data = NULL;
+    if ((rc = mdb_put(w->txn, w->ix->records, &k, &v, MDB_RESERVE)) != 0)
+        return rc;
+    memcpy(v.mv_data, header, STORE_RECORD_HEADER_BYTES);
+    memcpy((uint8_t *)v.mv_data + STORE_RECORD_HEADER_BYTES, payload, page_bytes);
+    w->totals[STORE_TOTAL_WRITES]++; /* a record written again */
+    return 0;
+}
+
 int store_wtx_put(store_wtx *w, const uint8_t *header, const void *payload, size_t page_bytes,
                   int tokens, uint64_t limit_bytes, bool *added)
 {
@@ -338,6 +364,8 @@ int store_wtx_put(store_wtx *w, const uint8_t *header, const void *payload, size
     int rc = store_index_block(w->txn, w->ix, key, &blk);
     if (rc == 0) {
         w->totals[STORE_TOTAL_DUPLICATES]++;
+        if ((rc = repair(w, key, header, payload, page_bytes)) != 0)
+            return rc;
         return store_wtx_touch(w, key);
     }
     if (rc != MDB_NOTFOUND)

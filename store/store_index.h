@@ -120,7 +120,8 @@ void store_wtx_discard(store_wtx *w);
 /* Stores a record: header (store_record_encode, already checksummed) and
  * payload of layout->page_bytes, with the index entries, first evicting
  * the oldest ends while bytes + the record would pass limit_bytes. A block
- * already stored is touched instead (*added = false). */
+ * already stored is touched instead (*added = false), and its record
+ * rewritten with this one when it fails its checks (counted in writes). */
 int store_wtx_put(store_wtx *w, const uint8_t *header, const void *payload, size_t page_bytes,
                   int tokens, uint64_t limit_bytes, bool *added);
 

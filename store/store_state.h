@@ -93,7 +93,7 @@ void store_state_close(store_state *s);
  * SHOAL_ERR_BROKEN a handle used in another process than the one that
  * opened it. Any thread; the copy is made under the queue's lock (a page
  * copy is well under a millisecond). A block already stored is only marked
- * used. */
+ * used, unless its record fails its checks: then this page replaces it. */
 shoal_err store_state_put_async(store_state *s, const common_hash *hash, const common_hash *parent,
                                 int tokens, const void *page, size_t page_bytes);
 

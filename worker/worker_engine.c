@@ -81,17 +81,17 @@ static void stream_free(stream *s)
     free(s);
 }
 
-static void end_job(worker_engine *e, stream *s)
+static void end_job(worker_engine *e, stream *s, bool passed)
 {
     if (s->job) {
-        e->o.restore.end(e->o.restore.ctx, s->job);
+        e->o.restore.end(e->o.restore.ctx, s->job, passed);
         s->job = NULL;
     }
 }
 
 static void release_pages(worker_engine *e, stream *s)
 {
-    end_job(e, s); /* before the pages go: the source lets go of them first */
+    end_job(e, s, false); /* before the pages go: the source lets go of them first */
     for (int i = 0; i < s->n_pages; i++)
         worker_pages_unref(e->pages, s->pages[i]);
     s->n_pages = 0;
@@ -502,7 +502,7 @@ static int job_chunk(worker_engine *e, stream *s, int n)
         }
     }
     if (s->computed >= end) {
-        end_job(e, s);
+        end_job(e, s, true);
         return n < s->len - s->computed ? n : s->len - s->computed;
     }
     if (n > s->len - s->computed)

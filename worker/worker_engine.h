@@ -61,8 +61,9 @@ typedef struct worker_prefix_source {
  *          come down from the top; the source shares the blocks between
  *          the two by their speeds, so a turn waits for about max(compute
  *          the head, read the tail), never for both.
- *   end    the stream is past the job, or its pages go back (preemption,
- *          cancel): the source lets go of pages_out.
+ *   end    the stream is past the job (passed: every block is in its page,
+ *          published unless another page held it), or its pages go back
+ *          (preemption, cancel): the source lets go of pages_out.
  *   pump   once a step, before the batch is built, on the engine's thread:
  *          puts what was read into its pages; with wait_ms > 0 (nothing
  *          else to do) it first waits up to that long for a read.
@@ -85,7 +86,7 @@ typedef struct worker_async_source {
                  const common_hash *parent, int n, int claim, worker_speed speed,
                  int32_t *pages_out, void **job);
     worker_take (*take)(void *ctx, void *job, int block, int claimed, worker_speed speed);
-    void (*end)(void *ctx, void *job);
+    void (*end)(void *ctx, void *job, bool passed);
     void (*pump)(void *ctx, int wait_ms);
     void *ctx;
 } worker_async_source;

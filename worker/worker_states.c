@@ -560,11 +560,18 @@ static worker_take restore_take(void *ctx, void *job, int block, int claimed,
     return t;
 }
 
-static void restore_end(void *ctx, void *job)
+static void restore_end(void *ctx, void *job, bool passed)
 {
     worker_states *st = ctx;
     restore_job *j = job;
     pthread_mutex_lock(&st->mu);
+    /* Blocks the engine computed though the store has them (its share of
+     * a cold history): their pages need no spill. A refused block's do:
+     * its spill rewrites the bad record. */
+    for (int b = 0; passed && j->lookup == LOOKUP_DONE && b < j->stored; b++)
+        if (j->state[b] == BLOCK_COMPUTE &&
+            (atomic_load(&worker_pages_row(j->pages, j->pages_out[b])->flags) & SHM_PAGE_HASHED))
+            worker_pages_mark_stored(j->pages, j->pages_out[b], true);
     j->ended = true;
     st->stats.restore_ns += common_mono_ns() - j->t0;
     if (!j->warm && j->reads >= 4 && j->last_read_ns > j->t0) {
