@@ -19,8 +19,9 @@ enum { BLOCK_OPEN, BLOCK_READING, BLOCK_READ, BLOCK_READY, BLOCK_COMPUTE, BLOCK_
 
 /* A job's lookup of how many of its blocks are stored: the B-tree of a
  * cold store costs a disk read a level, which the engine does not wait
- * for (it computes the head meanwhile). */
-enum { LOOKUP_TODO, LOOKUP_RUNNING, LOOKUP_DONE };
+ * for (it computes the head meanwhile), and which several readers share:
+ * each looks up a part of the blocks (SHOAL_STATES_LOOKUP_PART of them). */
+enum { LOOKUP_RUNNING, LOOKUP_DONE };
 
 /* One stream's restore (worker_async_source's job). Readers take its
  * blocks from the top down; the engine takes them from the bottom up. */
@@ -32,7 +33,9 @@ typedef struct restore_job {
     uint8_t *state;      /* BLOCK_* of each block */
     int k;         /* blocks of the job: every candidate */
     int stored;    /* of which the store has [0, stored), once looked up */
-    int lookup;    /* LOOKUP_*: the stored blocks are found by a reader */
+    int lookup;    /* LOOKUP_*: the stored blocks are found by readers */
+    int parts, next_part, parts_left; /* the lookup's parts: to take, to finish */
+    int first_miss; /* the lowest block found missing so far (k: none) */
     int top;       /* the next block a reader may take, counting down */
     int holds;     /* slots that still name the job */
     bool ended;    /* the engine let go: nothing more goes into its pages */
@@ -222,9 +225,9 @@ store_state *worker_states_store(worker_states *st)
 static bool next_read(worker_states *st, restore_job **job, int *block, int *slot_index)
 {
     for (restore_job *j = st->jobs; j; j = j->next)
-        if (!j->ended && j->lookup == LOOKUP_TODO) {
+        if (!j->ended && j->next_part < j->parts) {
             *job = j;
-            *block = -1; /* the lookup */
+            *block = -1 - j->next_part++; /* a part of the lookup */
             *slot_index = -1;
             return true;
         }
@@ -247,35 +250,46 @@ static bool next_read(worker_states *st, restore_job **job, int *block, int *slo
     return false;
 }
 
-/* Finds how many of a job's blocks are stored and whether they are in
- * the page cache; the rest are the engine's. Reader thread; mu held on
- * entry and exit, dropped for the lookup. */
-static void job_lookup(worker_states *st, restore_job *j)
+/* Looks up part `part` of a job's blocks; the reader that finishes the
+ * last part finds how many lead the chain and whether they are in the page
+ * cache, and hands the rest to the engine. Reader thread; mu held on entry
+ * and exit, dropped for the lookups. */
+static void job_lookup(worker_states *st, restore_job *j, int part)
 {
-    j->lookup = LOOKUP_RUNNING;
     j->holds++;
+    int from = part * SHOAL_STATES_LOOKUP_PART;
+    int n = j->k - from < SHOAL_STATES_LOOKUP_PART ? j->k - from : SHOAL_STATES_LOOKUP_PART;
     pthread_mutex_unlock(&st->mu);
-    int stored = 0;
-    uint64_t resident = 0, total = 0;
+    int present = 0;
     shoal_diag diag;
-    if (store_state_lookup_keys(st->store, j->chain + 1, j->k, &stored, &diag) != SHOAL_OK) {
+    if (store_state_lookup_keys(st->store, j->chain + 1 + from, n, &present, &diag) != SHOAL_OK) {
         LOG_WARN("state store: lookup failed: %s", diag.msg);
-        stored = 0;
+        present = 0;
     }
-    bool warm = stored > 0 && !st->read_all &&
-                store_state_resident(st->store, j->chain + 1, stored, &resident, &total, &diag) ==
-                    SHOAL_OK &&
-                resident >= SHOAL_STATES_WARM_FRACTION * (double)total;
     pthread_mutex_lock(&st->mu);
-    for (int b = stored; b < j->k; b++)
-        j->state[b] = BLOCK_COMPUTE; /* not stored */
-    j->stored = stored;
-    j->warm = warm;
-    j->top = stored - 1;
-    j->lookup = LOOKUP_DONE;
+    if (present < n && from + present < j->first_miss)
+        j->first_miss = from + present;
+    bool last = --j->parts_left == 0;
+    if (last) {
+        int stored = j->first_miss;
+        pthread_mutex_unlock(&st->mu);
+        uint64_t resident = 0, total = 0;
+        bool warm = stored > 0 && !st->read_all &&
+                    store_state_resident(st->store, j->chain + 1, stored, &resident, &total,
+                                         &diag) == SHOAL_OK &&
+                    resident >= SHOAL_STATES_WARM_FRACTION * (double)total;
+        pthread_mutex_lock(&st->mu);
+        for (int b = stored; b < j->k; b++)
+            j->state[b] = BLOCK_COMPUTE; /* not stored */
+        j->stored = stored;
+        j->warm = warm;
+        j->top = stored - 1;
+        j->lookup = LOOKUP_DONE;
+    }
     if (--j->holds == 0 && j->ended)
         job_unlink_free(st, j);
-    pthread_cond_broadcast(&st->work);
+    if (last)
+        pthread_cond_broadcast(&st->work);
 }
 
 static void *reader_main(void *arg)
@@ -294,7 +308,7 @@ static void *reader_main(void *arg)
         if (st->quit)
             break;
         if (b < 0) {
-            job_lookup(st, j);
+            job_lookup(st, j, -1 - b);
             continue;
         }
         slot *sl = &st->slot[i];
@@ -499,6 +513,9 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
     j->k = k;
     j->stored = k; /* at most, until looked up */
     j->top = -1;
+    j->lookup = LOOKUP_RUNNING;
+    j->parts = j->parts_left = (k + SHOAL_STATES_LOOKUP_PART - 1) / SHOAL_STATES_LOOKUP_PART;
+    j->first_miss = k;
     /* in the page cache or not, by the first block until looked up */
     uint64_t resident = 0, total = 0;
     j->warm = !st->read_all &&
