@@ -190,6 +190,21 @@ struct kernels_backend {
     void (*swiglu)(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                    int dim);
 
+    /* out[rows][n] = silu(in x wg^T) * (in x wu^T): a SwiGLU MLP's gate and
+     * up projections and their product, the same function as
+     * matmul(out, wg), matmul(up, wu), swiglu(out, out, up), each result
+     * rounded to act_dtype where those ops store it. wg and wu are [n][k]
+     * of wdtype. up [rows][n] (act_dtype, device) is the op's scratch, its
+     * contents undefined afterwards; out and up do not overlap. Where wu
+     * follows wg (wu == wg + n * k elements) and, at one row, up follows
+     * out (up == out + n), a backend may take both projections as one
+     * matmul of 2n weight rows; one may also form the product in its
+     * matmul's last step and write no projection (the CUDA GEMV at one
+     * row: no swiglu pass). */
+    void (*matmul_swiglu)(kernels_backend *be, void *out, void *up, const void *in,
+                          const void *wg, const void *wu, shoal_dtype wdtype, int rows, int n,
+                          int k);
+
     /* out[i] = in[idx[i]] for rows of dim (act_dtype). */
     void (*gather)(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                    int dim);

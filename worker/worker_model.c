@@ -736,12 +736,15 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
         be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
                    q_w);
         be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
-        if (one_row && L->gate_up_joined && gate_up_room) {
-            /* one row of [gate | up] in the gate buffer */
-            void *up = (unsigned char *)m->gate + (size_t)c->intermediate * a;
-            be->matmul(be, m->gate, be->act_dtype, m->h, L->gate.data, L->gate.dtype, 1,
-                       2 * c->intermediate, c->hidden);
-            be->swiglu(be, m->gate, m->gate, up, 1, c->intermediate);
+        if (L->gate.dtype == L->up.dtype) {
+            /* one row of joined weights: [gate | up] in the gate buffer,
+             * which the backend may take as one matmul (or as a GEMV that
+             * writes the product alone) */
+            void *up = one_row && L->gate_up_joined && gate_up_room
+                           ? (unsigned char *)m->gate + (size_t)c->intermediate * a
+                           : m->up;
+            be->matmul_swiglu(be, m->gate, up, m->h, L->gate.data, L->up.data, L->gate.dtype,
+                              rows, c->intermediate, c->hidden);
         } else {
             be->matmul(be, m->gate, be->act_dtype, m->h, L->gate.data, L->gate.dtype, rows,
                        c->intermediate, c->hidden);

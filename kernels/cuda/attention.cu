@@ -6,7 +6,8 @@
  * comes from the round's row count and the shape (enough blocks to fill
  * the GPU about four times, within the per-row scratch; eight measured
  * slower at batch 32 and 64, kernels/lab/README.md), and so does fill
- * (segments a row of a small round should have for one full wave), never
+ * (segments a row of a small round should have for one full wave; the
+ * cap is raised to that wave and never past it, attn_splits_filled), never
  * from a slice or the page table's capacity, so a sliced round equals an
  * unsliced one to the byte. The grid has `cap` segments per row, and blocks past a row's
  * count return at once: the launch is the same for every round of the
@@ -272,13 +273,35 @@ static int attn_splits_cap(int sm_count, int rows, int blocks_per_row, int heads
     return s < 1 ? 1 : (int)s;
 }
 
-/* Segments a row of a small round should have: one wave of the
- * tensor-core partials, whose 102 KB of shared memory (three stages of K
- * and V at head dim 128) leave room for two blocks a multiprocessor. */
-static int attn_splits_fill(int sm_count, int rows, int blocks_per_row)
+/* Segments a row of a small round may have and stay within one wave of
+ * the tensor-core partials, whose 102 KB of shared memory (three stages of
+ * K and V at head dim 128) leave room for two blocks a multiprocessor: 0
+ * where the round's rows alone pass a wave. */
+static int attn_splits_wave(int sm_count, int rows, int blocks_per_row)
 {
     long long per_round = (long long)rows * blocks_per_row;
-    return (int)((2LL * sm_count + per_round - 1) / per_round);
+    return (int)(2LL * sm_count / per_round);
+}
+
+/* The round's cap (the grid's segments a row and the scratch's stride)
+ * and fill (attention_mma.cuh) with short segments on: the first rule's
+ * cap, raised to one wave where that is more, within the shared scratch
+ * budget; and fill that wave. So segments are added only while the round
+ * stays in one wave: a row of 4k takes 32 of 128 tokens (256 blocks at
+ * batch 1, where the first rule gave 22, 176 blocks), a row of 8k or 32k
+ * the one wave's 32 or 33 (the first rule: 31), not the 43 or 64 that the
+ * shared budget alone allowed, which crossed into a second wave and
+ * measured slower (lab, H200). A function of the round's rows and the
+ * shape, never of a slice. */
+static void attn_splits_filled(int sm_count, int rows, int blocks_per_row, int heads,
+                               int head_dim, int *cap, int *fill)
+{
+    int rule = attn_splits_cap(sm_count, rows, blocks_per_row, heads, head_dim, false);
+    int most = attn_splits_cap(sm_count, rows, blocks_per_row, heads, head_dim, true);
+    int wave = attn_splits_wave(sm_count, rows, blocks_per_row);
+    int f = wave < most ? wave : most;
+    *cap = rule > f ? rule : f;
+    *fill = f;
 }
 
 /* ---- the tensor-core partial kernel ---- */
@@ -567,8 +590,13 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     bool fill = st->attn_fill >= 2 && c.tc;
     int blocks_per_row = layout->kv_heads * c.chunks;
     c.wide_merge = st->attn_fill >= 1;
-    c.args.splits = attn_splits_cap(st->sm_count, batch->rows, blocks_per_row, heads, hd, fill);
-    c.args.fill = fill ? attn_splits_fill(st->sm_count, batch->rows, blocks_per_row) : 0;
+    if (fill) {
+        attn_splits_filled(st->sm_count, batch->rows, blocks_per_row, heads, hd, &c.args.splits,
+                           &c.args.fill);
+    } else {
+        c.args.splits = attn_splits_cap(st->sm_count, batch->rows, blocks_per_row, heads, hd, false);
+        c.args.fill = 0;
+    }
     /* a slice's records fit the scratch */
     int slice_rows = batch->rows < st->attn_slice_rows ? batch->rows : st->attn_slice_rows;
     SHOAL_ASSERT((size_t)slice_rows * (size_t)c.args.splits * (size_t)heads * ((size_t)hd + 2) *

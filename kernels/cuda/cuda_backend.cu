@@ -297,6 +297,7 @@ static void pick_kernels(cuda_state *st)
     st->graphs = env_int("SHOAL_CUDA_GRAPHS", legacy ? 0 : 1) != 0;
     st->attn_fill = env_int("SHOAL_CUDA_ATTN_FILL", legacy ? 0 : 2);
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
+    st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
@@ -414,6 +415,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->attention = cuda_attention;
     be->attention_prompt = cuda_attention_prompt;
     be->swiglu = cuda_swiglu;
+    be->matmul_swiglu = cuda_matmul_swiglu;
     be->gather = cuda_gather;
     be->sample = cuda_sample;
     be->fill_random = cuda_fill_random;

@@ -80,18 +80,21 @@ typedef struct cuda_state {
      * the before/after of a change; SHOAL_CUDA_LEGACY=1 turns them all to
      * the first version's): tensor-core attention (SHOAL_CUDA_ATTN_TC,
      * default 1), decode segments shortened to fill the GPU at small
-     * rounds (SHOAL_CUDA_ATTN_FILL, default 1; 0 = about 192 tokens a
-     * segment always), our GEMV for matmuls of at most gemv_rows_max rows
+     * rounds (SHOAL_CUDA_ATTN_FILL, default 2; 1 = the wide merge alone,
+     * 0 = also the first merge), our GEMV for matmuls of at most gemv_rows_max rows
      * (SHOAL_CUDA_GEMV_ROWS, default 1; 0 = cuBLAS always), CUDA graphs
      * (SHOAL_CUDA_GRAPHS, default 1), and the sampler read in chunks by
      * coalesced loads (SHOAL_CUDA_SAMPLE, default 1; 0 = one block a row
-     * walking contiguous runs). */
+     * walking contiguous runs), and SwiGLU formed in the gate/up GEMV's
+     * last step where matmul_swiglu takes the GEMV (SHOAL_CUDA_GEMV_SWIGLU,
+     * default 1; 0 = the projections written, then the swiglu kernel). */
     int sm_count;
     bool attn_tc;
     int attn_fill;
     int gemv_rows_max;
     bool graphs;
     bool sample_split;
+    bool gemv_swiglu;
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
@@ -259,6 +262,8 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
                     float scale);
 void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                  int dim);
+void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
+                        const void *wu, shoal_dtype wdtype, int rows, int n, int k);
 void cuda_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                  int dim);
 void cuda_sample(kernels_backend *be, kernels_sample_result *results, const float *logits,

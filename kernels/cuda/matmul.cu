@@ -81,21 +81,18 @@ static __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b)
     return s;
 }
 
-/* Launched with programmatic serialization (pdl_wait in cuda_ops.h): the
+/* One warp's dot products of weight row wr (chunks 16-byte chunks) with
+ * the R input rows at x, lane-local in ascending chunk order (so a row's
+ * sum is the same whichever kernel streams it); acc is the lane's part.
+ * Launched with programmatic serialization (pdl_wait in cuda_ops.h): the
  * first GEMV_UNROLL loads of each lane, weights only, are issued before
  * waiting for the kernel that writes the input, so the weight stream
- * starts while that kernel drains. */
-template <int R, typename O>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    matmul_gemv(O *out, const bf16 *in, const bf16 *w, int n, int k)
+ * starts while that kernel drains. A warp without a row (valid false)
+ * waits and adds nothing. */
+template <int R>
+static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr, const uint4 *x,
+                                                int chunks, int lane, bool valid)
 {
-    pdl_trigger();
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    const int chunks = k / 8;
-    const uint4 *wr = (const uint4 *)(w + (size_t)(row < n ? row : 0) * k);
-    const uint4 *x = (const uint4 *)in;
-    float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
         acc[r] = 0.0f;
@@ -103,13 +100,13 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
      * the plain ones (unpredicated full groups, then a tail) */
     uint4 wv[GEMV_UNROLL];
     int c = lane;
-    const bool first = row < n && c + (GEMV_UNROLL - 1) * 32 < chunks;
+    const bool first = valid && c + (GEMV_UNROLL - 1) * 32 < chunks;
     if (first)
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++)
             wv[u] = ld_stream16(wr + c + u * 32);
     pdl_wait();
-    if (row >= n)
+    if (!valid)
         return;
     if (first) {
 #pragma unroll
@@ -135,17 +132,62 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int r = 0; r < R; r++)
             acc[r] += dot8_bf16(w1, __ldg(x + (size_t)r * chunks + c));
     }
+}
+
+/* out[R][n] = in[R][k] x w[n][k]^T, one warp a weight row. With SWIGLU
+ * (matmul_swiglu) out[r][j] = silu(g) * u instead, where g and u are the
+ * dot products with rows j of w (the gate) and w2 (the up projection):
+ * the block's first half of warps takes gate rows, the second half the
+ * same up rows, so the weights stream exactly as in the plain GEMV of
+ * 2n rows; the block swaps the sums through shared memory and forms the
+ * product. g and u are rounded to O first, as the projections would be
+ * stored, and silu is the swiglu kernel's expression, so the result is
+ * bit for bit that of the GEMV, then swiglu. */
+template <int R, typename O, bool SWIGLU>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+    matmul_gemv(O *out, const bf16 *in, const bf16 *w, const bf16 *w2, int n, int k)
+{
+    pdl_trigger();
+    constexpr int ROWS = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS; /* output columns a block */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * ROWS + warp % ROWS;
+    const bool valid = row < n;
+    const bf16 *wm = SWIGLU && warp >= ROWS ? w2 : w;
+    float acc[R];
+    gemv_dot<R>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k), (const uint4 *)in, k / 8,
+                lane, valid);
+    if constexpr (!SWIGLU) {
+        if (!valid)
+            return;
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = warp_reduce(acc[r], op_add());
-        if (lane == 0)
-            out[(size_t)r * n + row] = from_f32<O>(v);
+        for (int r = 0; r < R; r++) {
+            float v = warp_reduce(acc[r], op_add());
+            if (lane == 0)
+                out[(size_t)r * n + row] = from_f32<O>(v);
+        }
+    } else {
+        __shared__ float part[GEMV_WARPS][R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float v = warp_reduce(acc[r], op_add());
+            if (lane == 0)
+                part[warp][r] = v;
+        }
+        __syncthreads(); /* every warp reaches it: invalid ones added nothing */
+        if (threadIdx.x < ROWS * R) {
+            const int p = threadIdx.x % ROWS, r = threadIdx.x / ROWS, j = blockIdx.x * ROWS + p;
+            if (j < n) {
+                float g = to_f32(from_f32<O>(part[p][r]));
+                float u = to_f32(from_f32<O>(part[ROWS + p][r]));
+                out[(size_t)r * n + j] = from_f32<O>(g / (1.0f + expf(-g)) * u);
+            }
+        }
     }
 }
 
-template <int R, typename O>
+template <int R, typename O, bool SWIGLU>
 static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
-                          const bf16 *w, int n, int k)
+                          const bf16 *w, const bf16 *w2, int n, int k)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
@@ -157,17 +199,19 @@ static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, matmul_gemv<R, O>, out, in, w, n, k);
+    cudaLaunchKernelEx(&cfg, matmul_gemv<R, O, SWIGLU>, out, in, w, w2, n, k);
 }
 
-template <typename O>
-static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 *w, int rows,
-                        int n, int k)
+/* w2 is the up projection with SWIGLU, else unused. */
+template <typename O, bool SWIGLU>
+static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 *w,
+                        const bf16 *w2, int rows, int n, int k)
 {
-    unsigned blocks = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
+    const int per_block = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS;
+    unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
     switch (rows) {
 #define GEMV_CASE(R)                                                                             \
-    case R: launch_gemv_r<R, O>(stream, blocks, out, in, w, n, k); break;
+    case R: launch_gemv_r<R, O, SWIGLU>(stream, blocks, out, in, w, w2, n, k); break;
         GEMV_CASE(1)
         GEMV_CASE(2)
         GEMV_CASE(3)
@@ -179,6 +223,15 @@ static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 
 #undef GEMV_CASE
     default: SHOAL_ASSERT(!"gemv: 1 to CUDA_GEMV_ROWS_MAX rows");
     }
+}
+
+/* Whether a matmul of these operands takes our GEMV. */
+static bool gemv_takes(kernels_backend *be, shoal_dtype wdtype, int rows, int k, const void *in,
+                       const void *w)
+{
+    return be->act_dtype == SHOAL_DTYPE_BF16 && wdtype == SHOAL_DTYPE_BF16 &&
+           rows <= cuda_of(be)->gemv_rows_max && k % 8 == 0 && (uintptr_t)in % 16 == 0 &&
+           (uintptr_t)w % 16 == 0;
 }
 
 static cudaDataType_t cuda_type(shoal_dtype dt)
@@ -204,12 +257,13 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
     if (rows == 0 || !cuda_usable(be))
         return;
     cuda_state *st = cuda_of(be);
-    if (act == SHOAL_DTYPE_BF16 && wdtype == SHOAL_DTYPE_BF16 && rows <= st->gemv_rows_max &&
-        k % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)w % 16 == 0) {
+    if (gemv_takes(be, wdtype, rows, k, in, w)) {
         if (out_dtype == SHOAL_DTYPE_F32)
-            launch_gemv(st->stream, (float *)out, (const bf16 *)in, (const bf16 *)w, rows, n, k);
+            launch_gemv<float, false>(st->stream, (float *)out, (const bf16 *)in,
+                                      (const bf16 *)w, NULL, rows, n, k);
         else
-            launch_gemv(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)w, rows, n, k);
+            launch_gemv<bf16, false>(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)w,
+                                     NULL, rows, n, k);
         cuda_launched(be, "matmul (gemv)");
         return;
     }
@@ -242,4 +296,41 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
         });
     });
     cuda_launched(be, "matmul (simt)");
+}
+
+/* The GEMV with SwiGLU in its last step where it takes the matmul (one
+ * row by default; SHOAL_CUDA_GEMV_SWIGLU=0 turns it off): the swiglu
+ * kernel, its launch and the round trip of the projections through memory
+ * go. Elsewhere the composition, with joined weights and outputs as one
+ * matmul of 2n rows, as the model ran it before. */
+void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
+                        const void *wu, shoal_dtype wdtype, int rows, int n, int k)
+{
+    shoal_dtype act = be->act_dtype;
+    size_t ab = shoal_dtype_bytes(act), wb = shoal_dtype_bytes(wdtype);
+    SHOAL_ASSERT(rows >= 0 && n > 0 && k > 0);
+    CUDA_ASSERT_ALIGNED(out, ab);
+    CUDA_ASSERT_ALIGNED(up, ab);
+    /* out and up do not overlap */
+    SHOAL_ASSERT((const char *)out + (size_t)rows * n * ab <= (const char *)up ||
+                 (const char *)up + (size_t)rows * n * ab <= (const char *)out || rows == 0);
+    if (rows == 0 || !cuda_usable(be))
+        return;
+    cuda_state *st = cuda_of(be);
+    if (st->gemv_swiglu && gemv_takes(be, wdtype, rows, k, in, wg) && (uintptr_t)wu % 16 == 0) {
+        CUDA_ASSERT_ALIGNED(in, ab);
+        launch_gemv<bf16, true>(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)wg,
+                                (const bf16 *)wu, rows, n, k);
+        cuda_launched(be, "matmul_swiglu (gemv)");
+        return;
+    }
+    bool joined = rows == 1 && (const char *)wu == (const char *)wg + (size_t)n * k * wb &&
+                  (char *)up == (char *)out + (size_t)n * ab;
+    if (joined) {
+        cuda_matmul(be, out, act, in, wg, wdtype, 1, 2 * n, k);
+    } else {
+        cuda_matmul(be, out, act, in, wg, wdtype, rows, n, k);
+        cuda_matmul(be, up, act, in, wu, wdtype, rows, n, k);
+    }
+    cuda_swiglu(be, out, out, up, rows, n);
 }

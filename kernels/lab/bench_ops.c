@@ -12,8 +12,9 @@
  * sweep "new" with SHOAL_CUDA_GEMV_ROWS=8, and for the sampling and
  * decode attention sweeps "prev" (the defaults before issue #5's sampler
  * and short segments: SHOAL_CUDA_SAMPLE=0 SHOAL_CUDA_ATTN_FILL=0) and
- * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone). All run on the
- * same device memory.
+ * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone), and for the
+ * decode step's gate/up row "prev" (SHOAL_CUDA_GEMV_SWIGLU=0: the joined
+ * GEMV, then the swiglu kernel). All run on the same device memory.
  *
  * Timing: each measurement records `n` calls of one op as a CUDA graph and
  * replays it `reps` times; the figure is the median replay over n. Weights
@@ -89,6 +90,7 @@ typedef enum op_kind {
     OP_ATTENTION,
     OP_ATTENTION_PROMPT,
     OP_SWIGLU,
+    OP_MATMUL_SWIGLU,
     OP_GATHER,
     OP_SAMPLE,
 } op_kind;
@@ -145,6 +147,15 @@ static void call(op *o, int i)
         be->attention_prompt(be, b->att, b->q, HEADS, b->arena, &b->kv, &o->batch, 0, scale);
         break;
     case OP_SWIGLU: be->swiglu(be, b->gate, b->gate, b->up, o->rows, INTER); break;
+    case OP_MATMUL_SWIGLU: {
+        /* as the model calls it: joined [gate | up] weights, and at one
+         * row [out | up] in the gate buffer */
+        const unsigned char *w = weight_at(b, 2 * INTER, HID, i);
+        void *up = o->rows == 1 ? (unsigned char *)b->gate + (size_t)INTER * 2 : b->up;
+        be->matmul_swiglu(be, b->gate, up, b->h, w, w + (size_t)INTER * HID * 2,
+                          SHOAL_DTYPE_BF16, o->rows, INTER, HID);
+        break;
+    }
     case OP_GATHER: be->gather(be, b->sel, b->h, b->logit_rows, o->rows, HID); break;
     case OP_SAMPLE:
         be->sample(be, b->results, b->logits, o->rows, VOCAB, b->params, NULL, NULL, NULL);
@@ -348,8 +359,9 @@ static void row(const char *what, const char *variant, int rows, double s, doubl
 
 /* One layer's ops and the head, both variants; returns the new variant's
  * model time (36 layers + head). */
-static double step_ops(kernels_backend *nb, kernels_backend *vb, bufs *b, int streams, int rows_each,
-                       int ctx, int n, int reps)
+/* pb: the defaults but SHOAL_CUDA_GEMV_SWIGLU=0, for the gate/up row */
+static double step_ops(kernels_backend *nb, kernels_backend *vb, kernels_backend *pb, bufs *b,
+                       int streams, int rows_each, int ctx, int n, int reps)
 {
     int rows = streams * rows_each;
     bool prefill = rows_each > 1;
@@ -357,12 +369,14 @@ static double step_ops(kernels_backend *nb, kernels_backend *vb, bufs *b, int st
     double layer[2] = {0, 0}, head[2] = {0, 0};
     kernels_backend *bes[2] = {nb, vb};
     const char *names[2] = {"new", "v1"};
+    /* gate, up and swiglu are timed alone but summed as the model calls
+     * them, one matmul_swiglu (below) */
     struct {
         const char *what;
         int n, k, per_layer;
     } mms[] = {{"matmul q 4096x4096", HEADS * HD, HID, 1},   {"matmul k 1024x4096", KVH * HD, HID, 1},
                {"matmul v 1024x4096", KVH * HD, HID, 1},    {"matmul o 4096x4096", HID, HEADS * HD, 1},
-               {"matmul gate 12288x4096", INTER, HID, 1}, {"matmul up 12288x4096", INTER, HID, 1},
+               {"matmul gate 12288x4096", INTER, HID, 0}, {"matmul up 12288x4096", INTER, HID, 0},
                {"matmul down 4096x12288", HID, INTER, 1}};
     double act = 2.0, r = rows;
     for (int vi = 0; vi < 2; vi++) {
@@ -399,7 +413,21 @@ static double step_ops(kernels_backend *nb, kernels_backend *vb, bufs *b, int st
         row(prefill ? "attention (prompt)" : "attention (decode)", names[vi], rows,
             time_op(&o, an, ar), kv_bytes + r * HEADS * HD * act * 2, causal, 1, &layer[vi]);
         o.kind = OP_SWIGLU;
-        row("swiglu", names[vi], rows, time_op(&o, nn, rr), r * INTER * act * 3, 0, 1, &layer[vi]);
+        row("swiglu (in the next)", names[vi], rows, time_op(&o, nn, rr), r * INTER * act * 3, 0, 0,
+            NULL);
+        /* what the model runs: at one row the GEMV forming the product
+         * (new; "prev" = SHOAL_CUDA_GEMV_SWIGLU=0: one GEMV of both, then
+         * swiglu); at more rows two GEMMs and swiglu */
+        o.kind = OP_MATMUL_SWIGLU;
+        double gu = 2.0 * INTER * HID * 2 + r * (HID + INTER) * act;
+        row("matmul gate+up, swiglu", names[vi], rows, time_op(&o, nn, rr), gu,
+            2.0 * r * 2 * INTER * HID, 1, &layer[vi]);
+        if (vi == 0 && !prefill) {
+            o.be = pb;
+            row("matmul gate+up, swiglu", "prev", rows, time_op(&o, nn, rr), gu,
+                2.0 * r * 2 * INTER * HID, 0, NULL);
+            o.be = be;
+        }
         /* the head: final norm, gather, lm_head and (decode) sampling */
         int lrows = prefill ? 1 : rows;
         o.rows = lrows;
@@ -519,17 +547,19 @@ int main(int argc, char **argv)
     static const char *const prev_env[] = {"SHOAL_CUDA_SAMPLE=0", "SHOAL_CUDA_ATTN_FILL=0",
                                            NULL};
     static const char *const merge_env[] = {"SHOAL_CUDA_ATTN_FILL=1", NULL};
+    static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
     kernels_backend *vb = open_variant(device, true, 0, NULL);
     kernels_backend *gb = open_variant(device, false, 8, NULL); /* our GEMV up to 8 rows */
     kernels_backend *pb = open_variant(device, false, 0, prev_env);
     kernels_backend *mb = open_variant(device, false, 0, merge_env);
+    kernels_backend *sb = open_variant(device, false, 0, pass_env);
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
     int reps = 7;
     printf("decode step ops, batch 1, context 4096 (per call)\n");
-    double dec = step_ops(nb, vb, &b, 1, 1, 4096, 20, reps);
+    double dec = step_ops(nb, vb, sb, &b, 1, 1, 4096, 20, reps);
     double weights = 2.0 * ((double)VOCAB * HID +
                             LAYERS * ((double)HID * HEADS * HD * 2 + 2.0 * HID * KVH * HD +
                                       3.0 * HID * INTER));
@@ -537,12 +567,13 @@ int main(int argc, char **argv)
            "weights per step\n",
            1.0 / dec, weights / 1e9);
     printf("\nprefill ops, 2048 tokens of one stream (per call)\n");
-    step_ops(nb, vb, &b, 1, 2048, 2048, 3, 5);
+    step_ops(nb, vb, sb, &b, 1, 2048, 2048, 3, 5);
     gemv_vs_cublas(gb, vb, &b, reps);
     sample_sweep(nb, pb, &b, reps);
     kernels_backend *attn_bes[] = {nb, mb, pb, vb};
     const char *attn_names[] = {"new", "merge", "prev", "v1"};
     attention_sweep(attn_bes, attn_names, 4, &b, reps, quick);
+    kernels_backend_close(sb);
     kernels_backend_close(mb);
     kernels_backend_close(pb);
     kernels_backend_close(gb);

@@ -221,10 +221,11 @@ static void decode_rows_at_long_context(shoal_dtype kvdt)
 }
 
 /* One decode row alone, the batch-1 step: its segments are shortened to
- * fill the GPU (SHOAL_CUDA_ATTN_FILL=2, tensor-core partials), down to
- * one 64-token tile, and at 4k and up a row has more segments (32, 43, 64)
- * than a single row's 512 KiB of scratch held (31), so the records use
- * the default slice's shared budget. */
+ * fill the GPU once (SHOAL_CUDA_ATTN_FILL=2, tensor-core partials), down
+ * to one 64-token tile, and at 4k and up a row has more segments (32, 32,
+ * 33 on 132 multiprocessors: one wave) than a single row's 512 KiB of
+ * scratch held (31), so the records use the default slice's shared
+ * budget. */
 static void one_decode_row_in_short_segments(shoal_dtype kvdt)
 {
     static const int ctxs[] = {301, 4096, 8192, 32768};

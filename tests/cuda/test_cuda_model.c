@@ -471,16 +471,71 @@ static void graph_rounds_equal_op_by_op_rounds(void)
     free(out[1]);
 }
 
+/* Decode rounds of one row with SwiGLU formed in the gate/up GEMV
+ * (SHOAL_CUDA_GEMV_SWIGLU=1, the default) give the same logits, bit for
+ * bit, as with the projections written and the swiglu pass after (=0):
+ * the GEMV sums each projection in the same order and rounds it to bf16
+ * before the product, as the pass reads it. bf16 weights, so the GEMV
+ * takes the rows (joined gate/up at one row); the prompt of 17 rows
+ * takes the composition on both. */
+static void one_row_swiglu_in_the_gemv_equals_the_swiglu_pass(void)
+{
+    enum { PAGES = 4, ROUNDS = 6, PROMPT = 17 };
+    static const char *const names[] = {"qwen3-tied-bf16", "llama3-scaled-bf16"};
+    config c = {test_gpu, SHOAL_DTYPE_BF16, SHOAL_DTYPE_BF16, 16, 64};
+    for (int mi = 0; mi < 2; mi++) {
+        int32_t prompt[PROMPT], ppos[PROMPT], zero[PROMPT] = {0}, toks[ROUNDS];
+        for (int i = 0; i < PROMPT; i++) {
+            prompt[i] = (int32_t)rnd_below(100);
+            ppos[i] = i;
+        }
+        for (int r = 0; r < ROUNDS; r++)
+            toks[r] = (int32_t)rnd_below(100);
+        float *out[2] = {NULL, NULL};
+        int vocab = 0;
+        for (int fused = 0; fused < 2; fused++) {
+            setenv("SHOAL_CUDA_GEMV_SWIGLU", fused ? "1" : "0", 1);
+            worker_model *m = open_model(names[mi], &c, PAGES);
+            unsetenv("SHOAL_CUDA_GEMV_SWIGLU");
+            if (!m)
+                return;
+            vocab = worker_model_config(m)->vocab;
+            out[fused] = xmalloc((size_t)ROUNDS * vocab * 4);
+            int32_t table[PAGES] = {3, 1, 0, 2}, last = PROMPT - 1, lr = 0, rs = 0;
+            shoal_diag diag = {{0}};
+            worker_forward f = {PROMPT, prompt, ppos, zero, 1, PAGES, table, 1, &last};
+            CHECK_MSG(worker_model_forward(m, &f, out[fused], &diag) == SHOAL_OK, "%s", diag.msg);
+            for (int r = 0; r < ROUNDS; r++) {
+                int32_t pos = PROMPT + r;
+                worker_forward d = {1, &toks[r], &pos, &rs, 1, PAGES, table, 1, &lr};
+                CHECK_MSG(worker_model_forward(m, &d, out[fused] + (size_t)r * vocab, &diag) ==
+                              SHOAL_OK,
+                          "%s", diag.msg);
+            }
+            worker_model_close(m);
+        }
+        size_t differ = count_differing(out[0], out[1], (size_t)ROUNDS * vocab);
+        printf("  %s: swiglu in the GEMV vs the swiglu pass: %zu logits differ\n", names[mi],
+               differ);
+        CHECK_MSG(differ == 0, "%s: one-row rounds with swiglu in the GEMV: %zu logits differ",
+                  names[mi], differ);
+        free(out[0]);
+        free(out[1]);
+    }
+}
+
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_model", argc, argv);
     if (test_sanitize) {
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
         TEST_RUN(graph_rounds_equal_op_by_op_rounds);
+        TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
     } else {
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
         TEST_RUN(graph_rounds_equal_op_by_op_rounds);
+        TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
     }
     return TEST_EXIT();
 }

@@ -349,6 +349,121 @@ static void swiglu_matches_cpu(void)
         }
 }
 
+/* A backend opened with one environment switch set (NULL: none). */
+static kernels_backend *open_gpu_with(const char *name, const char *value)
+{
+    if (name)
+        setenv(name, value, 1);
+    kernels_backend *be = open_backend(test_gpu, act);
+    if (name)
+        unsetenv(name);
+    return be;
+}
+
+/* gate and up projections and their product on `be`, both ways: the op,
+ * and matmul, matmul, swiglu; the op's result into got, the composition's
+ * into ref (f32). Weights wg and wu (device) may be one allocation. */
+static void swiglu_both_ways(kernels_backend *be, const void *din, const void *dwg,
+                             const void *dwu, shoal_dtype wdt, int rows, int n, int k, bool joined,
+                             float *got, float *ref)
+{
+    size_t ab = shoal_dtype_bytes(act), on = (size_t)rows * n;
+    unsigned char *dout = dev_alloc(be, 2 * on * ab), *dref = dev_alloc(be, 2 * on * ab);
+    dev_poison(be, dout, 2 * on * ab);
+    /* at one row with joined weights, [out | up] as the model lays it */
+    void *dup = joined && rows == 1 ? dout + (size_t)n * ab : dout + on * ab;
+    be->matmul_swiglu(be, dout, dup, din, dwg, dwu, wdt, rows, n, k);
+    be->matmul(be, dref, act, din, dwg, wdt, rows, n, k);
+    be->matmul(be, dref + on * ab, act, din, dwu, wdt, rows, n, k);
+    be->swiglu(be, dref, dref, dref + on * ab, rows, n);
+    f32_from_dev(be, got, dout, on, act);
+    f32_from_dev(be, ref, dref, on, act);
+    be->free(be, dout);
+    be->free(be, dref);
+}
+
+/* matmul_swiglu against the CPU's (the composition) within the dtype's
+ * tolerance, and against the GPU's own matmul, matmul, swiglu bit for bit:
+ * the GEMV that forms the product (one row, bf16) sums each projection as
+ * the plain GEMV does and rounds it as the stored projection is rounded.
+ * Odd sizes, joined and separate weights, the 8B model's gate/up shape
+ * (12288 x 4096) at one row, rows 1 to 8 on a backend whose GEMV takes 8
+ * rows, and the switch off (SHOAL_CUDA_GEMV_SWIGLU=0) bit for bit too. */
+static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
+{
+    static const int nk[][2] = {{48, 96}, {129, 256}, {100, 257}, {12288, 4096}};
+    static const int rowss[] = {1, 2, 8, 129};
+    static const shoal_dtype wdt[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F16};
+    kernels_backend *wide = open_gpu_with("SHOAL_CUDA_GEMV_ROWS", "8");
+    kernels_backend *off = open_gpu_with("SHOAL_CUDA_GEMV_SWIGLU", "0");
+    kernels_backend *bes[] = {gpu, wide, off};
+    const char *be_names[] = {"default", "gemv rows 8", "swiglu pass"};
+    int shapes = test_sanitize ? 2 : 4;
+    for (int s = 0; s < shapes; s++)
+        for (int ri = 0; ri < 4; ri++)
+            for (int w = 0; w < 2; w++)
+                for (int joined = 0; joined < 2; joined++) {
+                    int rows = rowss[ri], n = nk[s][0], k = nk[s][1];
+                    bool big = n * k > 1 << 24;
+                    if (big && (rows > 1 || w > 0))
+                        continue; /* the 8B shape: the batch-1 step alone */
+                    size_t wn = (size_t)n * k, wbytes = wn * shoal_dtype_bytes(wdt[w]);
+                    float *in = xmalloc((size_t)rows * k * 4), *wt = xmalloc(wn * 4);
+                    uint16_t *hw = xmalloc(2 * wn * 2); /* [gate | up] */
+                    fill_uniform(in, (size_t)rows * k, 1.0f, act);
+                    for (int half = 0; half < 2; half++) {
+                        fill_uniform(wt, wn, 0.1f, wdt[w]);
+                        for (size_t i = 0; i < wn; i++)
+                            hw[half * wn + i] = wdt[w] == SHOAL_DTYPE_BF16
+                                                    ? shoal_f32_to_bf16(wt[i])
+                                                    : shoal_f32_to_f16(wt[i]);
+                    }
+                    size_t on = (size_t)rows * n;
+                    float *ref = xmalloc(on * 4), *cup = xmalloc(on * 4);
+                    float *got = xmalloc(on * 4), *gref = xmalloc(on * 4);
+                    cpu->matmul_swiglu(cpu, ref, cup, in, hw, hw + wn, wdt[w], rows, n, k);
+                    for (int b = 0; b < 3; b++) {
+                        kernels_backend *be = bes[b];
+                        void *din = dev_from_f32(be, in, (size_t)rows * k, act);
+                        unsigned char *dw;
+                        const void *dwu;
+                        if (joined) {
+                            dw = dev_copy(be, hw, 2 * wbytes);
+                            dwu = dw + wbytes;
+                        } else {
+                            dw = dev_copy(be, hw, wbytes);
+                            dwu = dev_copy(be, hw + wn, wbytes);
+                        }
+                        swiglu_both_ways(be, din, dw, dwu, wdt[w], rows, n, k, joined, got,
+                                         gref);
+                        char shape[112];
+                        snprintf(shape, sizeof shape, "%s rows %d n %d k %d %s, %s",
+                                 shoal_dtype_name(wdt[w]), rows, n, k,
+                                 joined ? "joined" : "apart", be_names[b]);
+                        report("matmul_swiglu", shape, rel_err(got, ref, on), tol_for(act));
+                        size_t bad = count_differing(got, gref, on);
+                        CHECK_MSG(bad == 0,
+                                  "matmul_swiglu %s (%s): %zu elements differ from matmul, "
+                                  "matmul, swiglu",
+                                  shape, act_name(act), bad);
+                        be->free(be, din);
+                        be->free(be, dw);
+                        if (!joined)
+                            be->free(be, (void *)dwu);
+                    }
+                    free(in);
+                    free(wt);
+                    free(hw);
+                    free(ref);
+                    free(cup);
+                    free(got);
+                    free(gref);
+                }
+    CHECK(wide->sync(wide) == SHOAL_OK && off->sync(off) == SHOAL_OK);
+    kernels_backend_close(wide);
+    kernels_backend_close(off);
+}
+
 static void gather_matches_cpu_exactly(void)
 {
     for (int ri = 0; ri < ROW_SIZES; ri++) {
@@ -641,6 +756,7 @@ int main(int argc, char **argv)
             TEST_RUN(kv_write_bytes_equal_cpu_for_bf16_and_fp8);
         }
         TEST_RUN(matmul_every_weight_dtype_matches_cpu);
+        TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
