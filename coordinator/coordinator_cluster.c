@@ -112,7 +112,7 @@ struct coordinator_cluster {
     pthread_t supervisor;
     bool supervisor_started;
     _Atomic long long supervisor_ran_ms; /* the supervisor's last round */
-    volatile bool stopping;
+    atomic_bool stopping;
 };
 
 void coordinator_cluster_options_default(coordinator_cluster_options *o)
@@ -499,7 +499,7 @@ static void *rx_main(void *arg)
 {
     cworker *w = arg;
     coordinator_cluster *c = w->c;
-    while (!c->stopping) {
+    while (!atomic_load(&c->stopping)) {
         void *msg;
         size_t bytes;
         shoal_err err = shm_channel_recv(w->ch, 100, &msg, &bytes);
@@ -616,7 +616,7 @@ static void send_bye(coordinator_cluster *c, const int *workers, int n)
 static void *supervisor_main(void *arg)
 {
     coordinator_cluster *c = arg;
-    while (!c->stopping) {
+    while (!atomic_load(&c->stopping)) {
         struct timespec ts = {0, 50 * 1000000L};
         nanosleep(&ts, NULL);
         atomic_store(&c->supervisor_ran_ms, common_mono_ms());
@@ -893,7 +893,7 @@ void coordinator_cluster_close(coordinator_cluster *c)
     shm_header bye;
     shm_header_init(&bye, SHM_MSG_SHUTDOWN, sizeof bye, 0);
     pthread_mutex_lock(&c->lock);
-    c->stopping = true;
+    atomic_store(&c->stopping, true);
     pthread_mutex_unlock(&c->lock);
     if (c->supervisor_started)
         pthread_join(c->supervisor, NULL);

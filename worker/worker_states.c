@@ -81,6 +81,7 @@ struct worker_states {
     pthread_cond_t done; /* the pump: a read finished */
     bool quit;
     slot *slot;
+    int *placing; /* the pump's list of slots it uploads (its own, no mu) */
     restore_job *jobs;
     double disk_bps; /* blocks a second the readers delivered from disk (EWMA of
                         cold jobs; 0: none yet) */
@@ -138,8 +139,9 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
     st->staging = aligned_alloc(4096, st->staging_bytes);
     st->spill_buf = aligned_alloc(4096, (st->page_bytes + 4095) / 4096 * 4096);
     st->slot = calloc((size_t)st->slots, sizeof *st->slot);
+    st->placing = calloc((size_t)st->slots, sizeof *st->placing);
     st->threads = calloc((size_t)threads, sizeof *st->threads);
-    if (!st->staging || !st->spill_buf || !st->slot || !st->threads) {
+    if (!st->staging || !st->spill_buf || !st->slot || !st->placing || !st->threads) {
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
                              "state store: no memory for %d staging pages of %zu bytes", st->slots,
                              st->page_bytes);
@@ -207,6 +209,7 @@ void worker_states_close(worker_states *st)
     free(st->staging);
     free(st->spill_buf);
     free(st->slot);
+    free(st->placing);
     free(st->threads);
     pthread_cond_destroy(&st->work);
     pthread_cond_destroy(&st->done);
@@ -405,20 +408,15 @@ static void restore_pump(void *ctx, int wait_ms)
             j->state[sl->block] = BLOCK_FAILED;
             slot_release(st, sl);
         } else {
-            sl->state = SLOT_PLACING;
-            placing++;
+            sl->state = SLOT_PLACING; /* readers leave it alone now */
+            st->placing[placing++] = i;
         }
     }
     pthread_mutex_unlock(&st->mu);
-    if (placing == 0) {
-        pthread_cond_broadcast(&st->work);
-        return;
-    }
     /* Jobs end only on this thread, so those being placed stay alive. */
-    for (int i = 0; i < st->slots; i++) {
+    for (int p = 0; p < placing; p++) {
+        int i = st->placing[p];
         slot *sl = &st->slot[i];
-        if (sl->state != SLOT_PLACING)
-            continue;
         bool ok = place(st, sl->job, i, sl->block);
         pthread_mutex_lock(&st->mu);
         sl->job->state[sl->block] = ok ? BLOCK_READY : BLOCK_FAILED;

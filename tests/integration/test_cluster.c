@@ -43,9 +43,11 @@ static void on_event(void *ctx, const shm_event *ev, const char *error)
         r->finish = ev->finish;
         if (error)
             snprintf(r->error, sizeof r->error, "%s", error);
-        atomic_store(&r->done, 1);
     }
     pthread_mutex_unlock(&r->lock);
+    /* last: once done, the waiting thread may drop r */
+    if (ev->finish)
+        atomic_store(&r->done, 1);
 }
 
 static char runtime_dir[64];

@@ -53,9 +53,11 @@ static void on_event(void *ctx, const shm_event *ev, const char *error)
     }
     if (ev->finish) {
         r->finish = ev->finish;
-        atomic_store(&r->done, 1);
     }
     pthread_mutex_unlock(&r->lock);
+    /* last: once done, the waiting thread may drop r */
+    if (ev->finish)
+        atomic_store(&r->done, 1);
 }
 
 static char runtime_dir[64], name[32];
