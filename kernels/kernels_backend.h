@@ -169,6 +169,23 @@ struct kernels_backend {
     void (*kv_write)(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
                      const kernels_batch *batch, int layer, const void *k, const void *v);
 
+    /* The attention block's steps between the q/k/v projections and
+     * attention, as one op: the same function as
+     *   qk_norm_rope(q, rows, heads, hd, heads * hd, q_norm, eps, pos, inv_freq)
+     *   qk_norm_rope(k, rows, kvh, hd, kvh * hd, k_norm, eps, pos, inv_freq)
+     *   kv_write(arena, layout, batch, layer, k, v)
+     * with rows, positions (pos), kv_heads (kvh) and head_dim (hd) from
+     * batch and layout, and the same bits: q and k are updated in place and
+     * k reaches the pages as the stored (rounded) k. q [rows][heads * hd],
+     * k and v [rows][kvh * hd] (act_dtype, device) do not overlap. A
+     * backend may do it in one pass (CUDA at the rows its GEMV takes: one
+     * launch and one round trip to memory instead of three). */
+    void (*qk_norm_rope_kv_write)(kernels_backend *be, void *q, void *k, const void *v, int heads,
+                                  const float *q_norm, const float *k_norm, float eps,
+                                  const float *inv_freq, void *arena,
+                                  const kernels_kv_layout *layout, const kernels_batch *batch,
+                                  int layer);
+
     /* out[rows][heads * head_dim] = softmax(q k^T * scale) v over each row's
      * causal context in the pages of `layer`. GQA: query head h reads KV
      * head h / (heads / kv_heads). */

@@ -715,11 +715,9 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             be->matmul(be, k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
             be->matmul(be, v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
         }
-        be->qk_norm_rope(be, q, rows, c->heads, c->head_dim, q_w, L->q_norm, c->rms_eps,
-                         m->positions, m->inv_freq);
-        be->qk_norm_rope(be, k, rows, c->kv_heads, c->head_dim, kv_w, L->k_norm, c->rms_eps,
-                         m->positions, m->inv_freq);
-        be->kv_write(be, m->arena, &m->kv, &batch, l, k, v);
+        /* q and k normed and rotated in place, k and v into the pages */
+        be->qk_norm_rope_kv_write(be, q, k, v, c->heads, L->q_norm, L->k_norm, c->rms_eps,
+                                  m->inv_freq, m->arena, &m->kv, &batch, l);
         /* the segments' row tables shift with their rows; the page table,
          * indexed by stream, does not */
         for (int s = 0; s < m->segs; s++) {

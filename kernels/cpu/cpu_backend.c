@@ -106,6 +106,7 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->matmul = cpu_matmul;
     be->qk_norm_rope = cpu_qk_norm_rope;
     be->kv_write = cpu_kv_write;
+    be->qk_norm_rope_kv_write = cpu_qk_norm_rope_kv_write;
     be->attention = cpu_attention;
     be->attention_prompt = cpu_attention; /* the same function; no tiles to pick */
     be->swiglu = cpu_swiglu;

@@ -57,3 +57,19 @@ void cpu_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *lay
     struct kv_write_job j = {arena, layout, batch, layer, k, v};
     common_pool_run(cpu_of(be)->pool, batch->rows, kv_write_task, &j);
 }
+
+/* The composition the contract names: nothing to save on the CPU, where
+ * every op already works in place in cache. */
+void cpu_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const void *v, int heads,
+                               const float *q_norm, const float *k_norm, float eps,
+                               const float *inv_freq, void *arena,
+                               const kernels_kv_layout *layout, const kernels_batch *batch,
+                               int layer)
+{
+    int hd = layout->head_dim, kvh = layout->kv_heads;
+    cpu_qk_norm_rope(be, q, batch->rows, heads, hd, heads * hd, q_norm, eps, batch->positions,
+                     inv_freq);
+    cpu_qk_norm_rope(be, k, batch->rows, kvh, hd, kvh * hd, k_norm, eps, batch->positions,
+                     inv_freq);
+    cpu_kv_write(be, arena, layout, batch, layer, k, v);
+}

@@ -298,6 +298,7 @@ static void pick_kernels(cuda_state *st)
     st->attn_fill = env_int("SHOAL_CUDA_ATTN_FILL", legacy ? 0 : 2);
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
+    st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
@@ -412,6 +413,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->matmul = cuda_matmul;
     be->qk_norm_rope = cuda_qk_norm_rope;
     be->kv_write = cuda_kv_write;
+    be->qk_norm_rope_kv_write = cuda_qk_norm_rope_kv_write;
     be->attention = cuda_attention;
     be->attention_prompt = cuda_attention_prompt;
     be->swiglu = cuda_swiglu;

@@ -87,7 +87,10 @@ typedef struct cuda_state {
      * coalesced loads (SHOAL_CUDA_SAMPLE, default 1; 0 = one block a row
      * walking contiguous runs), and SwiGLU formed in the gate/up GEMV's
      * last step where matmul_swiglu takes the GEMV (SHOAL_CUDA_GEMV_SWIGLU,
-     * default 1; 0 = the projections written, then the swiglu kernel). */
+     * default 1; 0 = the projections written, then the swiglu kernel), and
+     * q's and k's norm and rotation with the KV write as one kernel where
+     * the GEMV takes the rows (SHOAL_CUDA_ROPE_KV, default 1; 0 = the
+     * qk_norm_rope kernel twice, then kv_write). */
     int sm_count;
     bool attn_tc;
     int attn_fill;
@@ -95,6 +98,7 @@ typedef struct cuda_state {
     bool graphs;
     bool sample_split;
     bool gemv_swiglu;
+    bool rope_kv_fused;
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
@@ -244,6 +248,42 @@ struct op_max {
     }
 };
 
+/* ---- KV pages (kernels_backend.h's layout) ---- */
+
+/* Row r's page (bytes) in the arena, and its token slot in that page. */
+static __device__ __forceinline__ unsigned char *kv_row_page(unsigned char *arena,
+                                                             const kernels_kv_layout &L,
+                                                             const kernels_batch &B, int r,
+                                                             int *slot)
+{
+    int pos = B.positions[r];
+    int page = B.page_table[(size_t)B.row_stream[r] * (size_t)B.page_table_stride +
+                            (size_t)(pos / L.page_tokens)];
+    *slot = pos % L.page_tokens;
+    return arena + (size_t)page * L.page_bytes;
+}
+
+/* Elements from a page's start to (layer, kv, head, slot, dim 0). */
+static __device__ __forceinline__ size_t kv_head_at(const kernels_kv_layout &L, int layer, int kv,
+                                                    int head, int slot)
+{
+    return ((((size_t)layer * 2 + (size_t)kv) * (size_t)L.kv_heads + (size_t)head) *
+                (size_t)L.page_tokens +
+            (size_t)slot) *
+           (size_t)L.head_dim;
+}
+
+static __device__ __forceinline__ void kv_store(bf16 *dst, float x, float scale)
+{
+    *dst = __float2bfloat16_rn(x);
+}
+
+static __device__ __forceinline__ void kv_store(__nv_fp8_storage_t *dst, float x, float scale)
+{
+    /* a division, as vLLM quantises and as the CPU twin does */
+    *dst = __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
+}
+
 /* ---- the ops (kernels_backend.h has their contracts) ---- */
 
 void cuda_embed(kernels_backend *be, void *out, const void *table, shoal_dtype wdtype,
@@ -257,6 +297,11 @@ void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int he
                        const int32_t *positions, const float *inv_freq);
 void cuda_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
                    const kernels_batch *batch, int layer, const void *k, const void *v);
+void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const void *v, int heads,
+                                const float *q_norm, const float *k_norm, float eps,
+                                const float *inv_freq, void *arena,
+                                const kernels_kv_layout *layout, const kernels_batch *batch,
+                                int layer);
 void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, const void *arena,
                     const kernels_kv_layout *layout, const kernels_batch *batch, int layer,
                     float scale);

@@ -5,41 +5,20 @@
  * encoder. */
 #include "cuda_ops.h"
 
-static __device__ __forceinline__ void kv_store(bf16 *dst, float x, float scale)
-{
-    *dst = __float2bfloat16_rn(x);
-}
-
-static __device__ __forceinline__ void kv_store(__nv_fp8_storage_t *dst, float x, float scale)
-{
-    /* a division, as vLLM quantises and as the CPU twin does */
-    *dst = __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
-}
-
 template <typename T, typename KV>
 static __global__ void kv_write_kernel(unsigned char *arena, kernels_kv_layout L,
                                        kernels_batch B, int layer, const T *k, const T *v)
 {
-    int r = blockIdx.x;
-    int pos = B.positions[r];
-    int stream = B.row_stream[r];
-    int page = B.page_table[(size_t)stream * (size_t)B.page_table_stride +
-                            (size_t)(pos / L.page_tokens)];
-    int slot = pos % L.page_tokens;
+    int r = blockIdx.x, slot;
+    KV *base = (KV *)kv_row_page(arena, L, B, r, &slot);
     int width = L.kv_heads * L.head_dim;
-    KV *base = (KV *)(arena + (size_t)page * L.page_bytes);
     for (int e = threadIdx.x; e < 2 * width; e += blockDim.x) {
         int kv = e / width, rem = e % width;
         int h = rem / L.head_dim, d = rem % L.head_dim;
         float x = to_f32((kv ? v : k)[(size_t)r * (size_t)width + (size_t)rem]);
         const float *scales = kv ? L.v_scale : L.k_scale;
         float scale = scales ? scales[layer * L.kv_heads + h] : 1.0f;
-        size_t at = ((((size_t)layer * 2 + (size_t)kv) * (size_t)L.kv_heads + (size_t)h) *
-                         (size_t)L.page_tokens +
-                     (size_t)slot) *
-                        (size_t)L.head_dim +
-                    (size_t)d;
-        kv_store(base + at, x, scale);
+        kv_store(base + kv_head_at(L, layer, kv, h, slot) + d, x, scale);
     }
 }
 
@@ -48,22 +27,13 @@ static __global__ void kv_write_kernel(unsigned char *arena, kernels_kv_layout L
 static __global__ void kv_write_bf16x8(unsigned char *arena, kernels_kv_layout L, kernels_batch B,
                                        int layer, const uint4 *k, const uint4 *v)
 {
-    int r = blockIdx.x;
-    int pos = B.positions[r];
-    int stream = B.row_stream[r];
-    int page = B.page_table[(size_t)stream * (size_t)B.page_table_stride +
-                            (size_t)(pos / L.page_tokens)];
-    int slot = pos % L.page_tokens;
+    int r = blockIdx.x, slot;
+    uint4 *base = (uint4 *)kv_row_page(arena, L, B, r, &slot);
     int hv = L.head_dim / 8, vw = L.kv_heads * hv; /* vectors a head, a row */
-    uint4 *base = (uint4 *)(arena + (size_t)page * L.page_bytes);
     for (int e = threadIdx.x; e < 2 * vw; e += blockDim.x) {
         int kv = e >= vw, rem = kv ? e - vw : e;
         int h = rem / hv, d = rem % hv;
-        size_t at = ((((size_t)layer * 2 + (size_t)kv) * (size_t)L.kv_heads + (size_t)h) *
-                         (size_t)L.page_tokens +
-                     (size_t)slot) *
-                        (size_t)hv +
-                    (size_t)d;
+        size_t at = kv_head_at(L, layer, kv, h, slot) / 8 + (size_t)d;
         base[at] = (kv ? v : k)[(size_t)r * (size_t)vw + (size_t)rem];
     }
 }

@@ -1,10 +1,75 @@
 /* QK-norm and rotary embedding, in place: the twin of kernels/cpu/rope.c.
  * One warp per (row, head); each lane owns whole rotation pairs (i,
  * i + head_dim / 2), so the in-place update needs no barrier. The normed
- * value stays in float into the rotation, as in the CPU reference. */
+ * value stays in float into the rotation, as in the CPU reference.
+ *
+ * Also qk_norm_rope_kv_write at the rows the GEMV takes: q's heads, k's
+ * heads and v's heads of a row are one launch's warps, k's warps storing
+ * each rotated element twice (in place, and its stored value into the
+ * page), v's copying theirs into the page. One launch and one dependent
+ * round trip instead of three, and launched with programmatic
+ * serialization after the q/k/v GEMV: the page slot and the rotation's
+ * cos and sin are ready before the wait for q, k and v. */
 #include "cuda_ops.h"
 
+extern "C" {
+#include "common/common_limits.h"
+}
+
 enum { ROPE_WARPS = 4 };
+
+/* Rotation pairs a lane holds: i = lane + 32 j for j < ROPE_PAIRS_MAX. */
+#define ROPE_PAIRS_MAX ((SHOAL_MODEL_HEAD_DIM_MAX / 2 + 31) / 32)
+
+/* Norm and rotation of one head at v by one warp, in place; cos_sin(j, i,
+ * &c, &s) gives pair i's (the lane's j-th), and every value stored at v[e]
+ * is also handed to sink(e, value). The one body of both kernels, so the
+ * fused op's bits are the plain kernel's. */
+template <typename T, typename CosSin, typename Sink>
+static __device__ __forceinline__ void norm_rope_head(T *v, int head_dim, int lane,
+                                                      const float *norm_weight, float eps,
+                                                      CosSin cos_sin, Sink sink)
+{
+    float inv = 1.0f;
+    if (norm_weight) {
+        float ss = 0.0f;
+        for (int i = lane; i < head_dim; i += 32) {
+            float e = to_f32(v[i]);
+            ss += e * e;
+        }
+        ss = warp_reduce(ss, op_add());
+        inv = 1.0f / sqrtf(ss / (float)head_dim + eps);
+    }
+    int half = head_dim / 2;
+#pragma unroll
+    for (int j = 0; j < ROPE_PAIRS_MAX; j++) {
+        int i = lane + 32 * j;
+        if (i >= half)
+            break;
+        float a = to_f32(v[i]), b = to_f32(v[i + half]);
+        if (norm_weight) {
+            a = norm_weight[i] * (a * inv);
+            b = norm_weight[i + half] * (b * inv);
+        }
+        float c, s;
+        cos_sin(j, i, &c, &s);
+        T ta = from_f32<T>(a * c - b * s), tb = from_f32<T>(b * c + a * s);
+        v[i] = ta;
+        v[i + half] = tb;
+        sink(i, ta);
+        sink(i + half, tb);
+    }
+}
+
+/* cos and sin of pos * inv_freq[i] (a float32 product, as transformers
+ * computes position * inv_freq) */
+static __device__ __forceinline__ void rope_angle(float pos, const float *inv_freq, int i, float *c,
+                                                  float *s)
+{
+    float f = pos * inv_freq[i];
+    *c = cosf(f);
+    *s = sinf(f);
+}
 
 template <typename T>
 static __global__ void rope_kernel(T *x, int rows, int heads, int head_dim, int row_stride,
@@ -17,30 +82,11 @@ static __global__ void rope_kernel(T *x, int rows, int heads, int head_dim, int 
         return;
     int r = task / heads, h = task % heads;
     T *v = x + (size_t)r * (size_t)row_stride + (size_t)h * (size_t)head_dim;
-    float inv = 1.0f;
-    if (norm_weight) {
-        float ss = 0.0f;
-        for (int i = lane; i < head_dim; i += 32) {
-            float e = to_f32(v[i]);
-            ss += e * e;
-        }
-        ss = warp_reduce(ss, op_add());
-        inv = 1.0f / sqrtf(ss / (float)head_dim + eps);
-    }
-    int half = head_dim / 2;
     float pos = (float)positions[r];
-    for (int i = lane; i < half; i += 32) {
-        float a = to_f32(v[i]), b = to_f32(v[i + half]);
-        if (norm_weight) {
-            a = norm_weight[i] * (a * inv);
-            b = norm_weight[i + half] * (b * inv);
-        }
-        /* float32 product, as transformers computes position * inv_freq */
-        float f = pos * inv_freq[i];
-        float c = cosf(f), s = sinf(f);
-        v[i] = from_f32<T>(a * c - b * s);
-        v[i + half] = from_f32<T>(b * c + a * s);
-    }
+    norm_rope_head(
+        v, head_dim, lane, norm_weight, eps,
+        [&](int, int i, float *c, float *s) { rope_angle(pos, inv_freq, i, c, s); },
+        [](int, T) {});
 }
 
 void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int head_dim,
@@ -48,6 +94,7 @@ void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int he
                        const int32_t *positions, const float *inv_freq)
 {
     SHOAL_ASSERT(rows >= 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0);
+    SHOAL_ASSERT(head_dim <= SHOAL_MODEL_HEAD_DIM_MAX);
     SHOAL_ASSERT(row_stride >= heads * head_dim);
     CUDA_ASSERT_ALIGNED(x, shoal_dtype_bytes(be->act_dtype));
     if (rows == 0 || !cuda_usable(be))
@@ -60,4 +107,120 @@ void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int he
             (T *)x, rows, heads, head_dim, row_stride, norm_weight, eps, positions, inv_freq);
     });
     cuda_launched(be, "qk_norm_rope");
+}
+
+/* Warps (row, task): tasks [0, heads) are q's heads, [heads, heads + kvh)
+ * k's, [heads + kvh, heads + 2 kvh) v's. Every thread waits (pdl_wait)
+ * before it reads q, k or v, and before it returns. */
+template <typename T, typename KV>
+static __global__ void rope_kv_kernel(T *q, T *k, const T *v, int heads, const float *q_norm,
+                                      const float *k_norm, float eps, const float *inv_freq,
+                                      unsigned char *arena, kernels_kv_layout L,
+                                      kernels_batch B, int layer)
+{
+    const int kvh = L.kv_heads, hd = L.head_dim, per_row = heads + 2 * kvh;
+    const int task = blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const bool valid = task < B.rows * per_row;
+    const int r = valid ? task / per_row : 0, t = task % per_row;
+    /* what the GEMV does not write: the rotation and the page slot */
+    float cs[ROPE_PAIRS_MAX], sn[ROPE_PAIRS_MAX];
+    int slot = 0;
+    unsigned char *page = NULL;
+    if (valid && t < heads + kvh) {
+        float pos = (float)B.positions[r];
+#pragma unroll
+        for (int j = 0; j < ROPE_PAIRS_MAX; j++)
+            if (lane + 32 * j < hd / 2)
+                rope_angle(pos, inv_freq, lane + 32 * j, &cs[j], &sn[j]);
+    }
+    if (valid && t >= heads)
+        page = kv_row_page(arena, L, B, r, &slot);
+    pdl_wait();
+    if (!valid)
+        return;
+    auto angle = [&](int j, int, float *c, float *s) {
+        *c = cs[j];
+        *s = sn[j];
+    };
+    if (t < heads) {
+        norm_rope_head(q + ((size_t)r * heads + t) * hd, hd, lane, q_norm, eps, angle,
+                       [](int, T) {});
+        return;
+    }
+    const int kv = t >= heads + kvh, h = t - heads - kv * kvh;
+    const float *scales = kv ? L.v_scale : L.k_scale;
+    const float scale = scales ? scales[layer * kvh + h] : 1.0f;
+    KV *dst = (KV *)page + kv_head_at(L, layer, kv, h, slot);
+    size_t row_at = ((size_t)r * kvh + h) * hd;
+    if (kv) { /* as kv_write: the stored v, converted */
+        for (int d = lane; d < hd; d += 32)
+            kv_store(dst + d, to_f32(v[row_at + d]), scale);
+        return;
+    }
+    /* k rotated, stored, and its stored value converted, as kv_write reads it */
+    norm_rope_head(k + row_at, hd, lane, k_norm, eps, angle,
+                   [&](int d, T x) { kv_store(dst + d, to_f32(x), scale); });
+}
+
+template <typename T, typename KV>
+static void launch_rope_kv(cudaStream_t stream, unsigned blocks, T *q, T *k, const T *v,
+                           int heads, const float *q_norm, const float *k_norm, float eps,
+                           const float *inv_freq, unsigned char *arena,
+                           const kernels_kv_layout &L, const kernels_batch &B, int layer)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(ROPE_WARPS * 32);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, rope_kv_kernel<T, KV>, q, k, v, heads, q_norm, k_norm, eps, inv_freq,
+                       arena, L, B, layer);
+}
+
+void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const void *v, int heads,
+                                const float *q_norm, const float *k_norm, float eps,
+                                const float *inv_freq, void *arena,
+                                const kernels_kv_layout *layout, const kernels_batch *batch,
+                                int layer)
+{
+    const cuda_state *st = cuda_of(be);
+    int rows = batch->rows, kvh = layout->kv_heads, hd = layout->head_dim;
+    if (!st->rope_kv_fused || rows > st->gemv_rows_max) {
+        /* many rows: the plain kernels (kv_write's 16-byte moves) */
+        cuda_qk_norm_rope(be, q, rows, heads, hd, heads * hd, q_norm, eps, batch->positions,
+                          inv_freq);
+        cuda_qk_norm_rope(be, k, rows, kvh, hd, kvh * hd, k_norm, eps, batch->positions,
+                          inv_freq);
+        cuda_kv_write(be, arena, layout, batch, layer, k, v);
+        return;
+    }
+    SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16 || layout->dtype == SHOAL_DTYPE_F8_E4M3);
+    SHOAL_ASSERT(layer >= 0 && layer < layout->layers && rows >= 0 && heads > 0);
+    SHOAL_ASSERT(hd > 0 && hd % 2 == 0 && hd <= SHOAL_MODEL_HEAD_DIM_MAX);
+    size_t ab = shoal_dtype_bytes(be->act_dtype);
+    CUDA_ASSERT_ALIGNED(arena, 16);
+    CUDA_ASSERT_ALIGNED(q, ab);
+    CUDA_ASSERT_ALIGNED(k, ab);
+    CUDA_ASSERT_ALIGNED(v, ab);
+    if (rows == 0 || !cuda_usable(be))
+        return;
+    unsigned blocks = (unsigned)((rows * (heads + 2 * kvh) + ROPE_WARPS - 1) / ROPE_WARPS);
+    cuda_dispatch_act(be->act_dtype, [&](auto act) {
+        using T = decltype(act);
+        if (layout->dtype == SHOAL_DTYPE_BF16)
+            launch_rope_kv<T, bf16>(st->stream, blocks, (T *)q, (T *)k, (const T *)v, heads,
+                                    q_norm, k_norm, eps, inv_freq, (unsigned char *)arena,
+                                    *layout, *batch, layer);
+        else
+            launch_rope_kv<T, __nv_fp8_storage_t>(st->stream, blocks, (T *)q, (T *)k,
+                                                  (const T *)v, heads, q_norm, k_norm, eps,
+                                                  inv_freq, (unsigned char *)arena, *layout,
+                                                  *batch, layer);
+    });
+    cuda_launched(be, "qk_norm_rope_kv_write");
 }

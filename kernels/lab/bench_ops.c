@@ -13,8 +13,10 @@
  * decode attention sweeps "prev" (the defaults before issue #5's sampler
  * and short segments: SHOAL_CUDA_SAMPLE=0 SHOAL_CUDA_ATTN_FILL=0) and
  * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone), and for the
- * decode step's gate/up row "prev" (SHOAL_CUDA_GEMV_SWIGLU=0: the joined
- * GEMV, then the swiglu kernel). All run on the same device memory.
+ * decode step's gate/up row and its q/k norm, rope and KV write row
+ * "prev" (SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0: the joined GEMV,
+ * then the swiglu kernel; qk_norm_rope twice, then kv_write). All run on
+ * the same device memory.
  *
  * Timing: each measurement records `n` calls of one op as a CUDA graph and
  * replays it `reps` times; the figure is the median replay over n. Weights
@@ -87,6 +89,7 @@ typedef enum op_kind {
     OP_ROPE_Q,
     OP_ROPE_K,
     OP_KV_WRITE,
+    OP_ROPE_KV,
     OP_ATTENTION,
     OP_ATTENTION_PROMPT,
     OP_SWIGLU,
@@ -140,6 +143,10 @@ static void call(op *o, int i)
                          o->batch.positions, b->inv_freq);
         break;
     case OP_KV_WRITE: be->kv_write(be, b->arena, &b->kv, &o->batch, 0, b->k, b->v); break;
+    case OP_ROPE_KV:
+        be->qk_norm_rope_kv_write(be, b->q, b->k, b->v, HEADS, b->qk_norm_w, b->qk_norm_w, 1e-6f,
+                                  b->inv_freq, b->arena, &b->kv, &o->batch, 0);
+        break;
     case OP_ATTENTION:
         be->attention(be, b->att, b->q, HEADS, b->arena, &b->kv, &kb, 0, scale);
         break;
@@ -359,7 +366,8 @@ static void row(const char *what, const char *variant, int rows, double s, doubl
 
 /* One layer's ops and the head, both variants; returns the new variant's
  * model time (36 layers + head). */
-/* pb: the defaults but SHOAL_CUDA_GEMV_SWIGLU=0, for the gate/up row */
+/* pb: the defaults but SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0, for
+ * the gate/up row and the rope + KV write row */
 static double step_ops(kernels_backend *nb, kernels_backend *vb, kernels_backend *pb, bufs *b,
                        int streams, int rows_each, int ctx, int n, int reps)
 {
@@ -395,15 +403,26 @@ static double step_ops(kernels_backend *nb, kernels_backend *vb, kernels_backend
             row(mms[i].what, names[vi], rows, time_op(&o, nn, rr),
                 w + r * (o.n + o.k) * act, 2.0 * r * o.n * o.k, mms[i].per_layer, &layer[vi]);
         }
+        /* q's and k's rope and the KV write are timed alone but summed
+         * as the model calls them, one qk_norm_rope_kv_write (below) */
         o.kind = OP_ROPE_Q;
-        row("qk_norm_rope q", names[vi], rows, time_op(&o, nn, rr), r * HEADS * HD * act * 2, 0, 1,
-            &layer[vi]);
+        row("qk_norm_rope q", names[vi], rows, time_op(&o, nn, rr), r * HEADS * HD * act * 2, 0, 0,
+            NULL);
         o.kind = OP_ROPE_K;
-        row("qk_norm_rope k", names[vi], rows, time_op(&o, nn, rr), r * KVH * HD * act * 2, 0, 1,
-            &layer[vi]);
+        row("qk_norm_rope k", names[vi], rows, time_op(&o, nn, rr), r * KVH * HD * act * 2, 0, 0,
+            NULL);
         o.kind = OP_KV_WRITE;
-        row("kv_write", names[vi], rows, time_op(&o, nn, rr), r * KVH * HD * act * 4, 0, 1,
-            &layer[vi]);
+        row("kv_write", names[vi], rows, time_op(&o, nn, rr), r * KVH * HD * act * 4, 0, 0, NULL);
+        /* what the model runs: at one row one kernel (new; "prev" =
+         * SHOAL_CUDA_ROPE_KV=0: the three above); at more rows those three */
+        o.kind = OP_ROPE_KV;
+        double rkv = r * (HEADS + 2 * KVH) * HD * act * 2;
+        row("rope q+k, kv_write", names[vi], rows, time_op(&o, nn, rr), rkv, 0, 1, &layer[vi]);
+        if (vi == 0 && !prefill) {
+            o.be = pb;
+            row("rope q+k, kv_write", "prev", rows, time_op(&o, nn, rr), rkv, 0, 0, NULL);
+            o.be = be;
+        }
         /* attention: the model's choice for the round (prompt op for
          * prompt runs, partials for decode rows) */
         o.kind = prefill ? OP_ATTENTION_PROMPT : OP_ATTENTION;
@@ -547,7 +566,8 @@ int main(int argc, char **argv)
     static const char *const prev_env[] = {"SHOAL_CUDA_SAMPLE=0", "SHOAL_CUDA_ATTN_FILL=0",
                                            NULL};
     static const char *const merge_env[] = {"SHOAL_CUDA_ATTN_FILL=1", NULL};
-    static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", NULL};
+    static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", "SHOAL_CUDA_ROPE_KV=0",
+                                           NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
     kernels_backend *vb = open_variant(device, true, 0, NULL);
     kernels_backend *gb = open_variant(device, false, 8, NULL); /* our GEMV up to 8 rows */

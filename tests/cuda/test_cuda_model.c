@@ -471,14 +471,9 @@ static void graph_rounds_equal_op_by_op_rounds(void)
     free(out[1]);
 }
 
-/* Decode rounds of one row with SwiGLU formed in the gate/up GEMV
- * (SHOAL_CUDA_GEMV_SWIGLU=1, the default) give the same logits, bit for
- * bit, as with the projections written and the swiglu pass after (=0):
- * the GEMV sums each projection in the same order and rounds it to bf16
- * before the product, as the pass reads it. bf16 weights, so the GEMV
- * takes the rows (joined gate/up at one row); the prompt of 17 rows
- * takes the composition on both. */
-static void one_row_swiglu_in_the_gemv_equals_the_swiglu_pass(void)
+/* A prompt and decode rounds of one row on a model opened with the
+ * switch `env` at 0 and at 1 give the same logits, bit for bit. */
+static void one_row_switch_keeps_the_logits(const char *env, const char *what)
 {
     enum { PAGES = 4, ROUNDS = 6, PROMPT = 17 };
     static const char *const names[] = {"qwen3-tied-bf16", "llama3-scaled-bf16"};
@@ -494,9 +489,9 @@ static void one_row_swiglu_in_the_gemv_equals_the_swiglu_pass(void)
         float *out[2] = {NULL, NULL};
         int vocab = 0;
         for (int fused = 0; fused < 2; fused++) {
-            setenv("SHOAL_CUDA_GEMV_SWIGLU", fused ? "1" : "0", 1);
+            setenv(env, fused ? "1" : "0", 1);
             worker_model *m = open_model(names[mi], &c, PAGES);
-            unsetenv("SHOAL_CUDA_GEMV_SWIGLU");
+            unsetenv(env);
             if (!m)
                 return;
             vocab = worker_model_config(m)->vocab;
@@ -515,13 +510,33 @@ static void one_row_swiglu_in_the_gemv_equals_the_swiglu_pass(void)
             worker_model_close(m);
         }
         size_t differ = count_differing(out[0], out[1], (size_t)ROUNDS * vocab);
-        printf("  %s: swiglu in the GEMV vs the swiglu pass: %zu logits differ\n", names[mi],
-               differ);
-        CHECK_MSG(differ == 0, "%s: one-row rounds with swiglu in the GEMV: %zu logits differ",
-                  names[mi], differ);
+        printf("  %s: %s: %zu logits differ\n", names[mi], what, differ);
+        CHECK_MSG(differ == 0, "%s: one-row rounds, %s: %zu logits differ", names[mi], what,
+                  differ);
         free(out[0]);
         free(out[1]);
     }
+}
+
+/* Decode rounds of one row with SwiGLU formed in the gate/up GEMV
+ * (SHOAL_CUDA_GEMV_SWIGLU=1, the default) give the same logits, bit for
+ * bit, as with the projections written and the swiglu pass after (=0):
+ * the GEMV sums each projection in the same order and rounds it to bf16
+ * before the product, as the pass reads it. bf16 weights, so the GEMV
+ * takes the rows (joined gate/up at one row); the prompt of 17 rows
+ * takes the composition on both. */
+static void one_row_swiglu_in_the_gemv_equals_the_swiglu_pass(void)
+{
+    one_row_switch_keeps_the_logits("SHOAL_CUDA_GEMV_SWIGLU", "swiglu in the GEMV vs the pass");
+}
+
+/* The same for q's and k's norm and rope with the KV write as one kernel
+ * at one row (SHOAL_CUDA_ROPE_KV=1, the default) against the three
+ * kernels (=0): the same per-head body, k converted into the pages from
+ * its stored value. Qwen3 (q/k norms) and Llama 3 (none, scaled rope). */
+static void one_row_rope_kv_kernel_equals_the_three_kernels(void)
+{
+    one_row_switch_keeps_the_logits("SHOAL_CUDA_ROPE_KV", "rope + KV write fused vs three kernels");
 }
 
 int main(int argc, char **argv)
@@ -531,11 +546,13 @@ int main(int argc, char **argv)
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
         TEST_RUN(graph_rounds_equal_op_by_op_rounds);
         TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
+        TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
     } else {
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
         TEST_RUN(graph_rounds_equal_op_by_op_rounds);
         TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
+        TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
     }
     return TEST_EXIT();
 }

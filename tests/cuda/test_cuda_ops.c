@@ -464,6 +464,200 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
     kernels_backend_close(off);
 }
 
+/* One case of qk_norm_rope_kv_write on `be`, both ways: the op, and
+ * qk_norm_rope, qk_norm_rope, kv_write on fresh copies of the same inputs;
+ * q, k (f32) and the arena bytes of each. */
+typedef struct rope_kv_out {
+    float *q, *k;
+    unsigned char *arena;
+} rope_kv_out;
+
+typedef struct rope_kv_case {
+    int rows, heads, layer;
+    const kernels_kv_layout *L; /* host scales; the device's are made here */
+    const kernels_batch *B;     /* host arrays */
+    size_t arena_bytes;
+    const float *q, *k, *v, *q_norm, *k_norm, *inv_freq;
+} rope_kv_case;
+
+static void rope_kv_both_ways(kernels_backend *be, const rope_kv_case *c, rope_kv_out *fused,
+                              rope_kv_out *plain)
+{
+    const kernels_kv_layout *L = c->L;
+    int hd = L->head_dim, kvh = L->kv_heads, rows = c->rows;
+    size_t qn = (size_t)rows * c->heads * hd, kn = (size_t)rows * kvh * hd;
+    size_t sn = (size_t)L->layers * kvh;
+    void *dqn = dev_from_f32(be, c->q_norm, (size_t)hd, SHOAL_DTYPE_F32);
+    void *dkn = dev_from_f32(be, c->k_norm, (size_t)hd, SHOAL_DTYPE_F32);
+    void *dinv = dev_from_f32(be, c->inv_freq, (size_t)hd / 2, SHOAL_DTYPE_F32);
+    void *drs = dev_copy(be, c->B->row_stream, (size_t)rows * 4);
+    void *dpos = dev_copy(be, c->B->positions, (size_t)rows * 4);
+    void *dpt = dev_copy(be, c->B->page_table, (size_t)c->B->streams * c->B->page_table_stride * 4);
+    kernels_kv_layout Lg = *L;
+    void *dks = NULL, *dvs = NULL;
+    if (L->k_scale) {
+        dks = dev_from_f32(be, L->k_scale, sn, SHOAL_DTYPE_F32);
+        dvs = dev_from_f32(be, L->v_scale, sn, SHOAL_DTYPE_F32);
+        Lg.k_scale = dks;
+        Lg.v_scale = dvs;
+    }
+    kernels_batch bg = {rows, c->B->streams, c->B->page_table_stride, drs, dpos, dpt};
+    for (int way = 0; way < 2; way++) {
+        rope_kv_out *o = way ? plain : fused;
+        void *dq = dev_from_f32(be, c->q, qn, act), *dk = dev_from_f32(be, c->k, kn, act);
+        void *dv = dev_from_f32(be, c->v, kn, act);
+        void *darena = dev_alloc(be, c->arena_bytes);
+        if (way == 0) {
+            be->qk_norm_rope_kv_write(be, dq, dk, dv, c->heads, dqn, dkn, 1e-6f, dinv, darena,
+                                      &Lg, &bg, c->layer);
+        } else {
+            be->qk_norm_rope(be, dq, rows, c->heads, hd, c->heads * hd, dqn, 1e-6f, dpos, dinv);
+            be->qk_norm_rope(be, dk, rows, kvh, hd, kvh * hd, dkn, 1e-6f, dpos, dinv);
+            be->kv_write(be, darena, &Lg, &bg, c->layer, dk, dv);
+        }
+        f32_from_dev(be, o->q, dq, qn, act);
+        f32_from_dev(be, o->k, dk, kn, act);
+        CHECK(be->download(be, o->arena, darena, c->arena_bytes) == SHOAL_OK);
+        be->free(be, dq);
+        be->free(be, dk);
+        be->free(be, dv);
+        be->free(be, darena);
+    }
+    void *frees[] = {dqn, dkn, dinv, drs, dpos, dpt, dks, dvs};
+    for (int i = 0; i < 8; i++)
+        if (frees[i])
+            be->free(be, frees[i]);
+}
+
+/* The pages as numbers (e4m3 before its scale, the same on both sides). */
+static void pages_as_f32(float *out, const unsigned char *arena, size_t bytes, shoal_dtype kv)
+{
+    if (kv == SHOAL_DTYPE_F8_E4M3)
+        for (size_t i = 0; i < bytes; i++)
+            out[i] = kernels_e4m3_to_f32(arena[i]);
+    else
+        for (size_t i = 0; i < bytes / 2; i++)
+            out[i] = shoal_load_f32(arena, SHOAL_DTYPE_BF16, i);
+}
+
+/* qk_norm_rope_kv_write against the CPU's (the composition) within the
+ * dtype's tolerance, and on every GPU backend against its own
+ * qk_norm_rope, qk_norm_rope, kv_write bit for bit: q, k and every byte
+ * of the arena. The 8B model's shape (32 q heads, 8 KV heads of 128) at
+ * one row, small and odd shapes at 1, 2, 8 and 129 rows, bf16 and fp8
+ * pages (fp8 with per-head scales), positions up to 40,000 (the rotation
+ * far from identity), on the default backend (fused at one row), one
+ * whose GEMV takes 8 rows (fused at up to 8) and one with the switch off
+ * (SHOAL_CUDA_ROPE_KV=0). */
+static void qk_norm_rope_kv_write_matches_cpu_and_the_unfused_ops(void)
+{
+    static const int shapes[][3] = {{2, 1, 12}, {8, 4, 24}, {6, 2, 64}, {32, 8, 128}};
+    static const int rowss[] = {1, 2, 8, 129};
+    static const shoal_dtype kvdt[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3};
+    kernels_backend *wide = open_gpu_with("SHOAL_CUDA_GEMV_ROWS", "8");
+    kernels_backend *off = open_gpu_with("SHOAL_CUDA_ROPE_KV", "0");
+    kernels_backend *bes[] = {gpu, wide, off};
+    const char *be_names[] = {"default", "gemv rows 8", "switch off"};
+    for (int si = 0; si < 4; si++)
+        for (int ri = 0; ri < 4; ri++)
+            for (int d = 0; d < 2; d++) {
+                int heads = shapes[si][0], kvh = shapes[si][1], hd = shapes[si][2];
+                int rows = rowss[ri], layers = 2, layer = 1, pt = 16;
+                if (heads == 32 && rows > 1)
+                    continue; /* the 8B shape: the batch-1 step alone */
+                /* two streams of `per` pages; each row its own slot */
+                int per = (rows + 15) / pt + 2;
+                kernels_kv_layout L;
+                kernels_kv_layout_init(&L, layers, kvh, hd, pt, kvdt[d]);
+                float *scales = xmalloc((size_t)2 * layers * kvh * 4);
+                for (int i = 0; i < 2 * layers * kvh; i++)
+                    scales[i] = 0.5f + 1.5f * fabsf(rnd_uniform());
+                if (kvdt[d] == SHOAL_DTYPE_F8_E4M3) {
+                    L.k_scale = scales;
+                    L.v_scale = scales + layers * kvh;
+                }
+                test_batch b;
+                make_batch(&b, rows, pt, 2 * per);
+                /* the page table holds positions up to 40,000 + per * pt:
+                 * stream s's row i at base_s + i, in the page of that */
+                int32_t *pt_big = xmalloc((size_t)2 * 4096 * 4);
+                int32_t base[2];
+                for (int s = 0; s < 2; s++) {
+                    base[s] = (int32_t)rnd_below(40000);
+                    for (int p = 0; p < 4096; p++)
+                        pt_big[s * 4096 + p] = -1;
+                    for (int p = 0; p < per; p++) /* the shuffled pages, moved up */
+                        pt_big[s * 4096 + base[s] / pt + p] = b.page_table[s * b.stride + p];
+                    base[s] -= base[s] % pt; /* slot i of the first page */
+                }
+                for (int r = 0; r < rows; r++)
+                    b.positions[r] += base[b.row_stream[r]];
+                kernels_batch B = {rows, 2, 4096, b.row_stream, b.positions, pt_big};
+                size_t qn = (size_t)rows * heads * hd, kn = (size_t)rows * kvh * hd;
+                float *q = xmalloc(qn * 4), *k = xmalloc(kn * 4), *v = xmalloc(kn * 4);
+                float *qnw = xmalloc((size_t)hd * 4), *knw = xmalloc((size_t)hd * 4);
+                float *inv = xmalloc((size_t)hd / 2 * 4);
+                fill_uniform(q, qn, 2.0f, act);
+                fill_uniform(k, kn, 2.0f, act);
+                fill_uniform(v, kn, 2.0f, act);
+                for (int i = 0; i < hd; i++) {
+                    qnw[i] = 1.0f + 0.3f * rnd_uniform();
+                    knw[i] = 1.0f + 0.3f * rnd_uniform();
+                }
+                for (int i = 0; i < hd / 2; i++)
+                    inv[i] = powf(1000000.0f, -2.0f * (float)i / (float)hd);
+                size_t bytes = (size_t)2 * per * L.page_bytes;
+                /* the CPU: the composition, f32 */
+                float *cq = xmalloc(qn * 4), *ck = xmalloc(kn * 4);
+                unsigned char *ca = calloc(1, bytes);
+                memcpy(cq, q, qn * 4);
+                memcpy(ck, k, kn * 4);
+                cpu->qk_norm_rope_kv_write(cpu, cq, ck, v, heads, qnw, knw, 1e-6f, inv, ca, &L,
+                                           &B, layer);
+                float *cpages = xmalloc(bytes * 4), *gpages = xmalloc(bytes * 4);
+                pages_as_f32(cpages, ca, bytes, kvdt[d]);
+                rope_kv_case c = {rows, heads, layer, &L, &B, bytes, q, k, v, qnw, knw, inv};
+                rope_kv_out f = {xmalloc(qn * 4), xmalloc(kn * 4), xmalloc(bytes)};
+                rope_kv_out u = {xmalloc(qn * 4), xmalloc(kn * 4), xmalloc(bytes)};
+                for (int bi = 0; bi < 3; bi++) {
+                    rope_kv_both_ways(bes[bi], &c, &f, &u);
+                    char shape[128];
+                    snprintf(shape, sizeof shape, "rows %d heads %d kvh %d hd %d %s pages, %s",
+                             rows, heads, kvh, hd, shoal_dtype_name(kvdt[d]), be_names[bi]);
+                    /* cos and sin of positions up to 40000 differ in the
+                     * last bits between libraries: as qk_norm_rope's test */
+                    double tol = act == SHOAL_DTYPE_F32 ? 1e-5 : tol_for(act);
+                    report("qk_norm_rope_kv_write q", shape, rel_err(f.q, cq, qn), tol);
+                    report("qk_norm_rope_kv_write k", shape, rel_err(f.k, ck, kn), tol);
+                    /* a page element may round the other way (one bf16 or
+                     * e4m3 step) where the inputs differ in the last bits */
+                    pages_as_f32(gpages, f.arena, bytes, kvdt[d]);
+                    size_t pn = kvdt[d] == SHOAL_DTYPE_F8_E4M3 ? bytes : bytes / 2;
+                    report("qk_norm_rope_kv_write pages", shape, rel_err(gpages, cpages, pn),
+                           kvdt[d] == SHOAL_DTYPE_F8_E4M3 ? 0.06 : 6e-3);
+                    size_t bad_q = count_differing(f.q, u.q, qn);
+                    size_t bad_k = count_differing(f.k, u.k, kn);
+                    size_t bad_a = 0;
+                    for (size_t i = 0; i < bytes; i++)
+                        bad_a += f.arena[i] != u.arena[i];
+                    CHECK_MSG(bad_q == 0 && bad_k == 0 && bad_a == 0,
+                              "qk_norm_rope_kv_write %s (%s): %zu q, %zu k elements and %zu "
+                              "arena bytes differ from qk_norm_rope, qk_norm_rope, kv_write",
+                              shape, act_name(act), bad_q, bad_k, bad_a);
+                }
+                free(f.q), free(f.k), free(f.arena);
+                free(u.q), free(u.k), free(u.arena);
+                free(cq), free(ck), free(ca), free(cpages), free(gpages);
+                free(q), free(k), free(v), free(qnw), free(knw), free(inv);
+                free(pt_big);
+                free(scales);
+                free_batch(&b);
+            }
+    CHECK(wide->sync(wide) == SHOAL_OK && off->sync(off) == SHOAL_OK);
+    kernels_backend_close(wide);
+    kernels_backend_close(off);
+}
+
 static void gather_matches_cpu_exactly(void)
 {
     for (int ri = 0; ri < ROW_SIZES; ri++) {
@@ -754,6 +948,7 @@ int main(int argc, char **argv)
             TEST_RUN(swiglu_matches_cpu);
             TEST_RUN(gather_matches_cpu_exactly);
             TEST_RUN(kv_write_bytes_equal_cpu_for_bf16_and_fp8);
+            TEST_RUN(qk_norm_rope_kv_write_matches_cpu_and_the_unfused_ops);
         }
         TEST_RUN(matmul_every_weight_dtype_matches_cpu);
         TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
