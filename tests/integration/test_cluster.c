@@ -206,8 +206,11 @@ static void killed_worker_loses_no_stream(void)
     /* once some tokens flowed, kill worker 0 */
     for (int t = 0; t < 20000; t += 5) {
         int n = 0;
-        for (int i = 0; i < STREAMS; i++)
+        for (int i = 0; i < STREAMS; i++) {
+            pthread_mutex_lock(&got[i].lock);
             n += got[i].n;
+            pthread_mutex_unlock(&got[i].lock);
+        }
         if (n >= 40)
             break;
         usleep(5000);
