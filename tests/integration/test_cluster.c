@@ -28,6 +28,15 @@ typedef struct result {
     atomic_int done;
 } result;
 
+/* Tokens a stream got so far, while its events may still arrive. */
+static int tokens_of(result *r)
+{
+    pthread_mutex_lock(&r->lock);
+    int n = r->n;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
 static void on_event(void *ctx, const shm_event *ev, const char *error)
 {
     result *r = ctx;
@@ -206,11 +215,8 @@ static void killed_worker_loses_no_stream(void)
     /* once some tokens flowed, kill worker 0 */
     for (int t = 0; t < 20000; t += 5) {
         int n = 0;
-        for (int i = 0; i < STREAMS; i++) {
-            pthread_mutex_lock(&got[i].lock);
-            n += got[i].n;
-            pthread_mutex_unlock(&got[i].lock);
-        }
+        for (int i = 0; i < STREAMS; i++)
+            n += tokens_of(&got[i]);
         if (n >= 40)
             break;
         usleep(5000);
@@ -289,10 +295,10 @@ static void cancel_and_reject(void)
     shoal_diag diag = {{0}};
     coordinator_stream_request r = request(0, 40);
     CHECK(coordinator_cluster_submit(c, &r, on_event, &got[0], &id0, &diag) == SHOAL_OK);
-    while (got[0].n < 3)
+    while (tokens_of(&got[0]) < 3)
         usleep(1000);
     coordinator_cluster_cancel(c, id0);
-    int n_at_cancel = got[0].n;
+    int n_at_cancel = tokens_of(&got[0]);
     /* a prompt that fits the context but not the pool of 32 pages */
     static int32_t big[1000];
     coordinator_stream_request rb = request(1, 1);
