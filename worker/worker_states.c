@@ -521,8 +521,11 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
               resident == 1;
     j->t0 = common_mono_ns();
     pthread_mutex_lock(&st->mu);
-    /* the engine's first chunk: its share of the history, at most */
-    int share = engine_share(st, j, k, speed);
+    /* the engine's first chunk: its share of the history, at most; a
+     * history on disk that fits in that chunk is computed whole (the
+     * chunk costs a step either way, and the disk's first reads alone
+     * take about as long as a step) */
+    int share = !st->read_all && !j->warm && k <= claim ? k : engine_share(st, j, k, speed);
     for (int b = 0; b < claim && b < share; b++)
         j->state[b] = BLOCK_COMPUTE;
     restore_job **p = &st->jobs;
