@@ -464,6 +464,151 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
     kernels_backend_close(off);
 }
 
+/* One call of rmsnorm_matmul on `be`, and the composition it stands for
+ * (rmsnorm, then matmul or matmul_swiglu) on a second copy of x: each
+ * call adds the residual into its own x. out's and x's values after the
+ * call (f32) into got/got_x (the op) and ref/ref_x (the composition). */
+typedef struct norm_mm_case {
+    int rows, n, k;
+    bool swiglu;
+    void *dx, *dx_ref;  /* [rows][k] act: x of the op, of the composition */
+    const void *dres;   /* [rows][k] act, or NULL */
+    const float *dnorm; /* [k] F32 */
+    const void *dw;     /* [n][k] bf16, with the up weights after it for swiglu */
+} norm_mm_case;
+
+static void norm_mm_both_ways(kernels_backend *be, const norm_mm_case *c, float *got,
+                              float *got_x, float *ref, float *ref_x)
+{
+    size_t ab = shoal_dtype_bytes(act), on = (size_t)c->rows * c->n,
+           xn = (size_t)c->rows * c->k;
+    const void *dwu = c->swiglu ? (const unsigned char *)c->dw + (size_t)c->n * c->k * 2 : NULL;
+    unsigned char *dout = dev_alloc(be, 2 * on * ab), *dref = dev_alloc(be, 2 * on * ab);
+    unsigned char *dh = dev_alloc(be, xn * ab);
+    dev_poison(be, dout, 2 * on * ab);
+    /* at one row, [out | up] as the model lays it */
+    void *up = c->rows == 1 ? dout + (size_t)c->n * ab : dout + on * ab;
+    be->rmsnorm_matmul(be, dout, c->swiglu ? up : NULL, dh, c->dx, c->dres, c->dnorm, 1e-6f,
+                       c->dw, dwu, SHOAL_DTYPE_BF16, c->rows, c->n, c->k);
+    be->rmsnorm(be, dh, c->dx_ref, c->dres, c->dnorm, c->rows, c->k, 1e-6f);
+    if (c->swiglu)
+        be->matmul_swiglu(be, dref, dref + on * ab, dh, c->dw, dwu, SHOAL_DTYPE_BF16, c->rows,
+                          c->n, c->k);
+    else
+        be->matmul(be, dref, act, dh, c->dw, SHOAL_DTYPE_BF16, c->rows, c->n, c->k);
+    f32_from_dev(be, got, dout, on, act);
+    f32_from_dev(be, ref, dref, on, act);
+    f32_from_dev(be, got_x, c->dx, xn, act);
+    f32_from_dev(be, ref_x, c->dx_ref, xn, act);
+    be->free(be, dout);
+    be->free(be, dref);
+    be->free(be, dh);
+}
+
+/* rmsnorm_matmul against the CPU's (the composition) within the dtype's
+ * tolerance, x + residual as stored exactly, and against the GPU's own
+ * rmsnorm then matmul (or matmul_swiglu) bit for bit, out and x, on two
+ * calls in a row on the same x (the GEMV that takes the norm at one row
+ * writes x once a launch, by its last block, and must leave its counter
+ * ready for the next). Row lengths k that give the rmsnorm kernel 128,
+ * 256 and 512 threads, some with two vectors a thread, an odd k (the
+ * composition), the 8B model's q/k/v (6144 x 4096) and gate/up (12288 x
+ * 4096) at one row, with and without the residual, and the switch off
+ * (SHOAL_CUDA_NORM_GEMV=0) the same. */
+static void rmsnorm_matmul_matches_cpu_and_the_unfused_ops(void)
+{
+    static const int nk[][2] = {{129, 96}, {100, 1032}, {48, 2048}, {130, 4104}, {33, 257},
+                                {6144, 4096}, {12288, 4096}};
+    static const int rowss[] = {1, 3};
+    kernels_backend *off = open_gpu_with("SHOAL_CUDA_NORM_GEMV", "0");
+    kernels_backend *bes[] = {gpu, off};
+    const char *be_names[] = {"default", "rmsnorm pass"};
+    int shapes = test_sanitize ? 3 : 7;
+    for (int s = 0; s < shapes; s++)
+        for (int ri = 0; ri < 2; ri++)
+            for (int sw = 0; sw < 2; sw++)
+                for (int with_res = 0; with_res < 2; with_res++) {
+                    int rows = rowss[ri], n = nk[s][0], k = nk[s][1];
+                    bool big = n >= 6144;
+                    if (big && (rows > 1 || sw != (n == 12288)))
+                        continue; /* the 8B shapes: the batch-1 step alone */
+                    size_t wn = (size_t)n * k * (sw ? 2 : 1), xn = (size_t)rows * k,
+                           on = (size_t)rows * n;
+                    float *x = xmalloc(xn * 4), *res = xmalloc(xn * 4), *nw = xmalloc(k * 4);
+                    float *wt = xmalloc(wn * 4);
+                    uint16_t *hw = xmalloc(wn * 2);
+                    fill_uniform(x, xn, 2.0f, act);
+                    fill_uniform(res, xn, 2.0f, act);
+                    for (int i = 0; i < k; i++)
+                        nw[i] = 1.0f + 0.5f * rnd_uniform();
+                    fill_uniform(wt, wn, 0.1f, SHOAL_DTYPE_BF16);
+                    for (size_t i = 0; i < wn; i++)
+                        hw[i] = shoal_f32_to_bf16(wt[i]);
+                    /* the CPU: one call */
+                    float *ref = xmalloc(2 * on * 4), *cx = xmalloc(xn * 4),
+                          *ch = xmalloc(xn * 4);
+                    memcpy(cx, x, xn * 4);
+                    cpu->rmsnorm_matmul(cpu, ref, sw ? ref + on : NULL, ch, cx,
+                                        with_res ? res : NULL, nw, 1e-6f, hw,
+                                        sw ? hw + (size_t)n * k : NULL, SHOAL_DTYPE_BF16, rows,
+                                        n, k);
+                    for (size_t i = 0; i < xn; i++)
+                        cx[i] = round_to(cx[i], act);
+                    float *got = xmalloc(on * 4), *gref = xmalloc(on * 4);
+                    float *gx = xmalloc(xn * 4), *gxref = xmalloc(xn * 4);
+                    for (int b = 0; b < 2; b++) {
+                        kernels_backend *be = bes[b];
+                        norm_mm_case c = {.rows = rows, .n = n, .k = k, .swiglu = sw != 0};
+                        c.dx = dev_from_f32(be, x, xn, act);
+                        c.dx_ref = dev_from_f32(be, x, xn, act);
+                        void *dres = dev_from_f32(be, res, xn, act);
+                        c.dres = with_res ? dres : NULL;
+                        c.dnorm = dev_from_f32(be, nw, (size_t)k, SHOAL_DTYPE_F32);
+                        c.dw = dev_copy(be, hw, wn * 2);
+                        char shape[112];
+                        snprintf(shape, sizeof shape, "rows %d n %d k %d %s res %d, %s", rows, n,
+                                 k, sw ? "swiglu" : "plain", with_res, be_names[b]);
+                        for (int call = 0; call < 2; call++) {
+                            norm_mm_both_ways(be, &c, got, gx, gref, gxref);
+                            if (call == 0) {
+                                report("rmsnorm_matmul", shape, rel_err(got, ref, on),
+                                       tol_for(act));
+                                size_t bad = count_differing(gx, cx, xn);
+                                CHECK_MSG(bad == 0,
+                                          "rmsnorm_matmul %s (%s): x + residual differs from "
+                                          "the cpu's in %zu elements",
+                                          shape, act_name(act), bad);
+                            }
+                            size_t bad = count_differing(got, gref, on),
+                                   bad_x = count_differing(gx, gxref, xn);
+                            CHECK_MSG(bad == 0 && bad_x == 0,
+                                      "rmsnorm_matmul %s (%s), call %d: %zu elements of out and "
+                                      "%zu of x differ from rmsnorm, then the matmul",
+                                      shape, act_name(act), call + 1, bad, bad_x);
+                        }
+                        be->free(be, c.dx);
+                        be->free(be, c.dx_ref);
+                        be->free(be, dres);
+                        be->free(be, (void *)c.dnorm);
+                        be->free(be, (void *)c.dw);
+                    }
+                    free(x);
+                    free(res);
+                    free(nw);
+                    free(wt);
+                    free(hw);
+                    free(ref);
+                    free(cx);
+                    free(ch);
+                    free(got);
+                    free(gref);
+                    free(gx);
+                    free(gxref);
+                }
+    CHECK(off->sync(off) == SHOAL_OK);
+    kernels_backend_close(off);
+}
+
 /* One case of qk_norm_rope_kv_write on `be`, both ways: the op, and
  * qk_norm_rope, qk_norm_rope, kv_write on fresh copies of the same inputs;
  * q, k (f32) and the arena bytes of each. */
@@ -952,6 +1097,7 @@ int main(int argc, char **argv)
         }
         TEST_RUN(matmul_every_weight_dtype_matches_cpu);
         TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
+        TEST_RUN(rmsnorm_matmul_matches_cpu_and_the_unfused_ops);
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
