@@ -222,22 +222,6 @@ struct kernels_backend {
                           const void *wg, const void *wu, shoal_dtype wdtype, int rows, int n,
                           int k);
 
-    /* The input norm and the projection after it, as one op: the same
-     * function as
-     *   rmsnorm(h, x, residual, norm_weight, rows, k, eps)
-     *   matmul(out, act_dtype, h, w, wdtype, rows, n, k)       (wu NULL)
-     *   matmul_swiglu(out, up, h, w, wu, wdtype, rows, n, k)   (wu set)
-     * x [rows][k] is updated in place as rmsnorm updates it (x += residual
-     * where residual is not NULL); h [rows][k] is the op's scratch, its
-     * contents undefined afterwards; up as matmul_swiglu's (unused
-     * without wu). out overlaps neither x nor residual. A backend may
-     * form the normed input inside its matmul (the CUDA GEMV at one row:
-     * no rmsnorm pass, h never written). */
-    void (*rmsnorm_matmul)(kernels_backend *be, void *out, void *up, void *h, void *x,
-                           const void *residual, const float *norm_weight, float eps,
-                           const void *w, const void *wu, shoal_dtype wdtype, int rows, int n,
-                           int k);
-
     /* out[i] = in[idx[i]] for rows of dim (act_dtype). */
     void (*gather)(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                    int dim);

@@ -702,16 +702,15 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
     for (int l = 0; l < c->layers; l++) {
         const model_layer *L = &m->layers[l];
         void *q = m->q, *k = m->k, *v = m->v;
+        be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
         if (one_row && L->qkv_joined && qkv_room) {
-            /* one row of [q | k | v] in the up buffer, free until the MLP;
-             * the norm may be taken by the matmul */
+            /* one row of [q | k | v] in the up buffer, free until the MLP */
             q = m->up;
             k = (unsigned char *)q + (size_t)q_w * a;
             v = (unsigned char *)k + (size_t)kv_w * a;
-            be->rmsnorm_matmul(be, q, NULL, m->h, m->x, pending, L->attn_norm, c->rms_eps,
-                               L->q.data, NULL, L->q.dtype, 1, q_w + 2 * kv_w, c->hidden);
+            be->matmul(be, q, be->act_dtype, m->h, L->q.data, L->q.dtype, 1, q_w + 2 * kv_w,
+                       c->hidden);
         } else {
-            be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
             be->matmul(be, q, be->act_dtype, m->h, L->q.data, L->q.dtype, rows, q_w, c->hidden);
             be->matmul(be, k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
             be->matmul(be, v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
@@ -734,18 +733,17 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
         }
         be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
                    q_w);
+        be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
         if (L->gate.dtype == L->up.dtype) {
             /* one row of joined weights: [gate | up] in the gate buffer,
              * which the backend may take as one matmul (or as a GEMV that
-             * forms the normed input and writes the product alone) */
+             * writes the product alone) */
             void *up = one_row && L->gate_up_joined && gate_up_room
                            ? (unsigned char *)m->gate + (size_t)c->intermediate * a
                            : m->up;
-            be->rmsnorm_matmul(be, m->gate, up, m->h, m->x, m->pend, L->mlp_norm, c->rms_eps,
-                               L->gate.data, L->up.data, L->gate.dtype, rows, c->intermediate,
-                               c->hidden);
+            be->matmul_swiglu(be, m->gate, up, m->h, L->gate.data, L->up.data, L->gate.dtype,
+                              rows, c->intermediate, c->hidden);
         } else {
-            be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
             be->matmul(be, m->gate, be->act_dtype, m->h, L->gate.data, L->gate.dtype, rows,
                        c->intermediate, c->hidden);
             be->matmul(be, m->up, be->act_dtype, m->h, L->up.data, L->up.dtype, rows,

@@ -111,7 +111,6 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->attention_prompt = cpu_attention; /* the same function; no tiles to pick */
     be->swiglu = cpu_swiglu;
     be->matmul_swiglu = cpu_matmul_swiglu;
-    be->rmsnorm_matmul = cpu_rmsnorm_matmul;
     be->gather = cpu_gather;
     be->sample = cpu_sample;
     be->fill_random = cpu_fill_random;

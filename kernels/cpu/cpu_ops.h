@@ -42,10 +42,6 @@ void cpu_swiglu(kernels_backend *be, void *out, const void *gate, const void *up
                 int dim);
 void cpu_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
                        const void *wu, shoal_dtype wdtype, int rows, int n, int k);
-void cpu_rmsnorm_matmul(kernels_backend *be, void *out, void *up, void *h, void *x,
-                        const void *residual, const float *norm_weight, float eps,
-                        const void *w, const void *wu, shoal_dtype wdtype, int rows, int n,
-                        int k);
 void cpu_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                 int dim);
 void cpu_sample(kernels_backend *be, kernels_sample_result *results, const float *logits, int rows,

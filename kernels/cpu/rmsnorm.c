@@ -50,17 +50,3 @@ void cpu_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
     struct rmsnorm_job j = {out, x, residual, weight, dim, eps};
     common_pool_run(cpu_of(be)->pool, rows, rmsnorm_task, &j);
 }
-
-/* The norm, then the projection (or the gate/up pair and their product):
- * the composition that defines the op (kernels_backend.h). */
-void cpu_rmsnorm_matmul(kernels_backend *be, void *out, void *up, void *h, void *x,
-                        const void *residual, const float *norm_weight, float eps,
-                        const void *w, const void *wu, shoal_dtype wdtype, int rows, int n,
-                        int k)
-{
-    cpu_rmsnorm(be, h, x, residual, norm_weight, rows, k, eps);
-    if (wu)
-        cpu_matmul_swiglu(be, out, up, h, w, wu, wdtype, rows, n, k);
-    else
-        cpu_matmul(be, out, SHOAL_DTYPE_F32, h, w, wdtype, rows, n, k);
-}

@@ -206,7 +206,6 @@ static void cuda_close(kernels_backend *be)
         free(st->allocs.ptr);
         cudaFree(st->attn_scratch);
         cudaFree(st->sample_parts);
-        cudaFree(st->gemv_arrived);
         cudaFree(st->cublas_workspace);
         if (st->cublas)
             cublasDestroy(st->cublas);
@@ -300,7 +299,6 @@ static void pick_kernels(cuda_state *st)
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;
-    st->norm_gemv = env_int("SHOAL_CUDA_NORM_GEMV", legacy ? 0 : 1) != 0;
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
@@ -375,13 +373,6 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
                              cudaGetErrorString(e));
         goto out_close;
     }
-    if ((e = cudaMalloc(&st->gemv_arrived, sizeof *st->gemv_arrived)) != cudaSuccess ||
-        (e = cudaMemset(st->gemv_arrived, 0, sizeof *st->gemv_arrived)) != cudaSuccess) {
-        err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
-                             "cuda: GPU %d: no memory for the GEMV's counter: %s", device,
-                             cudaGetErrorString(e));
-        goto out_close;
-    }
     if ((e = cudaMalloc(&st->cublas_workspace, CUDA_CUBLAS_WORKSPACE_BYTES)) != cudaSuccess) {
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM, "cuda: GPU %d: no memory for cuBLAS: %s",
                              device, cudaGetErrorString(e));
@@ -427,7 +418,6 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->attention_prompt = cuda_attention_prompt;
     be->swiglu = cuda_swiglu;
     be->matmul_swiglu = cuda_matmul_swiglu;
-    be->rmsnorm_matmul = cuda_rmsnorm_matmul;
     be->gather = cuda_gather;
     be->sample = cuda_sample;
     be->fill_random = cuda_fill_random;

@@ -90,10 +90,7 @@ typedef struct cuda_state {
      * default 1; 0 = the projections written, then the swiglu kernel), and
      * q's and k's norm and rotation with the KV write as one kernel where
      * the GEMV takes the rows (SHOAL_CUDA_ROPE_KV, default 1; 0 = the
-     * qk_norm_rope kernel twice, then kv_write), and the input RMSNorm
-     * (with its residual add) taken by the GEMV after it at one row
-     * (SHOAL_CUDA_NORM_GEMV, default 1; 0 = the rmsnorm kernel, then the
-     * GEMV). */
+     * qk_norm_rope kernel twice, then kv_write). */
     int sm_count;
     bool attn_tc;
     int attn_fill;
@@ -102,12 +99,6 @@ typedef struct cuda_state {
     bool sample_split;
     bool gemv_swiglu;
     bool rope_kv_fused;
-    bool norm_gemv;
-    /* One counter (device, zero between launches) of the blocks of a GEMV
-     * with the input norm that have read x: the last one writes x + the
-     * residual back (matmul.cu). Launches on the stream never overlap past
-     * their pdl_wait, so one serves them all. */
-    unsigned *gemv_arrived;
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
@@ -257,59 +248,6 @@ struct op_max {
     }
 };
 
-/* ---- RMSNorm of bf16 rows in 16-byte vectors ----
- * The arithmetic of rmsnorm_bf16x8 (rmsnorm.cu), shared with the GEMV that
- * takes the norm itself (matmul.cu): one definition, so both round and sum
- * alike. A row of `vecs` vectors is summed by rmsnorm_x8_threads(vecs)
- * threads, thread t taking vectors t, t + threads, ... in order, each
- * warp's partials by warp_reduce, then the warps' sums in warp order. */
-static __host__ __device__ __forceinline__ int rmsnorm_x8_threads(int vecs)
-{
-    return vecs >= 512 ? 512 : vecs >= 256 ? 256 : 128;
-}
-
-/* bf16(x + r) element by element: the stored residual stream. */
-static __device__ __forceinline__ uint4 bf16x8_add(uint4 x, uint4 r)
-{
-    bf16 *xe = (bf16 *)&x;
-    const bf16 *re = (const bf16 *)&r;
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        xe[j] = __float2bfloat16_rn(__bfloat162float(xe[j]) + __bfloat162float(re[j]));
-    return x;
-}
-
-/* ss plus the squares of the 8 elements, in order. */
-static __device__ __forceinline__ float bf16x8_sum_squares(uint4 x, float ss)
-{
-    const bf16 *xe = (const bf16 *)&x;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float v = __bfloat162float(xe[j]);
-        ss += v * v;
-    }
-    return ss;
-}
-
-static __device__ __forceinline__ float rms_inv(float ss, int dim, float eps)
-{
-    return 1.0f / sqrtf(ss / (float)dim + eps);
-}
-
-/* bf16(weight * (x * inv)) for 8 elements; w8 16-byte aligned. */
-static __device__ __forceinline__ uint4 bf16x8_rms_scale(uint4 x, const float *w8, float inv)
-{
-    uint4 o;
-    const bf16 *xe = (const bf16 *)&x;
-    bf16 *oe = (bf16 *)&o;
-    const float4 w0 = __ldg((const float4 *)w8), w1 = __ldg((const float4 *)w8 + 1);
-    const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        oe[j] = __float2bfloat16_rn(w[j] * (__bfloat162float(xe[j]) * inv));
-    return o;
-}
-
 /* ---- KV pages (kernels_backend.h's layout) ---- */
 
 /* Row r's page (bytes) in the arena, and its token slot in that page. */
@@ -371,10 +309,6 @@ void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *u
                  int dim);
 void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
                         const void *wu, shoal_dtype wdtype, int rows, int n, int k);
-void cuda_rmsnorm_matmul(kernels_backend *be, void *out, void *up, void *h, void *x,
-                         const void *residual, const float *norm_weight, float eps,
-                         const void *w, const void *wu, shoal_dtype wdtype, int rows, int n,
-                         int k);
 void cuda_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                  int dim);
 void cuda_sample(kernels_backend *be, kernels_sample_result *results, const float *logits,

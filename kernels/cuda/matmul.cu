@@ -81,29 +81,17 @@ static __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b)
     return s;
 }
 
-/* The input, read by every warp: from global memory through L1 (__ldg),
- * or from shared memory where the block formed it (the input norm). */
-template <bool SHARED> static __device__ __forceinline__ uint4 ld_in(const uint4 *p)
-{
-    if constexpr (SHARED)
-        return *p;
-    else
-        return __ldg(p);
-}
-
 /* One warp's dot products of weight row wr (chunks 16-byte chunks) with
  * the R input rows at x, lane-local in ascending chunk order (so a row's
  * sum is the same whichever kernel streams it); acc is the lane's part.
  * Launched with programmatic serialization (pdl_wait in cuda_ops.h): the
  * first GEMV_UNROLL loads of each lane, weights only, are issued before
  * waiting for the kernel that writes the input, so the weight stream
- * starts while that kernel drains; then every thread of the block runs
- * `prologue` (the input norm, which syncs the block; else nothing). A
- * warp without a row (valid false) waits, runs the prologue and adds
- * nothing. */
-template <int R, bool SHARED_X, typename P>
+ * starts while that kernel drains. A warp without a row (valid false)
+ * waits and adds nothing. */
+template <int R>
 static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr, const uint4 *x,
-                                                int chunks, int lane, bool valid, P prologue)
+                                                int chunks, int lane, bool valid)
 {
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -118,7 +106,6 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr
         for (int u = 0; u < GEMV_UNROLL; u++)
             wv[u] = ld_stream16(wr + c + u * 32);
     pdl_wait();
-    prologue();
     if (!valid)
         return;
     if (first) {
@@ -126,7 +113,7 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr
         for (int u = 0; u < GEMV_UNROLL; u++)
 #pragma unroll
             for (int r = 0; r < R; r++)
-                acc[r] += dot8_bf16(wv[u], ld_in<SHARED_X>(x + (size_t)r * chunks + c + u * 32));
+                acc[r] += dot8_bf16(wv[u], __ldg(x + (size_t)r * chunks + c + u * 32));
         c += GEMV_UNROLL * 32;
     }
     for (; c + (GEMV_UNROLL - 1) * 32 < chunks; c += GEMV_UNROLL * 32) {
@@ -137,88 +124,14 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr
         for (int u = 0; u < GEMV_UNROLL; u++)
 #pragma unroll
             for (int r = 0; r < R; r++)
-                acc[r] += dot8_bf16(wv[u], ld_in<SHARED_X>(x + (size_t)r * chunks + c + u * 32));
+                acc[r] += dot8_bf16(wv[u], __ldg(x + (size_t)r * chunks + c + u * 32));
     }
     for (; c < chunks; c += 32) {
         uint4 w1 = ld_stream16(wr + c);
 #pragma unroll
         for (int r = 0; r < R; r++)
-            acc[r] += dot8_bf16(w1, ld_in<SHARED_X>(x + (size_t)r * chunks + c));
+            acc[r] += dot8_bf16(w1, __ldg(x + (size_t)r * chunks + c));
     }
-}
-
-/* The input norm of rmsnorm_matmul at one row: x, its residual and the
- * norm's weight (device); arrived is cuda_state's gemv_arrived. */
-typedef struct gemv_norm {
-    bf16 *x;
-    const bf16 *residual; /* NULL: nothing to add, x is not written */
-    const float *weight;
-    float eps;
-    unsigned *arrived;
-} gemv_norm;
-
-/* Every block forms the normed input row hs[k / 8] in shared memory from x
- * (+ residual): rmsnorm_bf16x8's values, to the bit. Its block of
- * rmsnorm_x8_threads(k / 8) threads (T: 128, 256 or 512) is played by
- * this one of 128: thread t takes the sums of threads t, t + 128, ...
- * below T, each over the same vectors in the same order, reduces each
- * across the warp by the same shuffle tree (128 is a multiple of 32, so
- * lanes and warps line up: the sum of T's warp w + 4 j is this warp w's
- * j-th), and all T / 32 warp sums are added in warp order. So the sum of
- * squares, the scale and every rounded input element are those of the
- * rmsnorm kernel, and the dot products those of the GEMV after it.
- *
- * x += residual is written once, by the last block to have read x: a
- * block that read x after another wrote it would add the residual twice.
- * Each block's reads of x are consumed before its barrier, then thread 0
- * counts the block in (after a fence); the block that makes the count
- * gridDim.x writes x from its copy of the sum and sets the count back to
- * zero for the next launch. Rows of k a block keeps in shared memory:
- * 16 KiB of the 48 the launch may take without opting in (at 4,096, 8 KiB),
- * at 16 blocks a multiprocessor 128 KiB of the 228 the H200 has. */
-static __device__ __forceinline__ void gemv_norm_input(uint4 *hs, const gemv_norm &nm, int k)
-{
-    constexpr int NT = GEMV_WARPS * 32;
-    __shared__ float red[32];
-    __shared__ bool last;
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const int vecs = k / 8, T = rmsnorm_x8_threads(vecs);
-    uint4 *xv = (uint4 *)nm.x;
-    const uint4 *rv = (const uint4 *)nm.residual;
-    for (int j = 0; j < T / NT; j++) {
-        float ss = 0.0f;
-        /* plain loads of x: this kernel writes it (never __ldg) */
-        for (int i = t + j * NT; i < vecs; i += T) {
-            uint4 v = xv[i];
-            if (rv)
-                v = bf16x8_add(v, __ldg(rv + i));
-            hs[i] = v; /* i % NT == t: only this thread reads it back */
-            ss = bf16x8_sum_squares(v, ss);
-        }
-        ss = warp_reduce(ss, op_add());
-        if (lane == 0)
-            red[warp + j * GEMV_WARPS] = ss;
-    }
-    __syncthreads();
-    float ss = red[0];
-    for (int w = 1; w < T / 32; w++)
-        ss += red[w];
-    const float inv = rms_inv(ss, k, nm.eps);
-    if (rv && t == 0) {
-        __threadfence();
-        last = atomicAdd(nm.arrived, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    const bool writer = rv && last;
-    for (int i = t; i < vecs; i += NT) {
-        uint4 v = hs[i];
-        if (writer)
-            xv[i] = v;
-        hs[i] = bf16x8_rms_scale(v, nm.weight + 8 * (size_t)i, inv);
-    }
-    if (writer && t == 0)
-        *nm.arrived = 0;
-    __syncthreads();
 }
 
 /* out[R][n] = in[R][k] x w[n][k]^T, one warp a weight row. With SWIGLU
@@ -230,12 +143,10 @@ static __device__ __forceinline__ void gemv_norm_input(uint4 *hs, const gemv_nor
  * product. g and u are rounded to O first, as the projections would be
  * stored, and silu is the swiglu kernel's expression, so the result is
  * bit for bit that of the GEMV, then swiglu. */
-template <int R, typename O, bool SWIGLU, bool NORM>
+template <int R, typename O, bool SWIGLU>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    matmul_gemv(O *out, const bf16 *in, const bf16 *w, const bf16 *w2, int n, int k, gemv_norm nm)
+    matmul_gemv(O *out, const bf16 *in, const bf16 *w, const bf16 *w2, int n, int k)
 {
-    static_assert(!NORM || R == 1, "the input norm is taken at one row");
-    extern __shared__ uint4 gemv_h[]; /* NORM: the normed input, k / 8 vectors */
     pdl_trigger();
     constexpr int ROWS = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS; /* output columns a block */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -243,11 +154,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const bool valid = row < n;
     const bf16 *wm = SWIGLU && warp >= ROWS ? w2 : w;
     float acc[R];
-    gemv_dot<R, NORM>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k),
-                      NORM ? gemv_h : (const uint4 *)in, k / 8, lane, valid, [&] {
-                          if constexpr (NORM)
-                              gemv_norm_input(gemv_h, nm, k);
-                      });
+    gemv_dot<R>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k), (const uint4 *)in, k / 8,
+                lane, valid);
     if constexpr (!SWIGLU) {
         if (!valid)
             return;
@@ -277,39 +185,33 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-template <int R, typename O, bool SWIGLU, bool NORM>
+template <int R, typename O, bool SWIGLU>
 static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
-                          const bf16 *w, const bf16 *w2, int n, int k, gemv_norm nm)
+                          const bf16 *w, const bf16 *w2, int n, int k)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(GEMV_WARPS * 32);
-    cfg.dynamicSmemBytes = NORM ? (size_t)k * sizeof(bf16) : 0;
+    cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, matmul_gemv<R, O, SWIGLU, NORM>, out, in, w, w2, n, k, nm);
+    cudaLaunchKernelEx(&cfg, matmul_gemv<R, O, SWIGLU>, out, in, w, w2, n, k);
 }
 
-/* w2 is the up projection with SWIGLU, else unused. NORM (one row): the
- * input is nm's normed x, not in. */
-template <typename O, bool SWIGLU, bool NORM = false>
+/* w2 is the up projection with SWIGLU, else unused. */
+template <typename O, bool SWIGLU>
 static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 *w,
-                        const bf16 *w2, int rows, int n, int k, gemv_norm nm = gemv_norm())
+                        const bf16 *w2, int rows, int n, int k)
 {
     const int per_block = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS;
     unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
-    if constexpr (NORM) {
-        SHOAL_ASSERT(rows == 1);
-        launch_gemv_r<1, O, SWIGLU, true>(stream, blocks, out, in, w, w2, n, k, nm);
-        return;
-    }
     switch (rows) {
 #define GEMV_CASE(R)                                                                             \
-    case R: launch_gemv_r<R, O, SWIGLU, false>(stream, blocks, out, in, w, w2, n, k, nm); break;
+    case R: launch_gemv_r<R, O, SWIGLU>(stream, blocks, out, in, w, w2, n, k); break;
         GEMV_CASE(1)
         GEMV_CASE(2)
         GEMV_CASE(3)
@@ -431,57 +333,4 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
         cuda_matmul(be, up, act, in, wu, wdtype, rows, n, k);
     }
     cuda_swiglu(be, out, out, up, rows, n);
-}
-
-/* The rows of k whose normed input a GEMV block keeps in shared memory
- * (gemv_norm_input): 16 KiB. */
-enum { GEMV_NORM_K_MAX = 8192 };
-
-static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
-{
-    return (const char *)a < (const char *)b + b_bytes && (const char *)b < (const char *)a + a_bytes;
-}
-
-/* At one row where the GEMV takes the matmul (SHOAL_CUDA_NORM_GEMV=0
- * turns it off), the GEMV forms the normed input itself
- * (gemv_norm_input): the rmsnorm kernel, its launch and the round trip of
- * h go, the same bits. The gate/up form needs the GEMV that forms the
- * product (SHOAL_CUDA_GEMV_SWIGLU). Elsewhere the composition. */
-void cuda_rmsnorm_matmul(kernels_backend *be, void *out, void *up, void *h, void *x,
-                         const void *residual, const float *norm_weight, float eps,
-                         const void *w, const void *wu, shoal_dtype wdtype, int rows, int n,
-                         int k)
-{
-    size_t ab = shoal_dtype_bytes(be->act_dtype);
-    SHOAL_ASSERT(rows >= 0 && n > 0 && k > 0);
-    CUDA_ASSERT_ALIGNED(out, ab);
-    CUDA_ASSERT_ALIGNED(x, ab);
-    CUDA_ASSERT_ALIGNED(residual, ab);
-    CUDA_ASSERT_ALIGNED(norm_weight, 4);
-    /* out is written while x and the residual are read */
-    SHOAL_ASSERT(!overlaps(out, (size_t)rows * n * ab, x, (size_t)rows * k * ab));
-    SHOAL_ASSERT(!residual || !overlaps(out, (size_t)rows * n * ab, residual, (size_t)rows * k * ab));
-    if (rows == 0 || !cuda_usable(be))
-        return;
-    cuda_state *st = cuda_of(be);
-    bool fused = st->norm_gemv && rows == 1 && k <= GEMV_NORM_K_MAX &&
-                 gemv_takes(be, wdtype, 1, k, x, w) && (uintptr_t)residual % 16 == 0 &&
-                 (uintptr_t)norm_weight % 16 == 0 &&
-                 (!wu || (st->gemv_swiglu && (uintptr_t)wu % 16 == 0));
-    if (fused) {
-        gemv_norm nm = {(bf16 *)x, (const bf16 *)residual, norm_weight, eps, st->gemv_arrived};
-        if (wu)
-            launch_gemv<bf16, true, true>(st->stream, (bf16 *)out, NULL, (const bf16 *)w,
-                                          (const bf16 *)wu, 1, n, k, nm);
-        else
-            launch_gemv<bf16, false, true>(st->stream, (bf16 *)out, NULL, (const bf16 *)w, NULL,
-                                           1, n, k, nm);
-        cuda_launched(be, "rmsnorm_matmul (gemv)");
-        return;
-    }
-    cuda_rmsnorm(be, h, x, residual, norm_weight, rows, k, eps);
-    if (wu)
-        cuda_matmul_swiglu(be, out, up, h, w, wu, wdtype, rows, n, k);
-    else
-        cuda_matmul(be, out, be->act_dtype, h, w, wdtype, rows, n, k);
 }

@@ -31,8 +31,7 @@ static __global__ void rmsnorm_kernel(T *out, T *x, const T *residual, const flo
 }
 
 /* bf16 rows of a multiple of 8: the same arithmetic per element, in
- * 16-byte loads and stores (the helpers in cuda_ops.h, which the GEMV
- * that takes the norm itself shares, matmul.cu). */
+ * 16-byte loads and stores. */
 static __global__ void rmsnorm_bf16x8(bf16 *out, bf16 *x, const bf16 *residual,
                                       const float *weight, int dim, float eps)
 {
@@ -46,17 +45,35 @@ static __global__ void rmsnorm_bf16x8(bf16 *out, bf16 *x, const bf16 *residual,
     float ss = 0.0f;
     for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
         uint4 xv = xr[i];
+        bf16 *xe = (bf16 *)&xv;
         if (rr) {
-            xv = bf16x8_add(xv, rr[i]);
+            uint4 rv = rr[i];
+            const bf16 *re = (const bf16 *)&rv;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                xe[j] = __float2bfloat16_rn(__bfloat162float(xe[j]) + __bfloat162float(re[j]));
             xr[i] = xv;
         }
-        ss = bf16x8_sum_squares(xv, ss);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float v = __bfloat162float(xe[j]);
+            ss += v * v;
+        }
     }
     ss = block_reduce(ss, op_add(), red);
-    float inv = rms_inv(ss, dim, eps);
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     /* each thread reads back only the vectors it wrote above */
-    for (int i = threadIdx.x; i < vecs; i += blockDim.x)
-        o[i] = bf16x8_rms_scale(xr[i], weight + 8 * (size_t)i, inv);
+    for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
+        uint4 xv = xr[i], ov;
+        const bf16 *xe = (const bf16 *)&xv;
+        bf16 *oe = (bf16 *)&ov;
+        const float4 w0 = ((const float4 *)weight)[2 * i], w1 = ((const float4 *)weight)[2 * i + 1];
+        const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            oe[j] = __float2bfloat16_rn(w[j] * (__bfloat162float(xe[j]) * inv));
+        o[i] = ov;
+    }
 }
 
 void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
@@ -72,7 +89,7 @@ void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
         return;
     if (be->act_dtype == SHOAL_DTYPE_BF16 && dim % 8 == 0 && (uintptr_t)out % 16 == 0 &&
         (uintptr_t)x % 16 == 0 && (uintptr_t)residual % 16 == 0 && (uintptr_t)weight % 16 == 0) {
-        int threads = rmsnorm_x8_threads(dim / 8);
+        int threads = dim / 8 >= 512 ? 512 : dim / 8 >= 256 ? 256 : 128;
         rmsnorm_bf16x8<<<rows, threads, 0, cuda_of(be)->stream>>>(
             (bf16 *)out, (bf16 *)x, (const bf16 *)residual, weight, dim, eps);
         cuda_launched(be, "rmsnorm");

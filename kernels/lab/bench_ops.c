@@ -15,9 +15,7 @@
  * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone), and for the
  * decode step's gate/up row and its q/k norm, rope and KV write row
  * "prev" (SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0: the joined GEMV,
- * then the swiglu kernel; qk_norm_rope twice, then kv_write), and for its
- * input norm + q/k/v and input norm + gate/up rows "prev"
- * (SHOAL_CUDA_NORM_GEMV=0: the rmsnorm kernel, then the GEMV). All run on
+ * then the swiglu kernel; qk_norm_rope twice, then kv_write). All run on
  * the same device memory.
  *
  * Timing: each measurement records `n` calls of one op as a CUDA graph and
@@ -96,8 +94,6 @@ typedef enum op_kind {
     OP_ATTENTION_PROMPT,
     OP_SWIGLU,
     OP_MATMUL_SWIGLU,
-    OP_NORM_QKV,
-    OP_NORM_GATE_UP,
     OP_GATHER,
     OP_SAMPLE,
 } op_kind;
@@ -165,22 +161,6 @@ static void call(op *o, int i)
         void *up = o->rows == 1 ? (unsigned char *)b->gate + (size_t)INTER * 2 : b->up;
         be->matmul_swiglu(be, b->gate, up, b->h, w, w + (size_t)INTER * HID * 2,
                           SHOAL_DTYPE_BF16, o->rows, INTER, HID);
-        break;
-    }
-    case OP_NORM_QKV: {
-        /* the attention block's input norm and the joined [q | k | v]
-         * projection of one row, as the model calls it */
-        int n = (HEADS + 2 * KVH) * HD;
-        be->rmsnorm_matmul(be, b->q, NULL, b->h, b->x, b->pend, b->norm_w, 1e-6f,
-                           weight_at(b, n, HID, i), NULL, SHOAL_DTYPE_BF16, o->rows, n, HID);
-        break;
-    }
-    case OP_NORM_GATE_UP: {
-        /* the MLP's input norm and the gate/up GEMV with SwiGLU, as above */
-        const unsigned char *w = weight_at(b, 2 * INTER, HID, i);
-        void *up = o->rows == 1 ? (unsigned char *)b->gate + (size_t)INTER * 2 : b->up;
-        be->rmsnorm_matmul(be, b->gate, up, b->h, b->x, b->pend, b->norm_w, 1e-6f, w,
-                           w + (size_t)INTER * HID * 2, SHOAL_DTYPE_BF16, o->rows, INTER, HID);
         break;
     }
     case OP_GATHER: be->gather(be, b->sel, b->h, b->logit_rows, o->rows, HID); break;
@@ -387,11 +367,9 @@ static void row(const char *what, const char *variant, int rows, double s, doubl
 /* One layer's ops and the head, both variants; returns the new variant's
  * model time (36 layers + head). */
 /* pb: the defaults but SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0, for
- * the gate/up row and the rope + KV write row; rb: the defaults but
- * SHOAL_CUDA_NORM_GEMV=0, for the two input norm + GEMV rows */
-static double step_ops(kernels_backend *nb, kernels_backend *vb, kernels_backend *pb,
-                       kernels_backend *rb, bufs *b, int streams, int rows_each, int ctx, int n,
-                       int reps)
+ * the gate/up row and the rope + KV write row */
+static double step_ops(kernels_backend *nb, kernels_backend *vb, kernels_backend *pb, bufs *b,
+                       int streams, int rows_each, int ctx, int n, int reps)
 {
     int rows = streams * rows_each;
     bool prefill = rows_each > 1;
@@ -467,25 +445,6 @@ static double step_ops(kernels_backend *nb, kernels_backend *vb, kernels_backend
             o.be = pb;
             row("matmul gate+up, swiglu", "prev", rows, time_op(&o, nn, rr), gu,
                 2.0 * r * 2 * INTER * HID, 0, NULL);
-            o.be = be;
-        }
-        /* the input norms with the GEMVs after them, as the model calls
-         * them at one row: the GEMV forms the normed input ("new"; "prev" =
-         * SHOAL_CUDA_NORM_GEMV=0: rmsnorm, then the GEMV). Not in the sum,
-         * which counts the norms and the matmuls above. */
-        if (vi == 0 && !prefill) {
-            double nx = r * HID * act * 3 /* x and residual in, x out */;
-            double qkv = (double)(HEADS + 2 * KVH) * HD * HID * 2 + nx +
-                         r * (HEADS + 2 * KVH) * HD * act;
-            for (int p = 0; p < 2; p++) {
-                o.be = p ? rb : be;
-                o.kind = OP_NORM_QKV;
-                row("rmsnorm + matmul q/k/v", p ? "prev" : "new", rows, time_op(&o, nn, rr), qkv,
-                    2.0 * r * (HEADS + 2 * KVH) * HD * HID, 0, NULL);
-                o.kind = OP_NORM_GATE_UP;
-                row("rmsnorm + gate+up, swiglu", p ? "prev" : "new", rows, time_op(&o, nn, rr),
-                    gu + nx, 2.0 * r * 2 * INTER * HID, 0, NULL);
-            }
             o.be = be;
         }
         /* the head: final norm, gather, lm_head and (decode) sampling */
@@ -609,20 +568,18 @@ int main(int argc, char **argv)
     static const char *const merge_env[] = {"SHOAL_CUDA_ATTN_FILL=1", NULL};
     static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", "SHOAL_CUDA_ROPE_KV=0",
                                            NULL};
-    static const char *const norm_env[] = {"SHOAL_CUDA_NORM_GEMV=0", NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
     kernels_backend *vb = open_variant(device, true, 0, NULL);
     kernels_backend *gb = open_variant(device, false, 8, NULL); /* our GEMV up to 8 rows */
     kernels_backend *pb = open_variant(device, false, 0, prev_env);
     kernels_backend *mb = open_variant(device, false, 0, merge_env);
     kernels_backend *sb = open_variant(device, false, 0, pass_env);
-    kernels_backend *rb = open_variant(device, false, 0, norm_env);
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
     int reps = 7;
     printf("decode step ops, batch 1, context 4096 (per call)\n");
-    double dec = step_ops(nb, vb, sb, rb, &b, 1, 1, 4096, 20, reps);
+    double dec = step_ops(nb, vb, sb, &b, 1, 1, 4096, 20, reps);
     double weights = 2.0 * ((double)VOCAB * HID +
                             LAYERS * ((double)HID * HEADS * HD * 2 + 2.0 * HID * KVH * HD +
                                       3.0 * HID * INTER));
@@ -630,13 +587,12 @@ int main(int argc, char **argv)
            "weights per step\n",
            1.0 / dec, weights / 1e9);
     printf("\nprefill ops, 2048 tokens of one stream (per call)\n");
-    step_ops(nb, vb, sb, rb, &b, 1, 2048, 2048, 3, 5);
+    step_ops(nb, vb, sb, &b, 1, 2048, 2048, 3, 5);
     gemv_vs_cublas(gb, vb, &b, reps);
     sample_sweep(nb, pb, &b, reps);
     kernels_backend *attn_bes[] = {nb, mb, pb, vb};
     const char *attn_names[] = {"new", "merge", "prev", "v1"};
     attention_sweep(attn_bes, attn_names, 4, &b, reps, quick);
-    kernels_backend_close(rb);
     kernels_backend_close(sb);
     kernels_backend_close(mb);
     kernels_backend_close(pb);

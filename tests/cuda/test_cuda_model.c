@@ -539,16 +539,6 @@ static void one_row_rope_kv_kernel_equals_the_three_kernels(void)
     one_row_switch_keeps_the_logits("SHOAL_CUDA_ROPE_KV", "rope + KV write fused vs three kernels");
 }
 
-/* The same for the input norms taken by the GEMVs after them at one row
- * (SHOAL_CUDA_NORM_GEMV=1, the default) against the rmsnorm kernel, then
- * the GEMV (=0): every GEMV block sums the squares in the rmsnorm kernel's
- * order and rounds the normed input as it was stored, and x + residual is
- * written once a launch. */
-static void one_row_norm_in_the_gemv_equals_the_rmsnorm_pass(void)
-{
-    one_row_switch_keeps_the_logits("SHOAL_CUDA_NORM_GEMV", "norm in the GEMV vs the pass");
-}
-
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_model", argc, argv);
@@ -557,14 +547,12 @@ int main(int argc, char **argv)
         TEST_RUN(graph_rounds_equal_op_by_op_rounds);
         TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
-        TEST_RUN(one_row_norm_in_the_gemv_equals_the_rmsnorm_pass);
     } else {
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
         TEST_RUN(graph_rounds_equal_op_by_op_rounds);
         TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
-        TEST_RUN(one_row_norm_in_the_gemv_equals_the_rmsnorm_pass);
     }
     return TEST_EXIT();
 }
