@@ -146,10 +146,6 @@
  * warm. */
 #define SHOAL_STATES_WARM_FRACTION 0.9
 
-/* Blocks one reader looks up at a time when a restore starts: a cold
- * store's B-tree is read by several readers at once. */
-#define SHOAL_STATES_LOOKUP_PART 32
-
 /* The nice value of reader threads: the engine's thread comes first. */
 #define SHOAL_STATES_READER_NICE 10
 

@@ -69,9 +69,9 @@ static void usage(FILE *f)
         "  --state-dir DIR         the store (LMDB, made 0700), shared by the workers and\n"
         "                          kept across restarts; shoalctl states inspects it\n"
         "  --spill-gib N           the store's size limit in GiB (default 16)\n"
-        "  --restore-mode M        overlap (default): a turn computes the head of its\n"
-        "                          history while the store reads the tail; read: it\n"
-        "                          reads every stored block\n"
+        "  --restore-mode M        overlap (default on a GPU): a turn computes the head\n"
+        "                          of its history while the store reads the tail; read\n"
+        "                          (default on the CPU): it reads every stored block\n"
         "  --heartbeat-ms N, --dead-after-ms N, --start-timeout-s N\n",
         COORDINATOR_BODY_BYTES_MAX, COORDINATOR_STREAMS_MAX);
 }

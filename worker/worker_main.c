@@ -69,9 +69,10 @@ static void usage(FILE *f)
             "                         cluster's workers)\n"
             "  --spill-gib N          the store's size limit in GiB (default 16; fractions\n"
             "                         allowed); least recently used states go first\n"
-            "  --restore-mode M       overlap (default): a turn computes the head of its\n"
-            "                         history while the store reads the tail, the two\n"
-            "                         meeting; read: it reads every stored block\n"
+            "  --restore-mode M       overlap (default on a GPU): a turn computes the head\n"
+            "                         of its history while the store reads the tail, the\n"
+            "                         two meeting; read (default on the CPU): it reads\n"
+            "                         every stored block\n"
             "  --fake-tokens          serving benchmark: no model, one token per stream per\n"
             "                         step, to measure the coordinator alone\n"
             "  --fake-step-us N       with --fake-tokens: a step at most every N us (default 0:\n"
@@ -416,6 +417,10 @@ int main(int argc, char **argv)
     }
     if (learn.on && !learn.o.spill_bytes)
         learn.o.spill_bytes = 16ull << 30;
+    /* On the CPU backend the engine and the readers share the cores, and
+     * computing is slow beside reading: overlap only on a GPU. */
+    if (learn.on && !restore_given)
+        learn.o.read_all = strcmp(mo.device, "cpu") == 0;
     if (serve) {
         if (!connect || (!mo.model_dir && !fake) || optind < argc) {
             usage(stderr);

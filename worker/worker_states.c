@@ -15,13 +15,16 @@
 #include <unistd.h>
 
 /* A block of a restore job. */
-enum { BLOCK_OPEN, BLOCK_READING, BLOCK_READ, BLOCK_READY, BLOCK_COMPUTE, BLOCK_FAILED };
+enum {
+    BLOCK_OPEN,
+    BLOCK_READING,
+    BLOCK_READ,
+    BLOCK_READY,   /* read, uploaded, published */
+    BLOCK_COMPUTE, /* claimed by the engine */
+    BLOCK_FAILED,  /* refused by the store: the engine computes it */
+    BLOCK_MISSING, /* not stored: the engine computes it */
+};
 
-/* A job's lookup of how many of its blocks are stored: the B-tree of a
- * cold store costs a disk read a level, which the engine does not wait
- * for (it computes the head meanwhile), and which several readers share:
- * each looks up a part of the blocks (SHOAL_STATES_LOOKUP_PART of them). */
-enum { LOOKUP_RUNNING, LOOKUP_DONE };
 
 /* One stream's restore (worker_async_source's job). Readers take its
  * blocks from the top down; the engine takes them from the bottom up. */
@@ -32,10 +35,6 @@ typedef struct restore_job {
     common_hash *chain; /* the parent, then the job's k blocks: block b is chain[b + 1] */
     uint8_t *state;      /* BLOCK_* of each block */
     int k;         /* blocks of the job: every candidate */
-    int stored;    /* of which the store has [0, stored), once looked up */
-    int lookup;    /* LOOKUP_*: the stored blocks are found by readers */
-    int parts, next_part, parts_left; /* the lookup's parts: to take, to finish */
-    int first_miss; /* the lowest block found missing so far (k: none) */
     int top;       /* the next block a reader may take, counting down */
     int holds;     /* slots that still name the job */
     bool ended;    /* the engine let go: nothing more goes into its pages */
@@ -227,13 +226,6 @@ store_state *worker_states_store(worker_states *st)
 /* The next block to read and a free slot for it, or false. Under mu. */
 static bool next_read(worker_states *st, restore_job **job, int *block, int *slot_index)
 {
-    for (restore_job *j = st->jobs; j; j = j->next)
-        if (!j->ended && j->next_part < j->parts) {
-            *job = j;
-            *block = -1 - j->next_part++; /* a part of the lookup */
-            *slot_index = -1;
-            return true;
-        }
     int free_slot = -1;
     for (int i = 0; i < st->slots && free_slot < 0; i++)
         if (st->slot[i].state == SLOT_FREE)
@@ -243,7 +235,7 @@ static bool next_read(worker_states *st, restore_job **job, int *block, int *slo
     for (restore_job *j = st->jobs; j; j = j->next) {
         while (!j->ended && j->top >= 0 && j->state[j->top] != BLOCK_OPEN)
             j->top--; /* the engine claimed it */
-        if (j->ended || j->lookup != LOOKUP_DONE || j->top < 0)
+        if (j->ended || j->top < 0)
             continue;
         *job = j;
         *block = j->top--;
@@ -251,48 +243,6 @@ static bool next_read(worker_states *st, restore_job **job, int *block, int *slo
         return true;
     }
     return false;
-}
-
-/* Looks up part `part` of a job's blocks; the reader that finishes the
- * last part finds how many lead the chain and whether they are in the page
- * cache, and hands the rest to the engine. Reader thread; mu held on entry
- * and exit, dropped for the lookups. */
-static void job_lookup(worker_states *st, restore_job *j, int part)
-{
-    j->holds++;
-    int from = part * SHOAL_STATES_LOOKUP_PART;
-    int n = j->k - from < SHOAL_STATES_LOOKUP_PART ? j->k - from : SHOAL_STATES_LOOKUP_PART;
-    pthread_mutex_unlock(&st->mu);
-    int present = 0;
-    shoal_diag diag;
-    if (store_state_lookup_keys(st->store, j->chain + 1 + from, n, &present, &diag) != SHOAL_OK) {
-        LOG_WARN("state store: lookup failed: %s", diag.msg);
-        present = 0;
-    }
-    pthread_mutex_lock(&st->mu);
-    if (present < n && from + present < j->first_miss)
-        j->first_miss = from + present;
-    bool last = --j->parts_left == 0;
-    if (last) {
-        int stored = j->first_miss;
-        pthread_mutex_unlock(&st->mu);
-        uint64_t resident = 0, total = 0;
-        bool warm = stored > 0 && !st->read_all &&
-                    store_state_resident(st->store, j->chain + 1, stored, &resident, &total,
-                                         &diag) == SHOAL_OK &&
-                    resident >= SHOAL_STATES_WARM_FRACTION * (double)total;
-        pthread_mutex_lock(&st->mu);
-        for (int b = stored; b < j->k; b++)
-            j->state[b] = BLOCK_COMPUTE; /* not stored */
-        j->stored = stored;
-        j->warm = warm;
-        j->top = stored - 1;
-        j->lookup = LOOKUP_DONE;
-    }
-    if (--j->holds == 0 && j->ended)
-        job_unlink_free(st, j);
-    if (last)
-        pthread_cond_broadcast(&st->work);
 }
 
 static void *reader_main(void *arg)
@@ -310,10 +260,6 @@ static void *reader_main(void *arg)
             pthread_cond_wait(&st->work, &st->mu);
         if (st->quit)
             break;
-        if (b < 0) {
-            job_lookup(st, j, -1 - b);
-            continue;
-        }
         slot *sl = &st->slot[i];
         *sl = (slot){.state = SLOT_READING, .job = j, .block = b};
         j->state[b] = BLOCK_READING;
@@ -329,8 +275,10 @@ static void *reader_main(void *arg)
         sl->tokens = tokens;
         sl->state = SLOT_READ;
         j->state[b] = BLOCK_READ;
-        j->reads++;
-        j->last_read_ns = common_mono_ns();
+        if (err != SHOAL_ERR_NOT_FOUND) { /* a miss is a quick B-tree walk: not a read */
+            j->reads++;
+            j->last_read_ns = common_mono_ns();
+        }
         pthread_cond_signal(&st->done);
     }
     pthread_mutex_unlock(&st->mu);
@@ -400,9 +348,12 @@ static void restore_pump(void *ctx, int wait_ms)
         restore_job *j = sl->job;
         if (j->ended) {
             slot_release(st, sl);
+        } else if (sl->err == SHOAL_ERR_NOT_FOUND) {
+            j->state[sl->block] = BLOCK_MISSING;
+            slot_release(st, sl);
         } else if (sl->err != SHOAL_OK || sl->tokens != st->page_tokens) {
-            /* Refused (counted by the store), evicted since the lookup, or
-             * a partial block: the engine computes it. */
+            /* Refused (counted by the store), or a partial block: the
+             * engine computes it. */
             st->stats.refused += sl->err == SHOAL_ERR_FORMAT;
             st->stats.restore_stops++;
             j->state[sl->block] = BLOCK_FAILED;
@@ -440,11 +391,10 @@ static void restore_pump(void *ctx, int wait_ms)
  * down (a block the readers would nearly have reached is theirs), and
  * none when the readers finish sooner than a step costs.
  * read_all computes none; an engine that has not measured its own speed
- * all it reaches; a history in the page cache is read whole (see
- * SHOAL_STATES_DISK_PRIOR_BPS; until the lookup has looked at all of it,
- * its first block tells). From disk, the read speed is this job's once
- * four reads are in, else that of earlier cold jobs, else
- * SHOAL_STATES_DISK_PRIOR_BPS. Under mu. */
+ * all it reaches; a history in the page cache (its first block tells) is
+ * read whole (see SHOAL_STATES_DISK_PRIOR_BPS). From disk, the read speed
+ * is this job's once four reads are in, else that of earlier cold jobs,
+ * else SHOAL_STATES_DISK_PRIOR_BPS. Under mu. */
 static int engine_share(const worker_states *st, const restore_job *j, int open,
                         worker_speed speed)
 {
@@ -453,10 +403,8 @@ static int engine_share(const worker_states *st, const restore_job *j, int open,
     double c = speed.bps;
     if (c <= 0)
         return open;
-    if (j->warm) /* until looked up: as the first block is */
+    if (j->warm)
         return 0;
-    if (j->lookup != LOOKUP_DONE) /* the first chunk, cold */
-        return (int)(open * c / (c + SHOAL_STATES_DISK_PRIOR_BPS / st->page_bytes));
     double r = st->disk_bps > 0 ? st->disk_bps : SHOAL_STATES_DISK_PRIOR_BPS / st->page_bytes;
     if (j->reads >= 4 && j->last_read_ns > j->t0)
         r = j->reads / ((double)(j->last_read_ns - j->t0) / 1e9);
@@ -471,8 +419,9 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
     worker_states *st = ctx;
     *job = NULL;
     /* Only the first block here (a new conversation's miss is one B-tree
-     * walk); how many follow it is looked up by a reader while the engine
-     * computes. */
+     * walk); the readers find out about the others as they get them (a
+     * block not stored is a quick miss, and the engine computes it), so no
+     * lookup of a cold B-tree delays the first read. */
     int first = 0;
     shoal_diag diag;
     if (store_state_lookup_keys(st->store, hashes, 1, &first, &diag) != SHOAL_OK) {
@@ -509,12 +458,8 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
     j->chain[0] = *parent;
     memcpy(j->chain + 1, hashes, (size_t)k * sizeof *hashes);
     j->k = k;
-    j->stored = k; /* at most, until looked up */
-    j->top = -1;
-    j->lookup = LOOKUP_RUNNING;
-    j->parts = j->parts_left = (k + SHOAL_STATES_LOOKUP_PART - 1) / SHOAL_STATES_LOOKUP_PART;
-    j->first_miss = k;
-    /* in the page cache or not, by the first block until looked up */
+    j->top = k - 1;
+    /* in the page cache or not, as its first block is */
     uint64_t resident = 0, total = 0;
     j->warm = !st->read_all &&
               store_state_resident(st->store, hashes, 1, &resident, &total, &diag) == SHOAL_OK &&
@@ -551,8 +496,6 @@ static worker_take restore_take(void *ctx, void *job, int block, int claimed,
         /* blocks between the engine and the readers, this chunk's claims
          * included: the engine computes its share of them */
         int open = claimed;
-        if (j->lookup != LOOKUP_DONE)
-            open += j->k - block; /* every candidate, until looked up */
         for (int b = block; b <= j->top; b++)
             open += j->state[b] == BLOCK_OPEN;
         if (claimed < engine_share(st, j, open, speed)) {
@@ -568,6 +511,7 @@ static worker_take restore_take(void *ctx, void *job, int block, int claimed,
         break;
     case BLOCK_COMPUTE:
     case BLOCK_FAILED:
+    case BLOCK_MISSING:
         t = WORKER_TAKE_COMPUTE;
         break;
     default: /* being read, or read and not yet placed */
@@ -582,21 +526,28 @@ static void restore_end(void *ctx, void *job, bool passed)
 {
     worker_states *st = ctx;
     restore_job *j = job;
-    pthread_mutex_lock(&st->mu);
-    /* Blocks the engine computed though the store has them (its share of
-     * a cold history): their pages need no spill. A refused block's do:
-     * its spill rewrites the bad record. */
-    for (int b = 0; passed && j->lookup == LOOKUP_DONE && b < j->stored; b++)
-        if (j->state[b] == BLOCK_COMPUTE &&
-            (atomic_load(&worker_pages_row(j->pages, j->pages_out[b])->flags) & SHM_PAGE_HASHED))
+    /* Blocks the engine claimed though the store has them (its share of a
+     * cold history) need no spill: marked stored where the store has the
+     * key (the B-tree is warm by now). A refused block's page is spilled:
+     * that rewrites the bad record. Once the stream is past the job no
+     * reader touches it, so its states are read without mu. */
+    for (int b = 0; passed && b < j->k; b++) {
+        if (j->state[b] != BLOCK_COMPUTE ||
+            !(atomic_load(&worker_pages_row(j->pages, j->pages_out[b])->flags) & SHM_PAGE_HASHED))
+            continue;
+        int present = 0;
+        if (store_state_lookup_keys(st->store, &j->chain[b + 1], 1, &present, NULL) == SHOAL_OK &&
+            present)
             worker_pages_mark_stored(j->pages, j->pages_out[b], true);
+    }
+    pthread_mutex_lock(&st->mu);
     j->ended = true;
     st->stats.restore_ns += common_mono_ns() - j->t0;
     if (!j->warm && j->reads >= 4 && j->last_read_ns > j->t0) {
         double r = j->reads / ((double)(j->last_read_ns - j->t0) / 1e9);
         st->disk_bps = st->disk_bps > 0 ? 0.5 * st->disk_bps + 0.5 * r : r;
     }
-    for (int b = 0; b < j->stored; b++)
+    for (int b = 0; b < j->k; b++)
         st->stats.restore_computed += j->state[b] == BLOCK_COMPUTE;
     if (j->holds == 0)
         job_unlink_free(st, j);

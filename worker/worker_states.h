@@ -3,11 +3,12 @@
  *
  * Three paths:
  *   restore  the engine's restore source (worker_engine_options.restore):
- *            the blocks of a stream's prefix that the store holds get
- *            pages at admission; reader threads read them, the last block
- *            first, into pinned host staging, and the engine's thread
- *            uploads them at its next step, publishes them and marks them
- *            stored. Meanwhile the engine computes the prefix's head
+ *            when the store holds the first block after a stream's local
+ *            and imported hits, every following block of the prompt gets a
+ *            page at admission; reader threads get them, the last block
+ *            first, into pinned host staging (a block not stored is a quick
+ *            miss), and the engine's thread uploads what was read at its
+ *            next step, publishes it and marks it stored. Meanwhile the engine computes the prefix's head
  *            itself, upward, until the two meet (with read_all it waits
  *            for every read instead). A block the store refuses (checksum,
  *            fingerprint, layout) or lost is computed;
@@ -52,7 +53,7 @@ typedef struct worker_states_stats {
     uint64_t restore_bytes;  /* their payload bytes */
     uint64_t restore_ns;     /* restores' time, start to end, summed */
     uint64_t restore_computed; /* blocks of restores the engine computed first */
-    uint64_t restore_stops;  /* blocks refused or vanished, computed instead */
+    uint64_t restore_stops;  /* blocks refused (or partial), computed instead */
     uint64_t spilled_pages;  /* evicted pages queued for the store */
     uint64_t spill_skipped;  /* evicted pages the store already held */
     uint64_t spill_drops;    /* evicted pages the full queue refused */
