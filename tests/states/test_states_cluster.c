@@ -566,6 +566,15 @@ static void flags_are_checked_by_name(void)
     rc = worker_flags(err, sizeof err, zero);
     CHECK_EQ_INT(rc, 2);
     CHECK_HAS(err, "--spill-gib '0': expected a number of GiB in (0, 65536]");
+    const char *bad_mode[] = {"--serve",       "--learn-conversations", "--state-dir", "/tmp/x",
+                              "--restore-mode", "fast",                  NULL};
+    rc = worker_flags(err, sizeof err, bad_mode);
+    CHECK_EQ_INT(rc, 2);
+    CHECK_HAS(err, "--restore-mode 'fast': expected overlap or read");
+    const char *mode_alone[] = {"--serve", "--restore-mode", "read", NULL};
+    rc = worker_flags(err, sizeof err, mode_alone);
+    CHECK_EQ_INT(rc, 2);
+    CHECK_HAS(err, "--restore-mode needs --learn-conversations");
     const char *offline[] = {
         "--model", MODEL, "--prompt-ids", "1,2", "--learn-conversations", "--state-dir",
         "/tmp/x",  NULL};
