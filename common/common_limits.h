@@ -142,10 +142,6 @@
  * KV on an H200, and is read whole. */
 #define SHOAL_STATES_DISK_PRIOR_BPS 1.5e9
 
-/* A history at least this much in the page cache (mincore) counts as
- * warm. */
-#define SHOAL_STATES_WARM_FRACTION 0.9
-
 /* The nice value of reader threads: the engine's thread comes first. */
 #define SHOAL_STATES_READER_NICE 10
 

@@ -547,8 +547,6 @@ static void restore_end(void *ctx, void *job, bool passed)
         double r = j->reads / ((double)(j->last_read_ns - j->t0) / 1e9);
         st->disk_bps = st->disk_bps > 0 ? 0.5 * st->disk_bps + 0.5 * r : r;
     }
-    for (int b = 0; b < j->k; b++)
-        st->stats.restore_computed += j->state[b] == BLOCK_COMPUTE;
     if (j->holds == 0)
         job_unlink_free(st, j);
     pthread_mutex_unlock(&st->mu);

@@ -52,7 +52,6 @@ typedef struct worker_states_stats {
     uint64_t restored_pages; /* uploaded from the store */
     uint64_t restore_bytes;  /* their payload bytes */
     uint64_t restore_ns;     /* restores' time, start to end, summed */
-    uint64_t restore_computed; /* blocks of restores the engine computed first */
     uint64_t restore_stops;  /* blocks refused (or partial), computed instead */
     uint64_t spilled_pages;  /* evicted pages queued for the store */
     uint64_t spill_skipped;  /* evicted pages the store already held */

@@ -188,11 +188,11 @@ template <typename F> static void cuda_dispatch_weight(shoal_dtype dt, F f)
 }
 
 /* ---- programmatic dependent launch (sm_90) ----
- * A kernel launched with the programmatic-serialization attribute (the
- * GEMV, matmul.cu) may start while the kernel before it on the stream
- * finishes; it reads nothing that kernel writes, and writes nothing,
- * before pdl_wait(), which returns once that kernel has completed and its
- * writes are visible. Kernels that come before one call pdl_trigger() at
+ * A kernel launched with the programmatic-serialization attribute
+ * (cuda_launch_pdl: the GEMV, matmul.cu; rope with the KV write, rope.cu)
+ * may start while the kernel before it on the stream finishes; it reads
+ * nothing that kernel writes, and writes nothing, before pdl_wait(), which
+ * returns once that kernel has completed and its writes are visible. Kernels that come before one call pdl_trigger() at
  * their start so that it may be scheduled early. Both are no-ops where
  * there is no such dependency. */
 static __device__ __forceinline__ void pdl_wait()
@@ -207,6 +207,26 @@ static __device__ __forceinline__ void pdl_trigger()
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::);
 #endif
+}
+
+/* Launches kernel<<<blocks, threads, 0, stream>>>(args...) with the
+ * programmatic-serialization attribute: it must pdl_wait() before it
+ * touches what the kernel before it writes. Errors surface at the
+ * backend's next check, as for <<<>>> launches. */
+template <typename... Params, typename... Args>
+static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
+                            void (*kernel)(Params...), Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 /* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */

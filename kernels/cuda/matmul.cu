@@ -189,17 +189,8 @@ template <int R, typename O, bool SWIGLU>
 static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
                           const bf16 *w, const bf16 *w2, int n, int k)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(GEMV_WARPS * 32);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, matmul_gemv<R, O, SWIGLU>, out, in, w, w2, n, k);
+    cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, matmul_gemv<R, O, SWIGLU>, out, in, w, w2, n,
+                    k);
 }
 
 /* w2 is the up projection with SWIGLU, else unused. */

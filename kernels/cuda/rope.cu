@@ -168,18 +168,8 @@ static void launch_rope_kv(cudaStream_t stream, unsigned blocks, T *q, T *k, con
                            const float *inv_freq, unsigned char *arena,
                            const kernels_kv_layout &L, const kernels_batch &B, int layer)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(ROPE_WARPS * 32);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, rope_kv_kernel<T, KV>, q, k, v, heads, q_norm, k_norm, eps, inv_freq,
-                       arena, L, B, layer);
+    cuda_launch_pdl(stream, blocks, ROPE_WARPS * 32, rope_kv_kernel<T, KV>, q, k, v, heads, q_norm,
+                    k_norm, eps, inv_freq, arena, L, B, layer);
 }
 
 void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const void *v, int heads,

@@ -5,6 +5,7 @@
  * never fit are refused; prefix routing sends a shared prefix where it is
  * cached. */
 #include "coordinator/coordinator_cluster.h"
+#include "tests/stream_test_util.h"
 #include "tests/test.h"
 #include "worker/worker_engine.h"
 
@@ -18,46 +19,7 @@
 #define MODEL SHOAL_FIXTURES "/parity/llama3-scaled-bf16"
 enum { STREAMS = 16, OUT = 48, VOCAB = 353 };
 
-typedef struct result {
-    pthread_mutex_t lock;
-    int32_t tokens[OUT];
-    int n;
-    int finish;
-    int cached;
-    char error[256];
-    atomic_int done;
-} result;
-
-/* Tokens a stream got so far, while its events may still arrive. */
-static int tokens_of(result *r)
-{
-    pthread_mutex_lock(&r->lock);
-    int n = r->n;
-    pthread_mutex_unlock(&r->lock);
-    return n;
-}
-
-static void on_event(void *ctx, const shm_event *ev, const char *error)
-{
-    result *r = ctx;
-    pthread_mutex_lock(&r->lock);
-    if (ev->token >= 0 && r->n < OUT) {
-        if (ev->index != r->n)
-            fprintf(stderr, "  event index %d, expected %d\n", ev->index, r->n);
-        r->tokens[r->n++] = ev->token;
-        if (ev->index == 0)
-            r->cached = ev->cached_tokens;
-    }
-    if (ev->finish) {
-        r->finish = ev->finish;
-        if (error)
-            snprintf(r->error, sizeof r->error, "%s", error);
-    }
-    pthread_mutex_unlock(&r->lock);
-    /* last: once done, the waiting thread may drop r */
-    if (ev->finish)
-        atomic_store(&r->done, 1);
-}
+typedef ts_stream result;
 
 static char runtime_dir[64];
 static int kv_pages = 128;
@@ -166,10 +128,8 @@ static bool wait_done(result *r, int n, int timeout_ms)
 
 static void init_results(result *r, int n)
 {
-    for (int i = 0; i < n; i++) {
-        memset(&r[i], 0, sizeof r[i]);
-        pthread_mutex_init(&r[i].lock, NULL);
-    }
+    for (int i = 0; i < n; i++)
+        ts_stream_init(&r[i]);
 }
 
 static result ref[STREAMS], got[STREAMS];
@@ -184,7 +144,8 @@ static void sixteen_streams_on_two_workers_match_in_process_runs(void)
         coordinator_stream_request r = request(i, 24);
         uint64_t id;
         shoal_diag diag = {{0}};
-        CHECK_MSG(coordinator_cluster_submit(c, &r, on_event, &got[i], &id, &diag) == SHOAL_OK,
+        CHECK_MSG(coordinator_cluster_submit(c, &r, ts_stream_event, &got[i], &id, &diag) ==
+                      SHOAL_OK,
                   "%s", diag.msg);
     }
     CHECK(wait_done(got, STREAMS, 60000));
@@ -210,13 +171,13 @@ static void killed_worker_loses_no_stream(void)
         coordinator_stream_request r = request(i, OUT);
         uint64_t id;
         shoal_diag diag = {{0}};
-        CHECK(coordinator_cluster_submit(c, &r, on_event, &got[i], &id, &diag) == SHOAL_OK);
+        CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[i], &id, &diag) == SHOAL_OK);
     }
     /* once some tokens flowed, kill worker 0 */
     for (int t = 0; t < 20000; t += 5) {
         int n = 0;
         for (int i = 0; i < STREAMS; i++)
-            n += tokens_of(&got[i]);
+            n += ts_stream_tokens(&got[i]);
         if (n >= 40)
             break;
         usleep(5000);
@@ -268,7 +229,7 @@ static void stuck_worker_is_declared_dead(void)
         coordinator_stream_request r = request(i, 8);
         uint64_t id;
         shoal_diag diag = {{0}};
-        CHECK(coordinator_cluster_submit(c, &r, on_event, &got[i], &id, &diag) == SHOAL_OK);
+        CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[i], &id, &diag) == SHOAL_OK);
     }
     CHECK(wait_done(got, 4, 30000));
     for (int i = 0; i < 4; i++)
@@ -294,25 +255,26 @@ static void cancel_and_reject(void)
     uint64_t id0, id1, id2;
     shoal_diag diag = {{0}};
     coordinator_stream_request r = request(0, 40);
-    CHECK(coordinator_cluster_submit(c, &r, on_event, &got[0], &id0, &diag) == SHOAL_OK);
-    while (tokens_of(&got[0]) < 3)
+    CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[0], &id0, &diag) == SHOAL_OK);
+    while (ts_stream_tokens(&got[0]) < 3)
         usleep(1000);
     coordinator_cluster_cancel(c, id0);
-    int n_at_cancel = tokens_of(&got[0]);
+    int n_at_cancel = ts_stream_tokens(&got[0]);
     /* a prompt that fits the context but not the pool of 32 pages */
     static int32_t big[1000];
     coordinator_stream_request rb = request(1, 1);
     rb.prompt = big;
     rb.prompt_len = 1000;
     rb.max_tokens = 20;
-    CHECK(coordinator_cluster_submit(c, &rb, on_event, &got[1], &id1, &diag) == SHOAL_OK);
+    CHECK(coordinator_cluster_submit(c, &rb, ts_stream_event, &got[1], &id1, &diag) == SHOAL_OK);
     CHECK(wait_done(&got[1], 1, 10000));
     CHECK_EQ_INT(got[1].finish, COORDINATOR_FINISH_ERROR);
     CHECK_HAS(got[1].error, "the pool has 32");
     /* over the context: refused at once */
     rb.prompt_len = 1000;
     rb.max_tokens = 100;
-    CHECK(coordinator_cluster_submit(c, &rb, on_event, &got[2], &id2, &diag) == SHOAL_ERR_LIMIT);
+    CHECK(coordinator_cluster_submit(c, &rb, ts_stream_event, &got[2], &id2, &diag) ==
+          SHOAL_ERR_LIMIT);
     CHECK_HAS(diag.msg, "context length of 1024");
     usleep(300000);
     CHECK_EQ_INT(got[0].n, n_at_cancel); /* nothing after cancel returned */
@@ -340,7 +302,7 @@ static void prefix_routing_follows_the_cache(void)
     r.prompt = first;
     r.prompt_len = 200;
     r.sampling.temperature = 0.0f;
-    CHECK(coordinator_cluster_submit(c, &r, on_event, &got[0], &id, &diag) == SHOAL_OK);
+    CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[0], &id, &diag) == SHOAL_OK);
     CHECK(wait_done(got, 1, 20000));
     for (int i = 0; i < 8; i++) {
         memcpy(p[i], first, 192 * 4);
@@ -349,7 +311,8 @@ static void prefix_routing_follows_the_cache(void)
         coordinator_stream_request ri = r;
         ri.prompt = p[i];
         ri.prompt_len = 210;
-        CHECK(coordinator_cluster_submit(c, &ri, on_event, &got[1 + i], &id, &diag) == SHOAL_OK);
+        CHECK(coordinator_cluster_submit(c, &ri, ts_stream_event, &got[1 + i], &id, &diag) ==
+              SHOAL_OK);
         CHECK(wait_done(&got[1 + i], 1, 20000));
     }
     int hits = 0;
@@ -376,7 +339,7 @@ static void fake_workers_stream_tokens(void)
     init_results(got, 1);
     coordinator_stream_request r = request(0, 30);
     uint64_t id;
-    CHECK(coordinator_cluster_submit(c, &r, on_event, &got[0], &id, &diag) == SHOAL_OK);
+    CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[0], &id, &diag) == SHOAL_OK);
     CHECK(wait_done(got, 1, 10000));
     CHECK_EQ_INT(got[0].n, 30);
     CHECK_EQ_INT(got[0].finish, 2);

@@ -16,6 +16,7 @@
 #include "coordinator/coordinator_cluster.h"
 #include "shm/shm_arena.h"
 #include "shm/shm_segment.h"
+#include "tests/stream_test_util.h"
 #include "tests/test.h"
 
 #include <pthread.h>
@@ -32,33 +33,7 @@
 #define MODEL SHOAL_FIXTURES "/parity/qwen3-tied-bf16"
 enum { VOCAB = 397, PREFIX = 1000, TAIL = 40, OUT = 16, PAGE = 16, PAGES = 256 };
 
-typedef struct result {
-    pthread_mutex_t lock;
-    int32_t tokens[OUT];
-    int n;
-    int cached;
-    int finish;
-    atomic_int done;
-} result;
-
-static void on_event(void *ctx, const shm_event *ev, const char *error)
-{
-    (void)error;
-    result *r = ctx;
-    pthread_mutex_lock(&r->lock);
-    if (ev->token >= 0 && r->n < OUT) {
-        if (ev->index == 0)
-            r->cached = ev->cached_tokens;
-        r->tokens[r->n++] = ev->token;
-    }
-    if (ev->finish) {
-        r->finish = ev->finish;
-    }
-    pthread_mutex_unlock(&r->lock);
-    /* last: once done, the waiting thread may drop r */
-    if (ev->finish)
-        atomic_store(&r->done, 1);
-}
+typedef ts_stream result;
 
 static char runtime_dir[64], name[32];
 static const char *devices = "cpu,cpu";
@@ -100,8 +75,7 @@ static bool wait_done(result *r, int ms)
 
 static uint64_t submit(coordinator_cluster *c, const int32_t *prompt, bool cold, result *r)
 {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->lock, NULL);
+    ts_stream_init(r);
     coordinator_stream_request q;
     memset(&q, 0, sizeof q);
     q.prompt = prompt;
@@ -116,7 +90,7 @@ static uint64_t submit(coordinator_cluster *c, const int32_t *prompt, bool cold,
     }
     uint64_t id = 0;
     shoal_diag diag = {{0}};
-    CHECK_MSG(coordinator_cluster_submit(c, &q, on_event, r, &id, &diag) == SHOAL_OK, "%s",
+    CHECK_MSG(coordinator_cluster_submit(c, &q, ts_stream_event, r, &id, &diag) == SHOAL_OK, "%s",
               diag.msg);
     return id;
 }
@@ -297,7 +271,7 @@ static void prefix_from_worker_0_serves_worker_1(void)
     CHECK_EQ_INT((int)import_tokens(c, 1), shared);
     /* the tail and the output only (the last output token is not fed back) */
     CHECK_EQ_INT((int)computed, PREFIX + TAIL - shared + OUT - 1);
-    CHECK(b.n == OUT && memcmp(b.tokens, cold.tokens, sizeof b.tokens) == 0);
+    CHECK(b.n == OUT && memcmp(b.tokens, cold.tokens, OUT * 4) == 0);
     wait_idle(c);
     if (strcmp(devices, "cpu,cpu") == 0)
         CHECK_EQ_INT(same_pages_on_both_workers(), shared / PAGE);
@@ -330,7 +304,7 @@ static void import_with_a_fault(fault f)
         kill(lessee, SIGKILL); /* the stream moves to worker 0 */
     }
     CHECK(wait_done(&b, 60000));
-    CHECK_MSG(b.n == OUT && memcmp(b.tokens, cold.tokens, sizeof b.tokens) == 0,
+    CHECK_MSG(b.n == OUT && memcmp(b.tokens, cold.tokens, OUT * 4) == 0,
               "fault %d: the stream's output differs from the cold run", (int)f);
     wait_idle(c);
     shm_segment *s = NULL;

@@ -18,6 +18,7 @@
  * and it takes streams again. */
 #include "coordinator/coordinator_cluster.h"
 #include "shm/shm_segment.h"
+#include "tests/stream_test_util.h"
 #include "tests/test.h"
 
 #include <cjson/cJSON.h>
@@ -226,34 +227,7 @@ static void release_workers(void)
 
 /* ---- streams ---- */
 
-typedef struct result {
-    pthread_mutex_t lock;
-    int n;
-    int next_index; /* the index the next token must have */
-    int finish;
-    bool gap;
-    atomic_int done;
-} result;
-
-static void on_event(void *ctx, const shm_event *ev, const char *error)
-{
-    (void)error;
-    result *r = ctx;
-    pthread_mutex_lock(&r->lock);
-    if (ev->token >= 0) {
-        if (ev->index != r->next_index)
-            r->gap = true;
-        r->next_index = ev->index + 1;
-        r->n++;
-    }
-    if (ev->finish) {
-        r->finish = ev->finish;
-    }
-    pthread_mutex_unlock(&r->lock);
-    /* last: once done, the waiting thread may drop r */
-    if (ev->finish)
-        atomic_store(&r->done, 1);
-}
+typedef ts_stream result;
 
 static int32_t prompts[64][PROMPT];
 
@@ -271,8 +245,7 @@ static void make_prompts(void)
 
 static uint64_t submit(coordinator_cluster *c, int i, int out, result *r)
 {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->lock, NULL);
+    ts_stream_init(r);
     coordinator_stream_request q;
     memset(&q, 0, sizeof q);
     q.prompt = prompts[i % 64];
@@ -283,7 +256,7 @@ static uint64_t submit(coordinator_cluster *c, int i, int out, result *r)
     q.ignore_eos = true;
     uint64_t id = 0;
     shoal_diag diag = {{0}};
-    CHECK_MSG(coordinator_cluster_submit(c, &q, on_event, r, &id, &diag) == SHOAL_OK, "%s",
+    CHECK_MSG(coordinator_cluster_submit(c, &q, ts_stream_event, r, &id, &diag) == SHOAL_OK, "%s",
               diag.msg);
     return id;
 }

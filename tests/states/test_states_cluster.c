@@ -22,6 +22,7 @@
 #include "coordinator/coordinator_cluster.h"
 #include "store/store_state.h"
 #include "tests/store/store_test_util.h"
+#include "tests/stream_test_util.h"
 #include "tests/test.h"
 #include "worker/worker_engine.h"
 
@@ -150,35 +151,7 @@ static int blocks_after(int prompt_len)
 
 /* ---- the cluster ---- */
 
-typedef struct result {
-    pthread_mutex_t lock;
-    int32_t tokens[GEN];
-    int n;
-    int cached;
-    int finish;
-    char error[256];
-    atomic_int done;
-} result;
-
-static void on_event(void *ctx, const shm_event *ev, const char *error)
-{
-    result *r = ctx;
-    pthread_mutex_lock(&r->lock);
-    if (ev->token >= 0 && r->n < GEN) {
-        r->tokens[r->n++] = ev->token;
-        if (ev->index == 0)
-            r->cached = ev->cached_tokens;
-    }
-    if (ev->finish) {
-        r->finish = ev->finish;
-        if (error)
-            snprintf(r->error, sizeof r->error, "%s", error);
-    }
-    pthread_mutex_unlock(&r->lock);
-    /* last: once done, the waiting thread may drop r */
-    if (ev->finish)
-        atomic_store(&r->done, 1);
-}
+typedef ts_stream result;
 
 static char runtime_dir[64];
 
@@ -217,8 +190,7 @@ static coordinator_cluster *start(const char *state_dir)
 /* Runs one greedy stream to its end; false on a timeout or an error. */
 static bool run(coordinator_cluster *c, const int32_t *prompt, int len, int max_tokens, result *r)
 {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->lock, NULL);
+    ts_stream_init(r);
     coordinator_stream_request q;
     memset(&q, 0, sizeof q);
     q.prompt = prompt;
@@ -229,7 +201,7 @@ static bool run(coordinator_cluster *c, const int32_t *prompt, int len, int max_
     q.sampling.repetition_penalty = 1.0f;
     uint64_t id;
     shoal_diag diag = {{0}};
-    if (coordinator_cluster_submit(c, &q, on_event, r, &id, &diag) != SHOAL_OK) {
+    if (coordinator_cluster_submit(c, &q, ts_stream_event, r, &id, &diag) != SHOAL_OK) {
         fprintf(stderr, "  submit: %s\n", diag.msg);
         return false;
     }
