@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -26,6 +27,9 @@ struct store_env {
     MDB_env *env;
     store_index ix;
     int gate_fd;
+    int direct_fd;      /* data.mdb opened O_DIRECT for reads; -1 where refused */
+    ino_t data_ino;      /* data.mdb's, to find its map in /proc/self/maps */
+    uintptr_t map_base; /* where LMDB mapped data.mdb (under resize); 0 unknown */
     pid_t pid;
     bool registered;
     dev_t dev;
@@ -38,6 +42,34 @@ struct store_env {
     uint64_t map_bytes_max;
     char dir[SHOAL_PATH_BYTES_MAX];
 };
+
+/* ---- the map's address ---- */
+
+/* LMDB keeps the address of its map to itself (mdb_env_info's me_mapaddr
+ * is only MDB_FIXEDMAP's request), and a direct read needs a value's offset
+ * in the file: the map of data.mdb is found in /proc/self/maps, by inode and
+ * file offset 0, after every mapping (open, and each map size change, under
+ * the resize lock). 0 when not found: reads then copy from the map. */
+static void find_map_base(store_env *e)
+{
+    e->map_base = 0;
+    if (e->direct_fd < 0)
+        return;
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, ino;
+        unsigned long long off;
+        if (sscanf(line, "%lx-%lx %*s %llx %*s %lu", &lo, &hi, &off, &ino) == 4 && off == 0 &&
+            ino == (unsigned long)e->data_ino && hi - lo >= e->map_bytes) {
+            e->map_base = lo;
+            break;
+        }
+    }
+    fclose(f);
+}
 
 /* ---- one handle per directory per process ---- */
 
@@ -246,6 +278,7 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
     if (!e)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "out of memory");
     e->gate_fd = -1;
+    e->direct_fd = -1;
     e->pid = getpid();
     snprintf(e->dir, sizeof e->dir, "%s", opt->dir);
     shoal_err err;
@@ -302,9 +335,19 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
     int data_fd;
     if (mdb_env_get_fd(e->env, &data_fd) == 0)
         (void)fcntl(data_fd, F_SETFD, fcntl(data_fd, F_GETFD) | FD_CLOEXEC);
+    /* A second descriptor for reads past the page cache (see
+     * store_env_read_direct); a file system without O_DIRECT (tmpfs)
+     * refuses it, and reads then copy from the map. */
+    char data_path[SHOAL_PATH_BYTES_MAX];
+    struct stat data_st;
+    if (common_path_join(data_path, sizeof data_path, e->dir, STORE_ENV_DATA_FILE) == SHOAL_OK)
+        e->direct_fd = open(data_path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (e->direct_fd >= 0 && fstat(e->direct_fd, &data_st) == 0)
+        e->data_ino = data_st.st_ino;
     MDB_envinfo info;
     if (mdb_env_info(e->env, &info) == 0 && info.me_mapsize > e->map_bytes)
         e->map_bytes = info.me_mapsize; /* another process grew it */
+    find_map_base(e);
 
     int dead = 0;
     if ((rc = mdb_reader_check(e->env, &dead)) != 0) {
@@ -368,6 +411,8 @@ void store_env_close(store_env *e)
     }
     if (e->gate_fd >= 0)
         close(e->gate_fd);
+    if (e->direct_fd >= 0)
+        close(e->direct_fd);
     registry_remove(e);
     if (e->resize_init)
         pthread_rwlock_destroy(&e->resize);
@@ -412,6 +457,7 @@ static int adopt_map(store_env *e)
     MDB_envinfo info;
     if (rc == 0 && mdb_env_info(e->env, &info) == 0)
         e->map_bytes = info.me_mapsize;
+    find_map_base(e);
     pthread_rwlock_unlock(&e->resize);
     return rc;
 }
@@ -429,6 +475,7 @@ static int grow_map(store_env *e, bool *grown)
                      (unsigned long long)(e->map_bytes >> 20), (unsigned long long)(want >> 20));
             e->map_bytes = want;
             *grown = true;
+            find_map_base(e);
         }
     }
     pthread_rwlock_unlock(&e->resize);
@@ -454,6 +501,38 @@ void store_env_read_end(store_env *e, MDB_txn *txn)
 {
     mdb_txn_abort(txn);
     pthread_rwlock_unlock(&e->resize);
+}
+
+bool store_env_can_read_direct(const store_env *e)
+{
+    return e->direct_fd >= 0;
+}
+
+ssize_t store_env_read_direct(store_env *e, const void *value, size_t bytes, void *buf,
+                              size_t buf_bytes)
+{
+    uintptr_t v = (uintptr_t)value;
+    if (e->direct_fd < 0 || e->map_base == 0 || v < e->map_base ||
+        v - e->map_base + bytes > e->map_bytes ||
+        ((uintptr_t)buf & (STORE_ENV_DIRECT_ALIGN - 1)) != 0)
+        return -1;
+    uint64_t at = v - e->map_base;
+    uint64_t from = at / STORE_ENV_DIRECT_ALIGN * STORE_ENV_DIRECT_ALIGN;
+    uint64_t to = (at + bytes + STORE_ENV_DIRECT_ALIGN - 1) / STORE_ENV_DIRECT_ALIGN *
+                  STORE_ENV_DIRECT_ALIGN;
+    if (to - from > buf_bytes)
+        return -1;
+    for (uint64_t done = 0; done < to - from;) {
+        ssize_t k = pread(e->direct_fd, (uint8_t *)buf + done, (size_t)(to - from - done),
+                          (off_t)(from + done));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1; /* an error, or the file ends short of a value LMDB
+                          maps: the caller copies from the map instead */
+        done += (uint64_t)k;
+    }
+    return (ssize_t)(at - from);
 }
 
 /* One attempt: begin, fn, totals, commit. */

@@ -35,6 +35,7 @@
 #include <lmdb.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 typedef struct store_env store_env;
 
@@ -69,6 +70,26 @@ bool store_env_owned(const store_env *e);
  * map grown by another process is adopted here. */
 shoal_err store_env_read_begin(store_env *e, MDB_txn **txn, shoal_diag *diag);
 void store_env_read_end(store_env *e, MDB_txn *txn);
+
+/* Reads past the page cache. A value of a read transaction (a pointer
+ * into the map, `bytes` long) is read from data.mdb with O_DIRECT into buf
+ * (STORE_ENV_DIRECT_ALIGN-aligned, at least store_env_direct_bytes): the
+ * aligned span around it in large requests, where faulting the map in
+ * would read it in readahead-sized pieces. Returns where in buf the value
+ * starts, or -1 (no O_DIRECT on this file system, buf unaligned or short,
+ * an I/O error): then copy from the map. Call it inside the transaction
+ * that returned the value (LMDB keeps those pages unchanged while it runs;
+ * commits are synced, and the kernel writes back any dirty page of the
+ * span before a direct read). */
+enum { STORE_ENV_DIRECT_ALIGN = 4096 };
+static inline size_t store_env_direct_bytes(size_t bytes)
+{
+    return (bytes + 2 * STORE_ENV_DIRECT_ALIGN - 1) / STORE_ENV_DIRECT_ALIGN *
+           STORE_ENV_DIRECT_ALIGN;
+}
+bool store_env_can_read_direct(const store_env *e);
+ssize_t store_env_read_direct(store_env *e, const void *value, size_t bytes, void *buf,
+                              size_t buf_bytes);
 
 /* The body of a write: changes through w, returns an LMDB code. */
 typedef int (*store_env_write_fn)(void *ctx, store_wtx *w);

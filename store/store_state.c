@@ -70,7 +70,7 @@ struct store_state {
 
     /* Counters (stats); any thread. */
     atomic_uint_fast64_t puts, drops, writes, duplicates, evictions, hits, misses, refused,
-        map_full, map_grows, write_errors, touch_drops;
+        map_full, map_grows, write_errors, touch_drops, direct_reads;
     atomic_bool refusal_logged;
     /* Writer only: the counters' values already added to the totals. */
     uint64_t persisted[PERSISTED];
@@ -416,16 +416,37 @@ static void touch(store_state *s, const common_hash *hash)
 
 /* ---- reads ---- */
 
-shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, size_t out_bytes,
-                          int *tokens, shoal_diag *diag)
+/* Where a get puts what it finds: the page into `page` (the header kept
+ * aside), or the whole record into `buf`, read past the page cache when
+ * it is not there. */
+typedef struct get_dst {
+    uint8_t *page;
+    uint8_t *buf;
+    size_t buf_bytes;
+    size_t record_at; /* out: where in buf the record starts */
+    bool direct;      /* out: read with O_DIRECT */
+} get_dst;
+
+/* A value is in the page cache: its first and last pages are (records
+ * are read and written whole; the first alone may have come in with the
+ * readahead of a B-tree page next to it). */
+static bool value_resident(const void *value, size_t bytes)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t first = (uintptr_t)value / page * page;
+    uintptr_t last = ((uintptr_t)value + bytes - 1) / page * page;
+    unsigned char in = 0, in_last = 0;
+    return mincore((void *)first, page, &in) == 0 && (in & 1) &&
+           mincore((void *)last, page, &in_last) == 0 && (in_last & 1);
+}
+
+static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int *tokens,
+                     shoal_diag *diag)
 {
     if (!store_env_owned(s->env))
         return shoal_diag_set(diag, SHOAL_ERR_BROKEN,
                               "state store handle used in a process "
                               "that did not open it (open it after fork)");
-    if (out_bytes < s->layout.page_bytes)
-        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "buffer of %zu bytes for a page of %zu",
-                              out_bytes, s->layout.page_bytes);
     uint8_t key[STORE_KEY_BYTES];
     store_record_key(key, &s->fingerprint, hash);
     MDB_txn *txn;
@@ -433,17 +454,33 @@ shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, si
     if (err != SHOAL_OK)
         return err;
     MDB_val k = {STORE_KEY_BYTES, key}, v;
-    uint8_t header[STORE_RECORD_HEADER_BYTES];
+    uint8_t kept[STORE_RECORD_HEADER_BYTES];
+    const uint8_t *header = kept, *payload = dst->page;
     store_record_info info;
     shoal_diag why;
     int rc = mdb_get(txn, store_env_index(s->env)->records, &k, &v);
-    if (rc == 0) {
+    if (rc == 0 && dst->page) {
         err = store_record_check(key, v.mv_data, v.mv_size, &s->layout, false, &info, &why);
         if (err == SHOAL_OK) {
-            memcpy(header, v.mv_data, STORE_RECORD_HEADER_BYTES);
-            memcpy(out, (const uint8_t *)v.mv_data + STORE_RECORD_HEADER_BYTES,
+            memcpy(kept, v.mv_data, STORE_RECORD_HEADER_BYTES);
+            memcpy(dst->page, (const uint8_t *)v.mv_data + STORE_RECORD_HEADER_BYTES,
                    s->layout.page_bytes);
         }
+    } else if (rc == 0 && v.mv_size > dst->buf_bytes) {
+        /* longer than a record of this layout: the check says so */
+        err = store_record_check(key, v.mv_data, v.mv_size, &s->layout, false, &info, &why);
+    } else if (rc == 0) {
+        ssize_t at = -1;
+        if (!value_resident(v.mv_data, v.mv_size))
+            at = store_env_read_direct(s->env, v.mv_data, v.mv_size, dst->buf, dst->buf_bytes);
+        dst->direct = at >= 0;
+        dst->record_at = at >= 0 ? (size_t)at : 0;
+        if (at < 0)
+            memcpy(dst->buf, v.mv_data, v.mv_size);
+        header = dst->buf + dst->record_at;
+        payload = header + STORE_RECORD_HEADER_BYTES;
+        /* the copy's header: what is checked is what is returned */
+        err = store_record_check(key, header, v.mv_size, &s->layout, false, &info, &why);
     }
     store_env_read_end(s->env, txn);
     if (rc == MDB_NOTFOUND) {
@@ -454,7 +491,7 @@ shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, si
         return store_env_error(s->env, rc, "reading a state", diag);
     /* The checksum is checked on the copy, outside the transaction: what
      * is returned is exactly what was checked. */
-    if (err == SHOAL_OK && !store_record_checksum_ok(header, out, s->layout.page_bytes)) {
+    if (err == SHOAL_OK && !store_record_checksum_ok(header, payload, s->layout.page_bytes)) {
         err = SHOAL_ERR_FORMAT;
         snprintf(why.msg, sizeof why.msg, "checksum mismatch");
     }
@@ -470,10 +507,39 @@ shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, si
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "stored state refused: %s", why.msg);
     }
     atomic_fetch_add(&s->hits, 1);
+    if (dst->direct)
+        atomic_fetch_add(&s->direct_reads, 1);
     touch(s, hash);
     if (tokens)
         *tokens = info.tokens;
     return SHOAL_OK;
+}
+
+shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, size_t out_bytes,
+                          int *tokens, shoal_diag *diag)
+{
+    if (out_bytes < s->layout.page_bytes)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "buffer of %zu bytes for a page of %zu",
+                              out_bytes, s->layout.page_bytes);
+    get_dst dst = {.page = out};
+    return get(s, hash, &dst, tokens, diag);
+}
+
+size_t store_state_read_bytes(const store_state *s)
+{
+    return store_env_direct_bytes(store_record_bytes(&s->layout));
+}
+
+shoal_err store_state_read(store_state *s, const common_hash *hash, void *buf, size_t buf_bytes,
+                           size_t *payload_at, int *tokens, shoal_diag *diag)
+{
+    if (buf_bytes < store_record_bytes(&s->layout))
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "buffer of %zu bytes for a record of %zu",
+                              buf_bytes, store_record_bytes(&s->layout));
+    get_dst dst = {.buf = buf, .buf_bytes = buf_bytes};
+    shoal_err err = get(s, hash, &dst, tokens, diag);
+    *payload_at = dst.record_at + STORE_RECORD_HEADER_BYTES;
+    return err;
 }
 
 /* The leading hashes with a record, checking headers or not. */
@@ -524,18 +590,13 @@ shoal_err store_state_resident(store_state *s, const common_hash *hashes, int n,
     if (err != SHOAL_OK)
         return err;
     MDB_dbi records = store_env_index(s->env)->records;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
     for (int i = 0; i < n; i++) {
         uint8_t key[STORE_KEY_BYTES];
         store_record_key(key, &s->fingerprint, &hashes[i]);
         MDB_val k = {STORE_KEY_BYTES, key}, v;
         if (mdb_get(txn, records, &k, &v) != 0)
             continue;
-        /* the first page of the value in the map (records are read and
-         * written whole, so one page tells) */
-        unsigned char in = 0;
-        uintptr_t at = (uintptr_t)v.mv_data / page * page;
-        *resident += mincore((void *)at, page, &in) == 0 && (in & 1);
+        *resident += value_resident(v.mv_data, v.mv_size);
         *total += 1;
     }
     store_env_read_end(s->env, txn);
@@ -585,6 +646,7 @@ shoal_err store_state_stats_get(store_state *s, store_state_stats *out, shoal_di
     out->hits = atomic_load(&s->hits);
     out->misses = atomic_load(&s->misses);
     out->refused = atomic_load(&s->refused);
+    out->direct_reads = atomic_load(&s->direct_reads);
     out->map_full = atomic_load(&s->map_full);
     out->map_grows = atomic_load(&s->map_grows);
     out->write_errors = atomic_load(&s->write_errors);

@@ -62,6 +62,7 @@ typedef struct store_state_stats {
     uint64_t hits;       /* gets that returned a page */
     uint64_t misses;     /* gets of a block not stored */
     uint64_t refused;    /* gets of a record that failed a check */
+    uint64_t direct_reads; /* reads (store_state_read) past the page cache */
     uint64_t map_full;   /* write attempts that found the map full */
     uint64_t map_grows;
     uint64_t write_errors; /* batches lost to an error (logged) */
@@ -106,6 +107,17 @@ shoal_err store_state_put_async(store_state *s, const common_hash *hash, const c
 shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, size_t out_bytes,
                           int *tokens, shoal_diag *diag);
 
+/* store_state_get for a restore's readers, reading a record not in the
+ * page cache from the disk with O_DIRECT (large requests, full disk
+ * speed; a record in the page cache, or a file system without O_DIRECT,
+ * is copied from the map). The record goes into buf, which needs
+ * store_state_read_bytes and 4096-byte alignment for O_DIRECT (a short or
+ * unaligned buf is copied into); the page starts at buf + *payload_at.
+ * Results and counters as store_state_get's, plus direct_reads. */
+size_t store_state_read_bytes(const store_state *s);
+shoal_err store_state_read(store_state *s, const common_hash *hash, void *buf, size_t buf_bytes,
+                           size_t *payload_at, int *tokens, shoal_diag *diag);
+
 /* How many of hashes[0..n) lead the list and are stored (as records of this
  * model and layout whose headers check; the checksums are checked by get),
  * in *stored. One read transaction; counts nothing. Any thread. A later
@@ -122,7 +134,7 @@ shoal_err store_state_lookup_keys(store_state *s, const common_hash *hashes, int
                                   shoal_diag *diag);
 
 /* Of the records of hashes[0..n), how many are in the page cache, judged
- * by the first page of each (mincore over the map, no read), in
+ * by the first and last page of each (mincore over the map, no read), in
  * *resident, of *total found: whether a restore will read memory or the
  * disk. One read transaction. */
 shoal_err store_state_resident(store_state *s, const common_hash *hashes, int n,

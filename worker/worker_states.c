@@ -53,6 +53,7 @@ typedef struct slot {
     int block;
     shoal_err err;
     int tokens;
+    size_t payload_at; /* where in the slot's buffer the page starts */
 } slot;
 
 struct worker_states {
@@ -64,10 +65,12 @@ struct worker_states {
     uint64_t spill_bytes;
     bool read_all;
     store_state *store;
-    /* Staging: `slots` host buffers of page_bytes that readers fill and
-     * the engine's pump uploads, and one for spills (the eviction hook
-     * runs inside worker_pages_alloc on the engine's thread). */
+    /* Staging: `slots` host buffers of slot_bytes (a stored record, with
+     * room to read it with O_DIRECT) that readers fill and the engine's
+     * pump uploads, and one for spills (the eviction hook runs inside
+     * worker_pages_alloc on the engine's thread). */
     int slots;
+    size_t slot_bytes;
     uint8_t *staging;
     size_t staging_bytes;
     bool pinned; /* staging is pinned: uploads are async, sync before reuse */
@@ -120,10 +123,6 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
     }
     if (threads > SHOAL_STATES_READ_THREADS_MAX)
         threads = SHOAL_STATES_READ_THREADS_MAX;
-    size_t cap = SHOAL_STATES_STAGING_BYTES_MAX / st->page_bytes;
-    if (cap > SHOAL_STATES_STAGING_PAGES_MAX)
-        cap = SHOAL_STATES_STAGING_PAGES_MAX;
-    st->slots = cap < (size_t)threads ? threads : (int)cap;
     store_state_options so = {
         .dir = o->dir, .spill_bytes = o->spill_bytes, .fingerprint = *worker_model_fingerprint(m)};
     so.layout = (store_page_layout){.page_tokens = kv->page_tokens,
@@ -134,7 +133,12 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
                                     .page_bytes = kv->page_bytes};
     if ((err = store_state_open(&so, &st->store, diag)))
         goto out_close;
-    st->staging_bytes = ((size_t)st->slots * st->page_bytes + 4095) / 4096 * 4096;
+    st->slot_bytes = (store_state_read_bytes(st->store) + 4095) / 4096 * 4096;
+    size_t cap = SHOAL_STATES_STAGING_BYTES_MAX / st->slot_bytes;
+    if (cap > SHOAL_STATES_STAGING_PAGES_MAX)
+        cap = SHOAL_STATES_STAGING_PAGES_MAX;
+    st->slots = cap < (size_t)threads ? threads : (int)cap;
+    st->staging_bytes = (size_t)st->slots * st->slot_bytes;
     st->staging = aligned_alloc(4096, st->staging_bytes);
     st->spill_buf = aligned_alloc(4096, (st->page_bytes + 4095) / 4096 * 4096);
     st->slot = calloc((size_t)st->slots, sizeof *st->slot);
@@ -267,12 +271,14 @@ static void *reader_main(void *arg)
         pthread_mutex_unlock(&st->mu);
         /* A refusal's reason is logged (once) and counted by the store. */
         int tokens = 0;
-        shoal_err err = store_state_get(st->store, &j->chain[b + 1],
-                                        st->staging + (size_t)i * st->page_bytes, st->page_bytes,
-                                        &tokens, NULL);
+        size_t payload_at = 0;
+        shoal_err err = store_state_read(st->store, &j->chain[b + 1],
+                                         st->staging + (size_t)i * st->slot_bytes, st->slot_bytes,
+                                         &payload_at, &tokens, NULL);
         pthread_mutex_lock(&st->mu);
         sl->err = err;
         sl->tokens = tokens;
+        sl->payload_at = payload_at;
         sl->state = SLOT_READ;
         j->state[b] = BLOCK_READ;
         if (err != SHOAL_ERR_NOT_FOUND) { /* a miss is a quick B-tree walk: not a read */
@@ -301,7 +307,9 @@ static bool place(worker_states *st, restore_job *j, int i, int b)
 {
     int page = j->pages_out[b];
     shoal_err err = st->be->upload(st->be, st->arena + (size_t)page * st->page_bytes,
-                                   st->staging + (size_t)i * st->page_bytes, st->page_bytes);
+                                   st->staging + (size_t)i * st->slot_bytes +
+                                       st->slot[i].payload_at,
+                                   st->page_bytes);
     if (err) {
         LOG_ERROR("state store: uploading a restored page failed: %s", shoal_strerror(err));
         return false;

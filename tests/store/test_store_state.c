@@ -6,6 +6,7 @@
 #include "store_test_util.h"
 #include "tests/test.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -568,6 +569,97 @@ static void test_gets_from_many_threads_while_the_writer_writes(void)
     tu_rmtree(dir);
 }
 
+/* Drops data.mdb of dir from the page cache (its pages are clean: commits
+ * sync). */
+static void drop_cache(const char *dir)
+{
+    char path[200];
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    CHECK(fd >= 0);
+    CHECK(fdatasync(fd) == 0);
+    CHECK(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+    close(fd);
+}
+
+/* store_state_read: a record on the disk is read with O_DIRECT (where the
+ * file system has it), one in the page cache is copied from the map, and
+ * either way the page comes back exact, refused when it fails its checks. */
+static void test_read_goes_past_the_page_cache_for_a_record_on_disk(void)
+{
+    char dir[128], path[200];
+    tu_tempdir(dir, sizeof dir, "direct");
+    store_page_layout l = tu_layout(36, 8, 128, 16); /* 8B: 2.25 MiB pages */
+    store_state_options o = tu_options(dir, 64ull << 20, 1, l);
+    store_state *s = open_store(&o);
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ_INT(put_block(s, &l, 12, (uint64_t)i, i - 1, i == 3 ? 7 : 16), SHOAL_OK);
+    store_state_close(s);
+    common_hash h[4];
+    for (int i = 0; i < 4; i++)
+        h[i] = tu_hash(12, (uint64_t)i);
+    CHECK(tu_flip_record_byte(dir, &o.fingerprint, &h[2], STORE_RECORD_HEADER_BYTES + 4096));
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    int probe = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    bool direct = probe >= 0;
+    if (probe >= 0)
+        close(probe);
+    else
+        printf("# no O_DIRECT on this file system: reads copy from the map\n");
+    s = open_store(&o);
+    drop_cache(dir);
+    uint64_t resident = 9, total = 0;
+    CHECK_EQ_INT(store_state_resident(s, h, 4, &resident, &total, NULL), SHOAL_OK);
+    CHECK_EQ_INT(total, 4);
+    if (direct)
+        CHECK_EQ_INT(resident, 0);
+
+    size_t bytes = store_state_read_bytes(s);
+    CHECK(bytes >= store_record_bytes(&l) + 4096 && bytes % 4096 == 0);
+    uint8_t *buf = aligned_alloc(4096, bytes), *want = malloc(l.page_bytes);
+    shoal_diag d = {{0}};
+    size_t at = 0;
+    int tokens = 0;
+    /* from the disk, twice (a direct read leaves the page cache as it was) */
+    for (int pass = 0; pass < 2; pass++) {
+        memset(buf, 0, bytes);
+        CHECK_EQ_INT(store_state_read(s, &h[3], buf, bytes, &at, &tokens, &d), SHOAL_OK);
+        tu_page(want, l.page_bytes, 12, 3);
+        CHECK(at + l.page_bytes <= bytes);
+        CHECK(memcmp(buf + at, want, l.page_bytes) == 0);
+        CHECK_EQ_INT(tokens, 7);
+        CHECK_EQ_INT(stats_of(s).direct_reads, direct ? pass + 1 : 0);
+    }
+    /* a flipped payload bit is refused on the direct path too */
+    CHECK_EQ_INT(store_state_read(s, &h[2], buf, bytes, &at, NULL, &d), SHOAL_ERR_FORMAT);
+    CHECK_HAS(d.msg, "checksum");
+    CHECK_EQ_INT(stats_of(s).refused, 1);
+    /* an unaligned buffer is copied into from the map */
+    CHECK_EQ_INT(store_state_read(s, &h[1], buf + 16, bytes - 16, &at, &tokens, &d), SHOAL_OK);
+    tu_page(want, l.page_bytes, 12, 1);
+    CHECK(memcmp(buf + 16 + at, want, l.page_bytes) == 0);
+    CHECK_EQ_INT(stats_of(s).direct_reads, direct ? 2 : 0);
+    /* in the page cache now (get faults it in): copied from the map */
+    CHECK_EQ_INT(get_block(s, &l, 12, 0, NULL, &d), SHOAL_OK);
+    CHECK_EQ_INT(store_state_read(s, &h[0], buf, bytes, &at, &tokens, &d), SHOAL_OK);
+    tu_page(want, l.page_bytes, 12, 0);
+    CHECK(memcmp(buf + at, want, l.page_bytes) == 0);
+    CHECK_EQ_INT(stats_of(s).direct_reads, direct ? 2 : 0);
+    /* edges: a buffer short of a record, a block not stored */
+    CHECK_EQ_INT(store_state_read(s, &h[0], buf, store_record_bytes(&l) - 1, &at, NULL, &d),
+                 SHOAL_ERR_INVALID);
+    CHECK_HAS(d.msg, "record of");
+    common_hash none = tu_hash(12, 99);
+    CHECK_EQ_INT(store_state_read(s, &none, buf, bytes, &at, NULL, &d), SHOAL_ERR_NOT_FOUND);
+    store_state_stats st = stats_of(s);
+    CHECK_EQ_INT(st.hits, 5);
+    CHECK_EQ_INT(st.misses, 1);
+    free(buf);
+    free(want);
+    store_state_close(s);
+    tu_rmtree(dir);
+}
+
 int main(int argc, char **argv)
 {
     tu_holder_main(argc, argv);
@@ -575,6 +667,7 @@ int main(int argc, char **argv)
     TEST_RUN(test_put_get_round_trips_page_sized_payloads);
     TEST_RUN(test_lookup_counts_the_leading_stored_blocks);
     TEST_RUN(test_other_fingerprint_and_flipped_byte_are_refused_and_counted);
+    TEST_RUN(test_read_goes_past_the_page_cache_for_a_record_on_disk);
     TEST_RUN(test_eviction_keeps_under_the_limit_least_recently_used_first);
     TEST_RUN(test_a_full_map_is_handled_by_evicting_or_growing);
     TEST_RUN(test_full_queue_drops_and_counts_without_blocking);
