@@ -417,6 +417,7 @@ int main(int argc, char **argv)
          * run leaves the blocks it computed on disk). */
         run_result res[2][2];
         double bw[2][2] = {{0, 0}, {0, 0}};
+        uint64_t direct_reads = 0; /* the cold read pass's reads with O_DIRECT */
         bool same = true;
         for (int mode = 0; mode < 2; mode++) {
             so.read_all = mode == 0;
@@ -432,6 +433,10 @@ int main(int argc, char **argv)
                 int e = run_turn(m, &eo, st, prompt, len, 1, r, false);
                 worker_states_stats ws;
                 worker_states_stats_get(st, &ws);
+                store_state_stats ss;
+                if (mode == 0 && pass == 0 &&
+                    store_state_stats_get(worker_states_store(st), &ss, NULL) == SHOAL_OK)
+                    direct_reads = ss.direct_reads;
                 worker_states_close(st);
                 if (e)
                     goto out;
@@ -447,10 +452,11 @@ int main(int argc, char **argv)
             }
         }
         printf("history %6d: TTFT recompute %.4f s; read %.4f s cold (%.2fx), %.4f s warm "
-               "(%.2fx), %.2f / %.2f GB/s; overlap %.4f s cold (%.2fx, %d of %d blocks read), "
+               "(%.2fx), %.2f / %.2f GB/s, %llu read with O_DIRECT; overlap %.4f s cold (%.2fx, %d of %d blocks read), "
                "%.4f s warm (%.2fx, %d read); disk %.2f GB/s, %d MiB stored; first token %s\n",
                H, rec.ttft_s, res[0][0].ttft_s, rec.ttft_s / res[0][0].ttft_s, res[0][1].ttft_s,
-               rec.ttft_s / res[0][1].ttft_s, bw[0][0], bw[0][1], res[1][0].ttft_s,
+               rec.ttft_s / res[0][1].ttft_s, bw[0][0], bw[0][1], (unsigned long long)direct_reads,
+               res[1][0].ttft_s,
                rec.ttft_s / res[1][0].ttft_s, res[1][0].cached / 16, H / 16, res[1][1].ttft_s,
                rec.ttft_s / res[1][1].ttft_s, res[1][1].cached / 16, disk,
                (int)((size_t)(H / 16) * kv->page_bytes >> 20), same ? "equal" : "differs");
