@@ -306,14 +306,18 @@ static void attn_splits_filled(int sm_count, int rows, int blocks_per_row, int h
 
 /* ---- the tensor-core partial kernel ---- */
 
-enum { TC_GM = 16, TC_BN = 64, TC_THREADS = 128, TC_STAGES = 3 };
+/* STAGES: K and V tiles in shared memory, STAGES - 1 of them in flight
+ * while one is used (SHOAL_CUDA_ATTN_STAGES, 3 by default; 2 takes 68 KiB
+ * a block at head dim 128 instead of 100, three blocks an SM instead of
+ * two). */
+enum { TC_GM = 16, TC_BN = 64, TC_THREADS = 128 };
 
-template <int HD> static constexpr size_t tc_partial_smem_bytes()
+template <int HD, int STAGES> static constexpr size_t tc_partial_smem_bytes()
 {
-    return (size_t)TC_GM * HD * 2 /* Q */ + 2 * TC_STAGES * (size_t)TC_BN * HD * 2 /* K, V */;
+    return (size_t)TC_GM * HD * 2 /* Q */ + 2 * STAGES * (size_t)TC_BN * HD * 2 /* K, V */;
 }
 
-template <int HD, typename KV>
+template <int HD, typename KV, int STAGES>
 static __global__ void __launch_bounds__(TC_THREADS)
     attn_partial_tc(attn_args a, const bf16 *q, const int32_t *row_stream,
                     const int32_t *positions, const int32_t *page_table)
@@ -335,7 +339,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int h0 = kvh * group + g0;
     const uint32_t qs = mma::smem_addr(smem);
-    const uint32_t ks0 = qs + TC_GM * HD * 2, vs0 = ks0 + TC_STAGES * TC_BN * HD * 2;
+    const uint32_t ks0 = qs + TC_GM * HD * 2, vs0 = ks0 + STAGES * TC_BN * HD * 2;
     const uint32_t tile_bytes = TC_BN * HD * 2;
 
     /* the group's query heads are the rows of the tile; the rest are zeros */
@@ -360,20 +364,22 @@ static __global__ void __launch_bounds__(TC_THREADS)
     const float sl2 = a.scale * 1.4426950408889634f * k_scale;
     typedef mma::kv_tile<HD, TC_BN, TC_THREADS, KV> tile_io;
 
-    /* three stages: tiles j + 1 and j + 2 are in flight while j is used;
-     * one commit group a tile (empty past the last), so waiting for all
-     * but the last two groups means tile j has landed */
+    /* STAGES stages: tiles j + 1 .. j + STAGES - 1 are in flight while j
+     * is used; one commit group a tile (empty past the last; Q rides with
+     * the first), so waiting for all but the last STAGES - 1 groups means
+     * tile j has landed */
+    constexpr int AHEAD = STAGES - 1;
     const int ntiles = (te - tb + TC_BN - 1) / TC_BN;
-    tile_io::load(ks0, a.arena, L.page_bytes, pages, pt_shift, k_off, tb, te);
-    tile_io::load(vs0, a.arena, L.page_bytes, pages, pt_shift, v_off, tb, te);
-    mma::cp_async_commit(); /* Q and the first tile */
-    if (ntiles > 1) {
-        tile_io::load(ks0 + tile_bytes, a.arena, L.page_bytes, pages, pt_shift, k_off,
-                      tb + TC_BN, te);
-        tile_io::load(vs0 + tile_bytes, a.arena, L.page_bytes, pages, pt_shift, v_off,
-                      tb + TC_BN, te);
+#pragma unroll
+    for (int p = 0; p < AHEAD; p++) {
+        if (p < ntiles) {
+            tile_io::load(ks0 + p * tile_bytes, a.arena, L.page_bytes, pages, pt_shift, k_off,
+                          tb + p * TC_BN, te);
+            tile_io::load(vs0 + p * tile_bytes, a.arena, L.page_bytes, pages, pt_shift, v_off,
+                          tb + p * TC_BN, te);
+        }
+        mma::cp_async_commit();
     }
-    mma::cp_async_commit();
 
     float o[DT][4];
 #pragma unroll
@@ -382,17 +388,17 @@ static __global__ void __launch_bounds__(TC_THREADS)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     uint32_t qf[HD / 16][4];
     for (int j = 0; j < ntiles; j++) {
-        const uint32_t kb = ks0 + (j % TC_STAGES) * tile_bytes;
-        const uint32_t vb = vs0 + (j % TC_STAGES) * tile_bytes;
-        if (j + 2 < ntiles) { /* into the stage that tile j - 1 used */
-            const uint32_t nb = ((j + 2) % TC_STAGES) * tile_bytes;
+        const uint32_t kb = ks0 + (j % STAGES) * tile_bytes;
+        const uint32_t vb = vs0 + (j % STAGES) * tile_bytes;
+        if (j + AHEAD < ntiles) { /* into the stage that tile j - 1 used */
+            const uint32_t nb = ((j + AHEAD) % STAGES) * tile_bytes;
             tile_io::load(ks0 + nb, a.arena, L.page_bytes, pages, pt_shift, k_off,
-                          tb + (j + 2) * TC_BN, te);
+                          tb + (j + AHEAD) * TC_BN, te);
             tile_io::load(vs0 + nb, a.arena, L.page_bytes, pages, pt_shift, v_off,
-                          tb + (j + 2) * TC_BN, te);
+                          tb + (j + AHEAD) * TC_BN, te);
         }
         mma::cp_async_commit();
-        mma::cp_async_wait<2>();
+        mma::cp_async_wait<AHEAD>();
         __syncthreads();
         if (j == 0)
             mma::q_fragments<HD>(qf, qs, 0);
@@ -409,7 +415,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
             }
         mma::softmax_step<HD, 2>(sc, o, m, l);
         mma::accumulate<HD, 2>(o, sc, vb, warp * 16);
-        __syncthreads(); /* the stage is refilled three tiles on */
+        __syncthreads(); /* the stage is refilled STAGES tiles on */
     }
     mma::cp_async_wait<0>();
 
@@ -457,24 +463,28 @@ static __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
-template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, F f)
+template <int STAGES, typename F> static bool partial_tc_dispatch_stages(int hd, bool fp8, F f)
 {
-    bool fp8 = kv == SHOAL_DTYPE_F8_E4M3;
     switch (hd) {
-    case 32:
-        fp8 ? f(attn_partial_tc<32, __nv_fp8_storage_t>, tc_partial_smem_bytes<32>())
-            : f(attn_partial_tc<32, bf16>, tc_partial_smem_bytes<32>());
+#define TC_CASE(HD)                                                                              \
+    case HD:                                                                                     \
+        fp8 ? f(attn_partial_tc<HD, __nv_fp8_storage_t, STAGES>,                                 \
+                tc_partial_smem_bytes<HD, STAGES>())                                             \
+            : f(attn_partial_tc<HD, bf16, STAGES>, tc_partial_smem_bytes<HD, STAGES>());         \
         return true;
-    case 64:
-        fp8 ? f(attn_partial_tc<64, __nv_fp8_storage_t>, tc_partial_smem_bytes<64>())
-            : f(attn_partial_tc<64, bf16>, tc_partial_smem_bytes<64>());
-        return true;
-    case 128:
-        fp8 ? f(attn_partial_tc<128, __nv_fp8_storage_t>, tc_partial_smem_bytes<128>())
-            : f(attn_partial_tc<128, bf16>, tc_partial_smem_bytes<128>());
-        return true;
+        TC_CASE(32)
+        TC_CASE(64)
+        TC_CASE(128)
+#undef TC_CASE
     default: return false;
     }
+}
+
+template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, int stages, F f)
+{
+    bool fp8 = kv == SHOAL_DTYPE_F8_E4M3;
+    return stages == 2 ? partial_tc_dispatch_stages<2>(hd, fp8, f)
+                       : partial_tc_dispatch_stages<3>(hd, fp8, f);
 }
 
 /* ---- launching ---- */
@@ -496,8 +506,8 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
               (unsigned)c->args.splits);
     if (c->tc) {
         if constexpr (sizeof(T) == 2)
-            partial_tc_dispatch(c->args.L.head_dim, c->args.L.dtype, [&](auto kernel,
-                                                                          size_t bytes) {
+            partial_tc_dispatch(c->args.L.head_dim, c->args.L.dtype, cuda_of(c->be)->attn_stages,
+                                [&](auto kernel, size_t bytes) {
                 kernel<<<grid, TC_THREADS, bytes, stream>>>(c->args, (const bf16 *)s->q,
                                                             s->row_stream, s->positions,
                                                             s->page_table);
@@ -535,11 +545,12 @@ shoal_err cuda_attention_init(kernels_backend *be)
         e = cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     for (int hd : {32, 64, 128})
         for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
-            partial_tc_dispatch(hd, kv, [&](auto kernel, size_t tc_bytes) {
-                if (e == cudaSuccess)
-                    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)tc_bytes);
-            });
+            for (int stages : {2, 3})
+                partial_tc_dispatch(hd, kv, stages, [&](auto kernel, size_t tc_bytes) {
+                    if (e == cudaSuccess)
+                        e = cudaFuncSetAttribute(
+                            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_bytes);
+                });
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
     return cuda_of(be)->err;

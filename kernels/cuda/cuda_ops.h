@@ -94,6 +94,7 @@ typedef struct cuda_state {
     int sm_count;
     bool attn_tc;
     int attn_fill;
+    int attn_stages; /* K/V tile stages of the tensor-core partial kernel: 2 or 3 */
     int gemv_rows_max;
     bool graphs;
     bool sample_split;

@@ -12,7 +12,8 @@
  * sweep "new" with SHOAL_CUDA_GEMV_ROWS=8, and for the sampling and
  * decode attention sweeps "prev" (the defaults before issue #5's sampler
  * and short segments: SHOAL_CUDA_SAMPLE=0 SHOAL_CUDA_ATTN_FILL=0) and
- * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone), and for the
+ * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone) and "stages2"
+ * (SHOAL_CUDA_ATTN_STAGES=2: two K/V tile stages), and for the
  * decode step's gate/up row and its q/k norm, rope and KV write row
  * "prev" (SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0: the joined GEMV,
  * then the swiglu kernel; qk_norm_rope twice, then kv_write). All run on
@@ -26,8 +27,8 @@
  * read once, outputs written once); GB/s and TFLOP/s are those over the
  * time.
  *
- * Prints, in order: the ops of one decode step at batch 1 (4k context)
- * and of a 2,048-token prefill, with a per-layer and per-model sum; the
+ * Prints, in order: the ops of one decode step at batch 1 (4k context),
+ * at batch 64 (1k context) and of a 2,048-token prefill, with a per-layer and per-model sum; the
  * GEMV against cuBLAS at 1 to 8 rows; greedy sampling of 1 and 64 rows of
  * 151,936 logits; paged decode attention at batch 1/32/64 and 4k/8k/32k
  * context (effective read bandwidth); causal prompt
@@ -566,6 +567,7 @@ int main(int argc, char **argv)
     static const char *const prev_env[] = {"SHOAL_CUDA_SAMPLE=0", "SHOAL_CUDA_ATTN_FILL=0",
                                            NULL};
     static const char *const merge_env[] = {"SHOAL_CUDA_ATTN_FILL=1", NULL};
+    static const char *const stages_env[] = {"SHOAL_CUDA_ATTN_STAGES=2", NULL};
     static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", "SHOAL_CUDA_ROPE_KV=0",
                                            NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
@@ -574,6 +576,7 @@ int main(int argc, char **argv)
     kernels_backend *pb = open_variant(device, false, 0, prev_env);
     kernels_backend *mb = open_variant(device, false, 0, merge_env);
     kernels_backend *sb = open_variant(device, false, 0, pass_env);
+    kernels_backend *tb = open_variant(device, false, 0, stages_env);
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
@@ -586,13 +589,17 @@ int main(int argc, char **argv)
     printf("  => new: %.1f tokens/s if the step were its ops' GPU time alone; %.2f GB of "
            "weights per step\n",
            1.0 / dec, weights / 1e9);
+    printf("\ndecode step ops, batch 64, context 1024 (per call)\n");
+    double dec64 = step_ops(nb, vb, sb, &b, 64, 1, 1024, 10, reps);
+    printf("  => new: %.1f tokens/s if the step were its ops' GPU time alone\n", 64.0 / dec64);
     printf("\nprefill ops, 2048 tokens of one stream (per call)\n");
     step_ops(nb, vb, sb, &b, 1, 2048, 2048, 3, 5);
     gemv_vs_cublas(gb, vb, &b, reps);
     sample_sweep(nb, pb, &b, reps);
-    kernels_backend *attn_bes[] = {nb, mb, pb, vb};
-    const char *attn_names[] = {"new", "merge", "prev", "v1"};
-    attention_sweep(attn_bes, attn_names, 4, &b, reps, quick);
+    kernels_backend *attn_bes[] = {nb, tb, mb, pb, vb};
+    const char *attn_names[] = {"new", "stages2", "merge", "prev", "v1"};
+    attention_sweep(attn_bes, attn_names, 5, &b, reps, quick);
+    kernels_backend_close(tb);
     kernels_backend_close(sb);
     kernels_backend_close(mb);
     kernels_backend_close(pb);
