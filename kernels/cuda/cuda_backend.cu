@@ -296,7 +296,7 @@ static void pick_kernels(cuda_state *st)
         st->gemv_rows_max = CUDA_GEMV_ROWS_MAX;
     st->graphs = env_int("SHOAL_CUDA_GRAPHS", legacy ? 0 : 1) != 0;
     st->attn_fill = env_int("SHOAL_CUDA_ATTN_FILL", legacy ? 0 : 2);
-    st->attn_stages = env_int("SHOAL_CUDA_ATTN_STAGES", 3) == 2 ? 2 : 3;
+    st->attn_stages = env_int("SHOAL_CUDA_ATTN_STAGES", legacy ? 3 : 2) == 3 ? 3 : 2;
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;

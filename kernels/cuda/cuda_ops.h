@@ -90,11 +90,15 @@ typedef struct cuda_state {
      * default 1; 0 = the projections written, then the swiglu kernel), and
      * q's and k's norm and rotation with the KV write as one kernel where
      * the GEMV takes the rows (SHOAL_CUDA_ROPE_KV, default 1; 0 = the
-     * qk_norm_rope kernel twice, then kv_write). */
+     * qk_norm_rope kernel twice, then kv_write), and the tensor-core
+     * attention partials' K/V tile stages (SHOAL_CUDA_ATTN_STAGES, default
+     * 2; 3 = the third session's, two blocks a multiprocessor instead of
+     * three). */
     int sm_count;
     bool attn_tc;
     int attn_fill;
-    int attn_stages; /* K/V tile stages of the tensor-core partial kernel: 2 or 3 */
+    int attn_stages;    /* 2 or 3 */
+    int attn_tc_per_sm[3]; /* resident partial blocks a multiprocessor, head dims 32/64/128 */
     int gemv_rows_max;
     bool graphs;
     bool sample_split;

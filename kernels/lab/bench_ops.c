@@ -12,8 +12,8 @@
  * sweep "new" with SHOAL_CUDA_GEMV_ROWS=8, and for the sampling and
  * decode attention sweeps "prev" (the defaults before issue #5's sampler
  * and short segments: SHOAL_CUDA_SAMPLE=0 SHOAL_CUDA_ATTN_FILL=0) and
- * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone) and "stages2"
- * (SHOAL_CUDA_ATTN_STAGES=2: two K/V tile stages), and for the
+ * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone) and "stages3"
+ * (SHOAL_CUDA_ATTN_STAGES=3: three K/V tile stages, as before), and for the
  * decode step's gate/up row and its q/k norm, rope and KV write row
  * "prev" (SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0: the joined GEMV,
  * then the swiglu kernel; qk_norm_rope twice, then kv_write). All run on
@@ -567,7 +567,7 @@ int main(int argc, char **argv)
     static const char *const prev_env[] = {"SHOAL_CUDA_SAMPLE=0", "SHOAL_CUDA_ATTN_FILL=0",
                                            NULL};
     static const char *const merge_env[] = {"SHOAL_CUDA_ATTN_FILL=1", NULL};
-    static const char *const stages_env[] = {"SHOAL_CUDA_ATTN_STAGES=2", NULL};
+    static const char *const stages_env[] = {"SHOAL_CUDA_ATTN_STAGES=3", NULL};
     static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", "SHOAL_CUDA_ROPE_KV=0",
                                            NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
@@ -597,7 +597,7 @@ int main(int argc, char **argv)
     gemv_vs_cublas(gb, vb, &b, reps);
     sample_sweep(nb, pb, &b, reps);
     kernels_backend *attn_bes[] = {nb, tb, mb, pb, vb};
-    const char *attn_names[] = {"new", "stages2", "merge", "prev", "v1"};
+    const char *attn_names[] = {"new", "stages3", "merge", "prev", "v1"};
     attention_sweep(attn_bes, attn_names, 5, &b, reps, quick);
     kernels_backend_close(tb);
     kernels_backend_close(sb);
