@@ -273,15 +273,16 @@ static int attn_splits_cap(int sm_count, int rows, int blocks_per_row, int heads
     return s < 1 ? 1 : (int)s;
 }
 
-/* Segments a row of a small round may have and stay within one wave of
- * the tensor-core partials, `per_sm` blocks a multiprocessor (their
- * shared memory decides: at head dim 128, 68 KB with two stages of K and
- * V, three blocks; 100 KB with three stages, two): 0 where the round's
- * rows alone pass a wave. */
-static int attn_splits_wave(int sm_count, int per_sm, int rows, int blocks_per_row)
+/* Segments a row of a small round may have and stay within a wave of two
+ * partial blocks a multiprocessor: 0 where the round's rows alone pass it.
+ * Two is what three K/V stages (100 KB of shared memory at head dim 128)
+ * leave room for; with two stages (68 KB) three blocks fit, but a wave of
+ * three (more, shorter segments) measured slower at batch 1 on the H200:
+ * 4k 15.6 -> 19.7 us, 8k 21.2 -> 25.0 us (32k 56.5 -> 51.5 us). */
+static int attn_splits_wave(int sm_count, int rows, int blocks_per_row)
 {
     long long per_round = (long long)rows * blocks_per_row;
-    return (int)((long long)per_sm * sm_count / per_round);
+    return (int)(2LL * sm_count / per_round);
 }
 
 /* The round's cap (the grid's segments a row and the scratch's stride)
@@ -294,12 +295,12 @@ static int attn_splits_wave(int sm_count, int per_sm, int rows, int blocks_per_r
  * shared budget alone allowed, which crossed into a second wave and
  * measured slower (lab, H200). A function of the round's rows and the
  * shape, never of a slice. */
-static void attn_splits_filled(int sm_count, int per_sm, int rows, int blocks_per_row, int heads,
+static void attn_splits_filled(int sm_count, int rows, int blocks_per_row, int heads,
                                int head_dim, int *cap, int *fill)
 {
     int rule = attn_splits_cap(sm_count, rows, blocks_per_row, heads, head_dim, false);
     int most = attn_splits_cap(sm_count, rows, blocks_per_row, heads, head_dim, true);
-    int wave = attn_splits_wave(sm_count, per_sm, rows, blocks_per_row);
+    int wave = attn_splits_wave(sm_count, rows, blocks_per_row);
     int f = wave < most ? wave : most;
     *cap = rule > f ? rule : f;
     *fill = f;
@@ -554,20 +555,7 @@ shoal_err cuda_attention_init(kernels_backend *be)
                 });
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
-    /* how many partial blocks of the chosen stages a multiprocessor holds */
-    cuda_state *st = cuda_of(be);
-    int i = 0;
-    for (int hd : {32, 64, 128}) {
-        int n = 2;
-        partial_tc_dispatch(hd, SHOAL_DTYPE_BF16, st->attn_stages, [&](auto kernel, size_t tc_bytes) {
-            if (e == cudaSuccess)
-                e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, TC_THREADS, tc_bytes);
-        });
-        st->attn_tc_per_sm[i++] = n > 0 ? n : 1;
-    }
-    if (e != cudaSuccess)
-        cuda_fail(be, "attention: occupancy of the partial kernel", e);
-    return st->err;
+    return cuda_of(be)->err;
 }
 
 void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, const void *arena,
@@ -616,8 +604,7 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     int blocks_per_row = layout->kv_heads * c.chunks;
     c.wide_merge = st->attn_fill >= 1;
     if (fill) {
-        attn_splits_filled(st->sm_count, st->attn_tc_per_sm[hd == 32 ? 0 : hd == 64 ? 1 : 2],
-                           batch->rows, blocks_per_row, heads, hd, &c.args.splits,
+        attn_splits_filled(st->sm_count, batch->rows, blocks_per_row, heads, hd, &c.args.splits,
                            &c.args.fill);
     } else {
         c.args.splits = attn_splits_cap(st->sm_count, batch->rows, blocks_per_row, heads, hd, false);

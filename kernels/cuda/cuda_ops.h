@@ -97,8 +97,7 @@ typedef struct cuda_state {
     int sm_count;
     bool attn_tc;
     int attn_fill;
-    int attn_stages;    /* 2 or 3 */
-    int attn_tc_per_sm[3]; /* resident partial blocks a multiprocessor, head dims 32/64/128 */
+    int attn_stages; /* 2 or 3 */
     int gemv_rows_max;
     bool graphs;
     bool sample_split;
