@@ -34,6 +34,8 @@
 
 #include "common/common_limits.h"
 
+#include <type_traits>
+
 enum {
     ATTN_GQ = 8,       /* query heads of one KV head per partial block */
     ATTN_TILE = 32,    /* context tokens per shared-memory tile */
@@ -309,14 +311,18 @@ static void attn_splits_filled(int sm_count, int rows, int blocks_per_row, int h
 /* ---- the tensor-core partial kernel ---- */
 
 /* STAGES: K and V tiles in shared memory, STAGES - 1 of them in flight
- * while one is used (SHOAL_CUDA_ATTN_STAGES, 3 by default; 2 takes 68 KiB
- * a block at head dim 128 instead of 100, three blocks an SM instead of
- * two). */
+ * while one is used (SHOAL_CUDA_ATTN_STAGES, 2 by default: 68 KB a block
+ * at head dim 128, three blocks a multiprocessor; 3 takes 100 KB, two
+ * blocks). fp8 KV stages its tiles as stored (half the bytes, by
+ * cp.async like bf16) and widens the one in use into a bf16 K and V tile
+ * of its own. */
 enum { TC_GM = 16, TC_BN = 64, TC_THREADS = 128 };
 
-template <int HD, int STAGES> static constexpr size_t tc_partial_smem_bytes()
+template <int HD, typename KV, int STAGES> static constexpr size_t tc_partial_smem_bytes()
 {
-    return (size_t)TC_GM * HD * 2 /* Q */ + 2 * STAGES * (size_t)TC_BN * HD * 2 /* K, V */;
+    constexpr size_t tile = (size_t)TC_BN * HD * 2, staged = (size_t)TC_BN * HD * sizeof(KV);
+    return (size_t)TC_GM * HD * 2 /* Q */ + 2 * STAGES * staged /* K, V */ +
+           (sizeof(KV) == 1 ? 2 * tile : 0) /* fp8: K and V widened */;
 }
 
 template <int HD, typename KV, int STAGES>
@@ -341,8 +347,10 @@ static __global__ void __launch_bounds__(TC_THREADS)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int h0 = kvh * group + g0;
     const uint32_t qs = mma::smem_addr(smem);
-    const uint32_t ks0 = qs + TC_GM * HD * 2, vs0 = ks0 + STAGES * TC_BN * HD * 2;
-    const uint32_t tile_bytes = TC_BN * HD * 2;
+    constexpr bool FP8 = sizeof(KV) == 1;
+    constexpr uint32_t tile_bytes = TC_BN * HD * sizeof(KV); /* a staged tile */
+    const uint32_t ks0 = qs + TC_GM * HD * 2, vs0 = ks0 + STAGES * tile_bytes;
+    const uint32_t kw = vs0 + STAGES * tile_bytes, vw = kw + TC_BN * HD * 2; /* fp8: widened */
 
     /* the group's query heads are the rows of the tile; the rest are zeros */
     for (int i = tid; i < TC_GM * CH; i += TC_THREADS) {
@@ -360,11 +368,11 @@ static __global__ void __launch_bounds__(TC_THREADS)
     const size_t k_off = (((size_t)a.layer * 2 + 0) * L.kv_heads + kvh) * head_elems;
     const size_t v_off = (((size_t)a.layer * 2 + 1) * L.kv_heads + kvh) * head_elems;
     const int scale_at = a.layer * L.kv_heads + kvh;
-    const bool fp8 = sizeof(KV) == 1;
-    const float k_scale = fp8 && L.k_scale ? L.k_scale[scale_at] : 1.0f;
-    const float v_scale = fp8 && L.v_scale ? L.v_scale[scale_at] : 1.0f;
+    const float k_scale = FP8 && L.k_scale ? L.k_scale[scale_at] : 1.0f;
+    const float v_scale = FP8 && L.v_scale ? L.v_scale[scale_at] : 1.0f;
     const float sl2 = a.scale * 1.4426950408889634f * k_scale;
-    typedef mma::kv_tile<HD, TC_BN, TC_THREADS, KV> tile_io;
+    typedef typename std::conditional<FP8, mma::kv_tile_fp8_staged<HD, TC_BN, TC_THREADS>,
+                                      mma::kv_tile<HD, TC_BN, TC_THREADS, bf16>>::type tile_io;
 
     /* STAGES stages: tiles j + 1 .. j + STAGES - 1 are in flight while j
      * is used; one commit group a tile (empty past the last; Q rides with
@@ -390,8 +398,8 @@ static __global__ void __launch_bounds__(TC_THREADS)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     uint32_t qf[HD / 16][4];
     for (int j = 0; j < ntiles; j++) {
-        const uint32_t kb = ks0 + (j % STAGES) * tile_bytes;
-        const uint32_t vb = vs0 + (j % STAGES) * tile_bytes;
+        uint32_t kb = ks0 + (j % STAGES) * tile_bytes;
+        uint32_t vb = vs0 + (j % STAGES) * tile_bytes;
         if (j + AHEAD < ntiles) { /* into the stage that tile j - 1 used */
             const uint32_t nb = ((j + AHEAD) % STAGES) * tile_bytes;
             tile_io::load(ks0 + nb, a.arena, L.page_bytes, pages, pt_shift, k_off,
@@ -402,6 +410,13 @@ static __global__ void __launch_bounds__(TC_THREADS)
         mma::cp_async_commit();
         mma::cp_async_wait<AHEAD>();
         __syncthreads();
+        if constexpr (FP8) { /* widen tile j; the last tile's mma is done */
+            tile_io::widen(kw, kb);
+            tile_io::widen(vw, vb);
+            kb = kw;
+            vb = vw;
+            __syncthreads();
+        }
         if (j == 0)
             mma::q_fragments<HD>(qf, qs, 0);
         /* each warp takes 16 tokens of the tile */
@@ -471,8 +486,8 @@ template <int STAGES, typename F> static bool partial_tc_dispatch_stages(int hd,
 #define TC_CASE(HD)                                                                              \
     case HD:                                                                                     \
         fp8 ? f(attn_partial_tc<HD, __nv_fp8_storage_t, STAGES>,                                 \
-                tc_partial_smem_bytes<HD, STAGES>())                                             \
-            : f(attn_partial_tc<HD, bf16, STAGES>, tc_partial_smem_bytes<HD, STAGES>());         \
+                tc_partial_smem_bytes<HD, __nv_fp8_storage_t, STAGES>())                         \
+            : f(attn_partial_tc<HD, bf16, STAGES>, tc_partial_smem_bytes<HD, bf16, STAGES>());   \
         return true;
         TC_CASE(32)
         TC_CASE(64)

@@ -178,6 +178,57 @@ template <int HD, int ROWS, int THREADS> struct kv_tile<HD, ROWS, THREADS, __nv_
     }
 };
 
+/* fp8 KV staged as it is stored, then widened in shared memory: load()
+ * copies ROWS tokens of HD bytes with cp.async (asynchronous like the bf16
+ * tiles, where kv_tile<fp8> waits on each load in registers), rows packed
+ * at HD bytes; widen() turns a staged tile into the bf16 tile layout of
+ * kv_tile (swizzled) for the mma fragments. Scales are the caller's. */
+template <int HD, int ROWS, int THREADS> struct kv_tile_fp8_staged {
+    static constexpr uint32_t BYTES = (uint32_t)ROWS * HD;
+
+    static __device__ __forceinline__ void load(uint32_t dst, const unsigned char *arena,
+                                                size_t page_bytes, const int32_t *pages,
+                                                int pt_shift, size_t off, int t0, int t_end)
+    {
+        constexpr int CH = HD / 16;
+        const int pt_mask = (1 << pt_shift) - 1;
+#pragma unroll
+        for (int i = threadIdx.x; i < ROWS * CH; i += THREADS) {
+            int row = i / CH, c = i % CH, tok = t0 + row;
+            bool valid = tok < t_end;
+            const void *src = arena;
+            if (valid)
+                src = arena + (size_t)pages[tok >> pt_shift] * page_bytes + off +
+                      (size_t)(tok & pt_mask) * HD + c * 16;
+            cp_async16(dst + (uint32_t)(row * HD + c * 16), src, valid);
+        }
+    }
+
+    static __device__ __forceinline__ void widen(uint32_t dst, uint32_t src)
+    {
+        constexpr int CH = HD / 16;
+#pragma unroll
+        for (int i = threadIdx.x; i < ROWS * CH; i += THREADS) {
+            int row = i / CH, c = i % CH;
+            uint4 raw;
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+                         : "r"(src + (uint32_t)(row * HD + c * 16)));
+            const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                uint32_t a = w[2 * half], b = w[2 * half + 1];
+                asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(
+                                 dst + swz<HD>(row, 2 * c + half)),
+                             "r"(fp8x2_to_bf16x2((uint16_t)(a & 0xffff))),
+                             "r"(fp8x2_to_bf16x2((uint16_t)(a >> 16))),
+                             "r"(fp8x2_to_bf16x2((uint16_t)(b & 0xffff))),
+                             "r"(fp8x2_to_bf16x2((uint16_t)(b >> 16))));
+            }
+        }
+    }
+};
+
 /* One warp's scores of 16 query rows (qf, in A fragments over HD) against
  * NT * 8 staged keys starting at tile row key0: s[nt] is a C fragment. */
 template <int HD, int NT>
