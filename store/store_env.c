@@ -320,7 +320,8 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
         err = store_env_error(e, rc, "setting up the environment", diag);
         goto fail;
     }
-    rc = mdb_env_open(e->env, e->dir, MDB_NOTLS | MDB_NOMETASYNC, 0600);
+    rc = mdb_env_open(e->env, e->dir,
+                      MDB_NOTLS | MDB_NOMETASYNC | (opt->random_reads ? MDB_NORDAHEAD : 0), 0600);
     if (rc != 0) {
         err = store_env_error(e, rc, "opening the LMDB environment", diag);
         if (rc == EACCES)

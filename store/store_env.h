@@ -44,6 +44,11 @@ typedef struct store_env_options {
     bool create;            /* create the directory and the environment */
     uint64_t map_bytes;     /* initial map size; 0: the file's size + 64 MiB */
     uint64_t map_bytes_max; /* growth stops here; 0: 4 x map_bytes */
+    /* MDB_NORDAHEAD: a fault in the map reads its own page, not the
+     * device's readahead window around it (8 MiB on some virtual disks:
+     * a cold B-tree page would bring megabytes of records in). For random
+     * lookups (the workers); scans (shoalctl states verify) keep it. */
+    bool random_reads;
 } store_env_options;
 
 /* Opens (or creates) the environment: directory checks, open.lock shared,

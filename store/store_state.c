@@ -267,6 +267,7 @@ shoal_err store_state_open(const store_state_options *opt, store_state **out, sh
         .create = true,
         .map_bytes = opt->map_bytes ? opt->map_bytes : 2 * opt->spill_bytes + MAP_SLACK_BYTES,
         .map_bytes_max = opt->map_bytes_max,
+        .random_reads = true,
     };
     if ((err = store_env_open(&eo, &s->env, diag)) != SHOAL_OK)
         goto fail;
@@ -440,6 +441,18 @@ static bool value_resident(const void *value, size_t bytes)
            mincore((void *)last, page, &in_last) == 0 && (in_last & 1);
 }
 
+/* Before copying a value out of the map: where it is not in the page
+ * cache, one readahead of its whole span (the map faults a page at a
+ * time: MDB_NORDAHEAD, store_env.h). */
+static void prefetch(const void *value, size_t bytes)
+{
+    if (value_resident(value, bytes))
+        return;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t first = (uintptr_t)value / page * page;
+    (void)madvise((void *)first, (uintptr_t)value + bytes - first, MADV_WILLNEED);
+}
+
 static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int *tokens,
                      shoal_diag *diag)
 {
@@ -460,6 +473,7 @@ static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int 
     shoal_diag why;
     int rc = mdb_get(txn, store_env_index(s->env)->records, &k, &v);
     if (rc == 0 && dst->page) {
+        prefetch(v.mv_data, v.mv_size);
         err = store_record_check(key, v.mv_data, v.mv_size, &s->layout, false, &info, &why);
         if (err == SHOAL_OK) {
             memcpy(kept, v.mv_data, STORE_RECORD_HEADER_BYTES);
@@ -475,8 +489,10 @@ static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int 
             at = store_env_read_direct(s->env, v.mv_data, v.mv_size, dst->buf, dst->buf_bytes);
         dst->direct = at >= 0;
         dst->record_at = at >= 0 ? (size_t)at : 0;
-        if (at < 0)
+        if (at < 0) {
+            prefetch(v.mv_data, v.mv_size);
             memcpy(dst->buf, v.mv_data, v.mv_size);
+        }
         header = dst->buf + dst->record_at;
         payload = header + STORE_RECORD_HEADER_BYTES;
         /* the copy's header: what is checked is what is returned */
