@@ -251,15 +251,16 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
 }
 
 /* Segments a row of a round of `rows` rows may have: enough for about
- * four blocks a multiprocessor over the round (blocks_per_row is the
+ * `per_sm` blocks a multiprocessor over the round (SHOAL_CUDA_ATTN_BLOCKS,
+ * default 4; blocks_per_row is the
  * grid's other factor per row), within CUDA_ATTN_SPLITS_MAX and the
  * scratch. From the round and the shape, never from the slice: with fill
  * the scratch a row may use is the budget of KERNELS_ATTN_SLICE_ROWS rows
  * shared by the round's rows (up to that many), which the scratch always
  * has (alloc_attn_scratch), so a round of one row may take 64 segments of
  * a 32-head model where the first rule's 512 KiB held 31. */
-static int attn_splits_cap(int sm_count, int rows, int blocks_per_row, int heads, int head_dim,
-                           bool fill)
+static int attn_splits_cap(int sm_count, int per_sm, int rows, int blocks_per_row, int heads,
+                           int head_dim, bool fill)
 {
     size_t per_split = (size_t)heads * ((size_t)head_dim + 2) * sizeof(float);
     size_t budget = CUDA_ATTN_ROW_SCRATCH_BYTES;
@@ -269,7 +270,7 @@ static int attn_splits_cap(int sm_count, int rows, int blocks_per_row, int heads
     long long fit = (long long)(budget / per_split);
     long long s = CUDA_ATTN_SPLITS_MAX < fit ? CUDA_ATTN_SPLITS_MAX : fit;
     long long per_round = (long long)rows * blocks_per_row;
-    long long want = (4LL * sm_count + per_round - 1) / per_round;
+    long long want = ((long long)per_sm * sm_count + per_round - 1) / per_round;
     if (want < s)
         s = want;
     return s < 1 ? 1 : (int)s;
@@ -297,11 +298,11 @@ static int attn_splits_wave(int sm_count, int rows, int blocks_per_row)
  * shared budget alone allowed, which crossed into a second wave and
  * measured slower (lab, H200). A function of the round's rows and the
  * shape, never of a slice. */
-static void attn_splits_filled(int sm_count, int rows, int blocks_per_row, int heads,
-                               int head_dim, int *cap, int *fill)
+static void attn_splits_filled(int sm_count, int per_sm, int rows, int blocks_per_row,
+                               int heads, int head_dim, int *cap, int *fill)
 {
-    int rule = attn_splits_cap(sm_count, rows, blocks_per_row, heads, head_dim, false);
-    int most = attn_splits_cap(sm_count, rows, blocks_per_row, heads, head_dim, true);
+    int rule = attn_splits_cap(sm_count, per_sm, rows, blocks_per_row, heads, head_dim, false);
+    int most = attn_splits_cap(sm_count, per_sm, rows, blocks_per_row, heads, head_dim, true);
     int wave = attn_splits_wave(sm_count, rows, blocks_per_row);
     int f = wave < most ? wave : most;
     *cap = rule > f ? rule : f;
@@ -619,10 +620,12 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     int blocks_per_row = layout->kv_heads * c.chunks;
     c.wide_merge = st->attn_fill >= 1;
     if (fill) {
-        attn_splits_filled(st->sm_count, batch->rows, blocks_per_row, heads, hd, &c.args.splits,
+        attn_splits_filled(st->sm_count, st->attn_blocks, batch->rows, blocks_per_row, heads, hd,
+                           &c.args.splits,
                            &c.args.fill);
     } else {
-        c.args.splits = attn_splits_cap(st->sm_count, batch->rows, blocks_per_row, heads, hd, false);
+        c.args.splits = attn_splits_cap(st->sm_count, st->attn_blocks, batch->rows,
+                                        blocks_per_row, heads, hd, false);
         c.args.fill = 0;
     }
     /* a slice's records fit the scratch */

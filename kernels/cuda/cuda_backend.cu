@@ -297,6 +297,9 @@ static void pick_kernels(cuda_state *st)
     st->graphs = env_int("SHOAL_CUDA_GRAPHS", legacy ? 0 : 1) != 0;
     st->attn_fill = env_int("SHOAL_CUDA_ATTN_FILL", legacy ? 0 : 2);
     st->attn_stages = env_int("SHOAL_CUDA_ATTN_STAGES", legacy ? 3 : 2) == 3 ? 3 : 2;
+    st->attn_blocks = env_int("SHOAL_CUDA_ATTN_BLOCKS", 4);
+    if (st->attn_blocks < 1 || st->attn_blocks > 64)
+        st->attn_blocks = 4;
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;

@@ -93,11 +93,13 @@ typedef struct cuda_state {
      * qk_norm_rope kernel twice, then kv_write), and the tensor-core
      * attention partials' K/V tile stages (SHOAL_CUDA_ATTN_STAGES, default
      * 2; 3 = the third session's, two blocks a multiprocessor instead of
-     * three). */
+     * three), and the blocks a multiprocessor the segment rule aims at
+     * (SHOAL_CUDA_ATTN_BLOCKS, default 4). */
     int sm_count;
     bool attn_tc;
     int attn_fill;
     int attn_stages; /* 2 or 3 */
+    int attn_blocks; /* partial blocks a multiprocessor the segment rule aims at */
     int gemv_rows_max;
     bool graphs;
     bool sample_split;

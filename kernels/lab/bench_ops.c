@@ -13,7 +13,9 @@
  * decode attention sweeps "prev" (the defaults before issue #5's sampler
  * and short segments: SHOAL_CUDA_SAMPLE=0 SHOAL_CUDA_ATTN_FILL=0) and
  * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone) and "stages3"
- * (SHOAL_CUDA_ATTN_STAGES=3: three K/V tile stages, as before), and for the
+ * (SHOAL_CUDA_ATTN_STAGES=3: three K/V tile stages, as before), "blocks8"
+ * and "blocks12" (SHOAL_CUDA_ATTN_BLOCKS: segments for 8 or 12 blocks a
+ * multiprocessor instead of 4), and for the
  * decode step's gate/up row and its q/k norm, rope and KV write row
  * "prev" (SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0: the joined GEMV,
  * then the swiglu kernel; qk_norm_rope twice, then kv_write). All run on
@@ -568,6 +570,8 @@ int main(int argc, char **argv)
                                            NULL};
     static const char *const merge_env[] = {"SHOAL_CUDA_ATTN_FILL=1", NULL};
     static const char *const stages_env[] = {"SHOAL_CUDA_ATTN_STAGES=3", NULL};
+    static const char *const blocks8_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=8", NULL};
+    static const char *const blocks12_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=12", NULL};
     static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", "SHOAL_CUDA_ROPE_KV=0",
                                            NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
@@ -577,6 +581,8 @@ int main(int argc, char **argv)
     kernels_backend *mb = open_variant(device, false, 0, merge_env);
     kernels_backend *sb = open_variant(device, false, 0, pass_env);
     kernels_backend *tb = open_variant(device, false, 0, stages_env);
+    kernels_backend *b8 = open_variant(device, false, 0, blocks8_env);
+    kernels_backend *b12 = open_variant(device, false, 0, blocks12_env);
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
@@ -596,9 +602,11 @@ int main(int argc, char **argv)
     step_ops(nb, vb, sb, &b, 1, 2048, 2048, 3, 5);
     gemv_vs_cublas(gb, vb, &b, reps);
     sample_sweep(nb, pb, &b, reps);
-    kernels_backend *attn_bes[] = {nb, tb, mb, pb, vb};
-    const char *attn_names[] = {"new", "stages3", "merge", "prev", "v1"};
-    attention_sweep(attn_bes, attn_names, 5, &b, reps, quick);
+    kernels_backend *attn_bes[] = {nb, b8, b12, tb, mb, pb, vb};
+    const char *attn_names[] = {"new", "blocks8", "blocks12", "stages3", "merge", "prev", "v1"};
+    attention_sweep(attn_bes, attn_names, 7, &b, reps, quick);
+    kernels_backend_close(b12);
+    kernels_backend_close(b8);
     kernels_backend_close(tb);
     kernels_backend_close(sb);
     kernels_backend_close(mb);
