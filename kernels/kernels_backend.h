@@ -171,20 +171,26 @@ struct kernels_backend {
 
     /* The attention block's steps between the q/k/v projections and
      * attention, as one op: the same function as
-     *   qk_norm_rope(q, rows, heads, hd, heads * hd, q_norm, eps, pos, inv_freq)
-     *   qk_norm_rope(k, rows, kvh, hd, kvh * hd, k_norm, eps, pos, inv_freq)
+     *   q_out's rows = q's rows (unless q_out is q)
+     *   qk_norm_rope(q_out, rows, heads, hd, heads * hd, q_norm, eps, pos, inv_freq)
+     *   qk_norm_rope(k, rows, kvh, hd, k's stride, k_norm, eps, pos, inv_freq)
      *   kv_write(arena, layout, batch, layer, k, v)
      * with rows, positions (pos), kv_heads (kvh) and head_dim (hd) from
-     * batch and layout, and the same bits: q and k are updated in place and
-     * k reaches the pages as the stored (rounded) k. q [rows][heads * hd],
-     * k and v [rows][kvh * hd] (act_dtype, device) do not overlap. A
-     * backend may do it in one pass (CUDA at the rows its GEMV takes: one
-     * launch and one round trip to memory instead of three). */
-    void (*qk_norm_rope_kv_write)(kernels_backend *be, void *q, void *k, const void *v, int heads,
-                                  const float *q_norm, const float *k_norm, float eps,
-                                  const float *inv_freq, void *arena,
-                                  const kernels_kv_layout *layout, const kernels_batch *batch,
-                                  int layer);
+     * batch and layout, and the same bits: q_out gets q normed and
+     * rotated, k is updated in place and reaches the pages as the stored
+     * (rounded) k. Rows of q, k and v are `stride` elements apart: 0 for
+     * packed rows (q [rows][heads * hd], k and v [rows][kvh * hd]); the
+     * joined projection's row length for q, k and v sitting side by side
+     * in one [rows][stride] buffer (one GEMM instead of three). q_out is
+     * packed [rows][heads * hd]; it may be q only with stride 0. All in
+     * act_dtype, on the device; q_out, k and v do not overlap. A backend
+     * may do it in one pass (CUDA at the rows its GEMV takes: one launch
+     * and one round trip to memory instead of three). */
+    void (*qk_norm_rope_kv_write)(kernels_backend *be, void *q_out, const void *q, void *k,
+                                  const void *v, int stride, int heads, const float *q_norm,
+                                  const float *k_norm, float eps, const float *inv_freq,
+                                  void *arena, const kernels_kv_layout *layout,
+                                  const kernels_batch *batch, int layer);
 
     /* out[rows][heads * head_dim] = softmax(q k^T * scale) v over each row's
      * causal context in the pages of `layer`. GQA: query head h reads KV

@@ -698,26 +698,34 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
     size_t a = kernels_act_bytes(be);
     /* gate and up as one matmul needs room for both outputs of the row */
     bool one_row = rows == 1, gate_up_room = m->opt.max_rows >= 2;
-    bool qkv_room = (size_t)m->opt.max_rows * (size_t)c->intermediate >= (size_t)(q_w + 2 * kv_w);
+    /* q, k and v as one matmul of joined weights need room for the rows
+     * of [q | k | v] in the up buffer (free until the MLP) */
+    int qkv_w = q_w + 2 * kv_w;
+    bool qkv_room = (size_t)m->opt.max_rows * (size_t)c->intermediate >= (size_t)rows * qkv_w;
     for (int l = 0; l < c->layers; l++) {
         const model_layer *L = &m->layers[l];
         void *q = m->q, *k = m->k, *v = m->v;
+        int qkv_stride = 0;
         be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
-        if (one_row && L->qkv_joined && qkv_room) {
-            /* one row of [q | k | v] in the up buffer, free until the MLP */
+        if (L->qkv_joined && qkv_room) {
+            /* rows of [q | k | v], one GEMM (at 64 rows on the H200 12 +
+             * 8 + 8 us as three) */
             q = m->up;
             k = (unsigned char *)q + (size_t)q_w * a;
             v = (unsigned char *)k + (size_t)kv_w * a;
-            be->matmul(be, q, be->act_dtype, m->h, L->q.data, L->q.dtype, 1, q_w + 2 * kv_w,
+            qkv_stride = qkv_w;
+            be->matmul(be, q, be->act_dtype, m->h, L->q.data, L->q.dtype, rows, qkv_w,
                        c->hidden);
         } else {
             be->matmul(be, q, be->act_dtype, m->h, L->q.data, L->q.dtype, rows, q_w, c->hidden);
             be->matmul(be, k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
             be->matmul(be, v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
         }
-        /* q and k normed and rotated in place, k and v into the pages */
-        be->qk_norm_rope_kv_write(be, q, k, v, c->heads, L->q_norm, L->k_norm, c->rms_eps,
-                                  m->inv_freq, m->arena, &m->kv, &batch, l);
+        /* q normed and rotated into m->q (packed, for attention), k in
+         * place, k and v into the pages */
+        be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm, L->k_norm,
+                                  c->rms_eps, m->inv_freq, m->arena, &m->kv, &batch, l);
+        q = m->q;
         /* the segments' row tables shift with their rows; the page table,
          * indexed by stream, does not */
         for (int s = 0; s < m->segs; s++) {

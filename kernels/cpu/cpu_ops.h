@@ -30,7 +30,8 @@ void cpu_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int hea
                       const int32_t *positions, const float *inv_freq);
 void cpu_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
                   const kernels_batch *batch, int layer, const void *k, const void *v);
-void cpu_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const void *v, int heads,
+void cpu_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q, void *k,
+                               const void *v, int stride, int heads,
                                const float *q_norm, const float *k_norm, float eps,
                                const float *inv_freq, void *arena,
                                const kernels_kv_layout *layout, const kernels_batch *batch,

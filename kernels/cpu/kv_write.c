@@ -3,6 +3,8 @@
 #include "common/common_assert.h"
 #include "kernels/kernels_fp8.h"
 
+#include <string.h>
+
 struct kv_write_job {
     unsigned char *arena;
     const kernels_kv_layout *layout;
@@ -10,6 +12,7 @@ struct kv_write_job {
     int layer;
     const float *k;
     const float *v;
+    size_t stride; /* elements from one row of k (and v) to the next */
 };
 
 static void kv_write_task(void *ctx, int r, int thread)
@@ -21,11 +24,10 @@ static void kv_write_task(void *ctx, int r, int thread)
     int page = j->batch->page_table[(size_t)stream * (size_t)j->batch->page_table_stride +
                                     (size_t)(pos / L->page_tokens)];
     int slot = pos % L->page_tokens;
-    size_t width = (size_t)L->kv_heads * (size_t)L->head_dim;
     bool fp8 = L->dtype == SHOAL_DTYPE_F8_E4M3;
     size_t elem = fp8 ? 1 : 2;
     for (int kv = 0; kv < 2; kv++) {
-        const float *src = (kv ? j->v : j->k) + (size_t)r * width;
+        const float *src = (kv ? j->v : j->k) + (size_t)r * j->stride;
         const float *scales = kv ? L->v_scale : L->k_scale;
         for (int h = 0; h < L->kv_heads; h++) {
             size_t at = ((((size_t)j->layer * 2 + (size_t)kv) * (size_t)L->kv_heads + (size_t)h) *
@@ -50,26 +52,41 @@ static void kv_write_task(void *ctx, int r, int thread)
     }
 }
 
+/* k and v rows `stride` elements apart into the pages. */
+static void kv_write_rows(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
+                          const kernels_batch *batch, int layer, const void *k, const void *v,
+                          size_t stride)
+{
+    SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16 || layout->dtype == SHOAL_DTYPE_F8_E4M3);
+    struct kv_write_job j = {arena, layout, batch, layer, k, v, stride};
+    common_pool_run(cpu_of(be)->pool, batch->rows, kv_write_task, &j);
+}
+
 void cpu_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
                   const kernels_batch *batch, int layer, const void *k, const void *v)
 {
-    SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16 || layout->dtype == SHOAL_DTYPE_F8_E4M3);
-    struct kv_write_job j = {arena, layout, batch, layer, k, v};
-    common_pool_run(cpu_of(be)->pool, batch->rows, kv_write_task, &j);
+    kv_write_rows(be, arena, layout, batch, layer, k, v,
+                  (size_t)layout->kv_heads * (size_t)layout->head_dim);
 }
 
 /* The composition the contract names: nothing to save on the CPU, where
  * every op already works in place in cache. */
-void cpu_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const void *v, int heads,
-                               const float *q_norm, const float *k_norm, float eps,
-                               const float *inv_freq, void *arena,
-                               const kernels_kv_layout *layout, const kernels_batch *batch,
-                               int layer)
+void cpu_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q, void *k,
+                               const void *v, int stride, int heads, const float *q_norm,
+                               const float *k_norm, float eps, const float *inv_freq,
+                               void *arena, const kernels_kv_layout *layout,
+                               const kernels_batch *batch, int layer)
 {
-    int hd = layout->head_dim, kvh = layout->kv_heads;
-    cpu_qk_norm_rope(be, q, batch->rows, heads, hd, heads * hd, q_norm, eps, batch->positions,
+    int hd = layout->head_dim, kvh = layout->kv_heads, rows = batch->rows;
+    int q_stride = stride ? stride : heads * hd, k_stride = stride ? stride : kvh * hd;
+    SHOAL_ASSERT(stride == 0 || (stride >= heads * hd + 2 * kvh * hd && q_out != q));
+    if (q_out != q)
+        for (int r = 0; r < rows; r++)
+            memcpy((float *)q_out + (size_t)r * (size_t)(heads * hd),
+                   (const float *)q + (size_t)r * (size_t)q_stride,
+                   (size_t)(heads * hd) * sizeof(float));
+    cpu_qk_norm_rope(be, q_out, rows, heads, hd, heads * hd, q_norm, eps, batch->positions,
                      inv_freq);
-    cpu_qk_norm_rope(be, k, batch->rows, kvh, hd, kvh * hd, k_norm, eps, batch->positions,
-                     inv_freq);
-    cpu_kv_write(be, arena, layout, batch, layer, k, v);
+    cpu_qk_norm_rope(be, k, rows, kvh, hd, k_stride, k_norm, eps, batch->positions, inv_freq);
+    kv_write_rows(be, arena, layout, batch, layer, k, v, (size_t)k_stride);
 }

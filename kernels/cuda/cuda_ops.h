@@ -323,11 +323,19 @@ void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int he
                        const int32_t *positions, const float *inv_freq);
 void cuda_kv_write(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
                    const kernels_batch *batch, int layer, const void *k, const void *v);
-void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const void *v, int heads,
-                                const float *q_norm, const float *k_norm, float eps,
-                                const float *inv_freq, void *arena,
-                                const kernels_kv_layout *layout, const kernels_batch *batch,
-                                int layer);
+void cuda_kv_write_rows(kernels_backend *be, void *arena, const kernels_kv_layout *layout,
+                        const kernels_batch *batch, int layer, const void *k, const void *v,
+                        int stride);
+/* qk_norm_rope's kernel out of place: y [rows][y_stride] from x [rows][x_stride]
+ * (the same buffer and strides: in place) */
+void cuda_qk_norm_rope_to(kernels_backend *be, void *y, int y_stride, const void *x, int rows,
+                          int heads, int head_dim, int x_stride, const float *norm_weight,
+                          float eps, const int32_t *positions, const float *inv_freq);
+void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q, void *k,
+                                const void *v, int stride, int heads, const float *q_norm,
+                                const float *k_norm, float eps, const float *inv_freq,
+                                void *arena, const kernels_kv_layout *layout,
+                                const kernels_batch *batch, int layer);
 void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, const void *arena,
                     const kernels_kv_layout *layout, const kernels_batch *batch, int layer,
                     float scale);

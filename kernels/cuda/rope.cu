@@ -21,12 +21,13 @@ enum { ROPE_WARPS = 4 };
 /* Rotation pairs a lane holds: i = lane + 32 j for j < ROPE_PAIRS_MAX. */
 #define ROPE_PAIRS_MAX ((SHOAL_MODEL_HEAD_DIM_MAX / 2 + 31) / 32)
 
-/* Norm and rotation of one head at v by one warp, in place; cos_sin(j, i,
- * &c, &s) gives pair i's (the lane's j-th), and every value stored at v[e]
- * is also handed to sink(e, value). The one body of both kernels, so the
- * fused op's bits are the plain kernel's. */
+/* Norm and rotation of one head at v by one warp, into out (v itself for
+ * in place: each lane reads its pairs before it writes them); cos_sin(j,
+ * i, &c, &s) gives pair i's (the lane's j-th), and every value stored at
+ * out[e] is also handed to sink(e, value). The one body of both kernels,
+ * so the fused op's bits are the plain kernel's. */
 template <typename T, typename CosSin, typename Sink>
-static __device__ __forceinline__ void norm_rope_head(T *v, int head_dim, int lane,
+static __device__ __forceinline__ void norm_rope_head(const T *v, T *out, int head_dim, int lane,
                                                       const float *norm_weight, float eps,
                                                       CosSin cos_sin, Sink sink)
 {
@@ -54,8 +55,8 @@ static __device__ __forceinline__ void norm_rope_head(T *v, int head_dim, int la
         float c, s;
         cos_sin(j, i, &c, &s);
         T ta = from_f32<T>(a * c - b * s), tb = from_f32<T>(b * c + a * s);
-        v[i] = ta;
-        v[i + half] = tb;
+        out[i] = ta;
+        out[i + half] = tb;
         sink(i, ta);
         sink(i + half, tb);
     }
@@ -72,31 +73,33 @@ static __device__ __forceinline__ void rope_angle(float pos, const float *inv_fr
 }
 
 template <typename T>
-static __global__ void rope_kernel(T *x, int rows, int heads, int head_dim, int row_stride,
-                                   const float *norm_weight, float eps, const int32_t *positions,
-                                   const float *inv_freq)
+static __global__ void rope_kernel(T *y, int y_stride, const T *x, int rows, int heads,
+                                   int head_dim, int x_stride, const float *norm_weight,
+                                   float eps, const int32_t *positions, const float *inv_freq)
 {
     int task = blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (task >= rows * heads)
         return;
     int r = task / heads, h = task % heads;
-    T *v = x + (size_t)r * (size_t)row_stride + (size_t)h * (size_t)head_dim;
+    const T *v = x + (size_t)r * (size_t)x_stride + (size_t)h * (size_t)head_dim;
+    T *out = y + (size_t)r * (size_t)y_stride + (size_t)h * (size_t)head_dim;
     float pos = (float)positions[r];
     norm_rope_head(
-        v, head_dim, lane, norm_weight, eps,
+        v, out, head_dim, lane, norm_weight, eps,
         [&](int, int i, float *c, float *s) { rope_angle(pos, inv_freq, i, c, s); },
         [](int, T) {});
 }
 
-void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int head_dim,
-                       int row_stride, const float *norm_weight, float eps,
-                       const int32_t *positions, const float *inv_freq)
+void cuda_qk_norm_rope_to(kernels_backend *be, void *y, int y_stride, const void *x, int rows,
+                          int heads, int head_dim, int x_stride, const float *norm_weight,
+                          float eps, const int32_t *positions, const float *inv_freq)
 {
     SHOAL_ASSERT(rows >= 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0);
     SHOAL_ASSERT(head_dim <= SHOAL_MODEL_HEAD_DIM_MAX);
-    SHOAL_ASSERT(row_stride >= heads * head_dim);
+    SHOAL_ASSERT(x_stride >= heads * head_dim && y_stride >= heads * head_dim);
     CUDA_ASSERT_ALIGNED(x, shoal_dtype_bytes(be->act_dtype));
+    CUDA_ASSERT_ALIGNED(y, shoal_dtype_bytes(be->act_dtype));
     if (rows == 0 || !cuda_usable(be))
         return;
     int tasks = rows * heads;
@@ -104,16 +107,26 @@ void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int he
     cuda_dispatch_act(be->act_dtype, [&](auto act) {
         using T = decltype(act);
         rope_kernel<T><<<blocks, ROPE_WARPS * 32, 0, cuda_of(be)->stream>>>(
-            (T *)x, rows, heads, head_dim, row_stride, norm_weight, eps, positions, inv_freq);
+            (T *)y, y_stride, (const T *)x, rows, heads, head_dim, x_stride, norm_weight, eps,
+            positions, inv_freq);
     });
     cuda_launched(be, "qk_norm_rope");
+}
+
+void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int head_dim,
+                       int row_stride, const float *norm_weight, float eps,
+                       const int32_t *positions, const float *inv_freq)
+{
+    cuda_qk_norm_rope_to(be, x, row_stride, x, rows, heads, head_dim, row_stride, norm_weight,
+                         eps, positions, inv_freq);
 }
 
 /* Warps (row, task): tasks [0, heads) are q's heads, [heads, heads + kvh)
  * k's, [heads + kvh, heads + 2 kvh) v's. Every thread waits (pdl_wait)
  * before it reads q, k or v, and before it returns. */
 template <typename T, typename KV>
-static __global__ void rope_kv_kernel(T *q, T *k, const T *v, int heads, const float *q_norm,
+static __global__ void rope_kv_kernel(T *q_out, const T *q, T *k, const T *v, int q_stride,
+                                      int k_stride, int heads, const float *q_norm,
                                       const float *k_norm, float eps, const float *inv_freq,
                                       unsigned char *arena, kernels_kv_layout L,
                                       kernels_batch B, int layer)
@@ -143,7 +156,8 @@ static __global__ void rope_kv_kernel(T *q, T *k, const T *v, int heads, const f
         *s = sn[j];
     };
     if (t < heads) {
-        norm_rope_head(q + ((size_t)r * heads + t) * hd, hd, lane, q_norm, eps, angle,
+        norm_rope_head(q + (size_t)r * q_stride + (size_t)t * hd,
+                       q_out + ((size_t)r * heads + t) * hd, hd, lane, q_norm, eps, angle,
                        [](int, T) {});
         return;
     }
@@ -151,42 +165,45 @@ static __global__ void rope_kv_kernel(T *q, T *k, const T *v, int heads, const f
     const float *scales = kv ? L.v_scale : L.k_scale;
     const float scale = scales ? scales[layer * kvh + h] : 1.0f;
     KV *dst = (KV *)page + kv_head_at(L, layer, kv, h, slot);
-    size_t row_at = ((size_t)r * kvh + h) * hd;
+    size_t row_at = (size_t)r * k_stride + (size_t)h * hd;
     if (kv) { /* as kv_write: the stored v, converted */
         for (int d = lane; d < hd; d += 32)
             kv_store(dst + d, to_f32(v[row_at + d]), scale);
         return;
     }
     /* k rotated, stored, and its stored value converted, as kv_write reads it */
-    norm_rope_head(k + row_at, hd, lane, k_norm, eps, angle,
+    norm_rope_head(k + row_at, k + row_at, hd, lane, k_norm, eps, angle,
                    [&](int d, T x) { kv_store(dst + d, to_f32(x), scale); });
 }
 
 template <typename T, typename KV>
-static void launch_rope_kv(cudaStream_t stream, unsigned blocks, T *q, T *k, const T *v,
-                           int heads, const float *q_norm, const float *k_norm, float eps,
+static void launch_rope_kv(cudaStream_t stream, unsigned blocks, T *q_out, const T *q, T *k,
+                           const T *v, int q_stride, int k_stride, int heads,
+                           const float *q_norm, const float *k_norm, float eps,
                            const float *inv_freq, unsigned char *arena,
                            const kernels_kv_layout &L, const kernels_batch &B, int layer)
 {
-    cuda_launch_pdl(stream, blocks, ROPE_WARPS * 32, rope_kv_kernel<T, KV>, q, k, v, heads, q_norm,
-                    k_norm, eps, inv_freq, arena, L, B, layer);
+    cuda_launch_pdl(stream, blocks, ROPE_WARPS * 32, rope_kv_kernel<T, KV>, q_out, q, k, v,
+                    q_stride, k_stride, heads, q_norm, k_norm, eps, inv_freq, arena, L, B, layer);
 }
 
-void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const void *v, int heads,
-                                const float *q_norm, const float *k_norm, float eps,
-                                const float *inv_freq, void *arena,
-                                const kernels_kv_layout *layout, const kernels_batch *batch,
-                                int layer)
+void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q, void *k,
+                                const void *v, int stride, int heads, const float *q_norm,
+                                const float *k_norm, float eps, const float *inv_freq,
+                                void *arena, const kernels_kv_layout *layout,
+                                const kernels_batch *batch, int layer)
 {
     const cuda_state *st = cuda_of(be);
     int rows = batch->rows, kvh = layout->kv_heads, hd = layout->head_dim;
+    int q_stride = stride ? stride : heads * hd, k_stride = stride ? stride : kvh * hd;
+    SHOAL_ASSERT(stride == 0 || (stride >= (heads + 2 * kvh) * hd && q_out != q));
     if (!st->rope_kv_fused || rows > st->gemv_rows_max) {
         /* many rows: the plain kernels (kv_write's 16-byte moves) */
-        cuda_qk_norm_rope(be, q, rows, heads, hd, heads * hd, q_norm, eps, batch->positions,
+        cuda_qk_norm_rope_to(be, q_out, heads * hd, q, rows, heads, hd, q_stride, q_norm, eps,
+                             batch->positions, inv_freq);
+        cuda_qk_norm_rope(be, k, rows, kvh, hd, k_stride, k_norm, eps, batch->positions,
                           inv_freq);
-        cuda_qk_norm_rope(be, k, rows, kvh, hd, kvh * hd, k_norm, eps, batch->positions,
-                          inv_freq);
-        cuda_kv_write(be, arena, layout, batch, layer, k, v);
+        cuda_kv_write_rows(be, arena, layout, batch, layer, k, v, k_stride);
         return;
     }
     SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16 || layout->dtype == SHOAL_DTYPE_F8_E4M3);
@@ -194,6 +211,7 @@ void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const voi
     SHOAL_ASSERT(hd > 0 && hd % 2 == 0 && hd <= SHOAL_MODEL_HEAD_DIM_MAX);
     size_t ab = shoal_dtype_bytes(be->act_dtype);
     CUDA_ASSERT_ALIGNED(arena, 16);
+    CUDA_ASSERT_ALIGNED(q_out, ab);
     CUDA_ASSERT_ALIGNED(q, ab);
     CUDA_ASSERT_ALIGNED(k, ab);
     CUDA_ASSERT_ALIGNED(v, ab);
@@ -203,14 +221,15 @@ void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q, void *k, const voi
     cuda_dispatch_act(be->act_dtype, [&](auto act) {
         using T = decltype(act);
         if (layout->dtype == SHOAL_DTYPE_BF16)
-            launch_rope_kv<T, bf16>(st->stream, blocks, (T *)q, (T *)k, (const T *)v, heads,
-                                    q_norm, k_norm, eps, inv_freq, (unsigned char *)arena,
-                                    *layout, *batch, layer);
+            launch_rope_kv<T, bf16>(st->stream, blocks, (T *)q_out, (const T *)q, (T *)k,
+                                    (const T *)v, q_stride, k_stride, heads, q_norm, k_norm, eps,
+                                    inv_freq, (unsigned char *)arena, *layout, *batch, layer);
         else
-            launch_rope_kv<T, __nv_fp8_storage_t>(st->stream, blocks, (T *)q, (T *)k,
-                                                  (const T *)v, heads, q_norm, k_norm, eps,
-                                                  inv_freq, (unsigned char *)arena, *layout,
-                                                  *batch, layer);
+            launch_rope_kv<T, __nv_fp8_storage_t>(st->stream, blocks, (T *)q_out, (const T *)q,
+                                                  (T *)k, (const T *)v, q_stride, k_stride,
+                                                  heads, q_norm, k_norm, eps, inv_freq,
+                                                  (unsigned char *)arena, *layout, *batch,
+                                                  layer);
     });
     cuda_launched(be, "qk_norm_rope_kv_write");
 }

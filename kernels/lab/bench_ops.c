@@ -147,8 +147,9 @@ static void call(op *o, int i)
         break;
     case OP_KV_WRITE: be->kv_write(be, b->arena, &b->kv, &o->batch, 0, b->k, b->v); break;
     case OP_ROPE_KV:
-        be->qk_norm_rope_kv_write(be, b->q, b->k, b->v, HEADS, b->qk_norm_w, b->qk_norm_w, 1e-6f,
-                                  b->inv_freq, b->arena, &b->kv, &o->batch, 0);
+        be->qk_norm_rope_kv_write(be, b->q, b->q, b->k, b->v, 0, HEADS, b->qk_norm_w,
+                                  b->qk_norm_w, 1e-6f, b->inv_freq, b->arena, &b->kv, &o->batch,
+                                  0);
         break;
     case OP_ATTENTION:
         be->attention(be, b->att, b->q, HEADS, b->arena, &b->kv, &kb, 0, scale);
@@ -385,8 +386,10 @@ static double step_ops(kernels_backend *nb, kernels_backend *vb, kernels_backend
     struct {
         const char *what;
         int n, k, per_layer;
-    } mms[] = {{"matmul q 4096x4096", HEADS * HD, HID, 1},   {"matmul k 1024x4096", KVH * HD, HID, 1},
-               {"matmul v 1024x4096", KVH * HD, HID, 1},    {"matmul o 4096x4096", HID, HEADS * HD, 1},
+    } mms[] = {{"matmul q 4096x4096", HEADS * HD, HID, 0},   {"matmul k 1024x4096", KVH * HD, HID, 0},
+               {"matmul v 1024x4096", KVH * HD, HID, 0},
+               {"matmul q+k+v 6144x4096", (HEADS + 2 * KVH) * HD, HID, 1},
+               {"matmul o 4096x4096", HID, HEADS * HD, 1},
                {"matmul gate 12288x4096", INTER, HID, 0}, {"matmul up 12288x4096", INTER, HID, 0},
                {"matmul down 4096x12288", HID, INTER, 1}};
     double act = 2.0, r = rows;

@@ -464,9 +464,11 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
     kernels_backend_close(off);
 }
 
-/* One case of qk_norm_rope_kv_write on `be`, both ways: the op, and
- * qk_norm_rope, qk_norm_rope, kv_write on fresh copies of the same inputs;
- * q, k (f32) and the arena bytes of each. */
+/* One case of qk_norm_rope_kv_write on `be`, three ways: the op on packed
+ * q, k and v; qk_norm_rope, qk_norm_rope, kv_write on fresh copies of the
+ * same inputs; and the op on the rows of one joined [q | k | v] buffer
+ * (stride), q into its own buffer. q, k (f32) and the arena bytes of
+ * each. */
 typedef struct rope_kv_out {
     float *q, *k;
     unsigned char *arena;
@@ -480,8 +482,21 @@ typedef struct rope_kv_case {
     const float *q, *k, *v, *q_norm, *k_norm, *inv_freq;
 } rope_kv_case;
 
-static void rope_kv_both_ways(kernels_backend *be, const rope_kv_case *c, rope_kv_out *fused,
-                              rope_kv_out *plain)
+/* rows of [q | k | v] (f32, host) */
+static float *joined_rows(const rope_kv_case *c)
+{
+    int hd = c->L->head_dim, qw = c->heads * hd, kw = c->L->kv_heads * hd, w = qw + 2 * kw;
+    float *j = xmalloc((size_t)c->rows * w * 4);
+    for (int r = 0; r < c->rows; r++) {
+        memcpy(j + (size_t)r * w, c->q + (size_t)r * qw, (size_t)qw * 4);
+        memcpy(j + (size_t)r * w + qw, c->k + (size_t)r * kw, (size_t)kw * 4);
+        memcpy(j + (size_t)r * w + qw + kw, c->v + (size_t)r * kw, (size_t)kw * 4);
+    }
+    return j;
+}
+
+static void rope_kv_three_ways(kernels_backend *be, const rope_kv_case *c, rope_kv_out *fused,
+                               rope_kv_out *plain, rope_kv_out *joined)
 {
     const kernels_kv_layout *L = c->L;
     int hd = L->head_dim, kvh = L->kv_heads, rows = c->rows;
@@ -502,14 +517,33 @@ static void rope_kv_both_ways(kernels_backend *be, const rope_kv_case *c, rope_k
         Lg.v_scale = dvs;
     }
     kernels_batch bg = {rows, c->B->streams, c->B->page_table_stride, drs, dpos, dpt};
+    {
+        int qw = c->heads * hd, kw = kvh * hd, w = qw + 2 * kw;
+        size_t ab = shoal_dtype_bytes(act);
+        float *hj = joined_rows(c), *back = xmalloc((size_t)rows * w * 4);
+        unsigned char *dj = dev_from_f32(be, hj, (size_t)rows * w, act);
+        void *dq = dev_alloc(be, qn * ab), *darena = dev_alloc(be, c->arena_bytes);
+        be->qk_norm_rope_kv_write(be, dq, dj, dj + qw * ab, dj + (size_t)(qw + kw) * ab, w,
+                                  c->heads, dqn, dkn, 1e-6f, dinv, darena, &Lg, &bg, c->layer);
+        f32_from_dev(be, joined->q, dq, qn, act);
+        f32_from_dev(be, back, dj, (size_t)rows * w, act);
+        for (int r = 0; r < rows; r++)
+            memcpy(joined->k + (size_t)r * kw, back + (size_t)r * w + qw, (size_t)kw * 4);
+        CHECK(be->download(be, joined->arena, darena, c->arena_bytes) == SHOAL_OK);
+        be->free(be, dj);
+        be->free(be, dq);
+        be->free(be, darena);
+        free(hj);
+        free(back);
+    }
     for (int way = 0; way < 2; way++) {
         rope_kv_out *o = way ? plain : fused;
         void *dq = dev_from_f32(be, c->q, qn, act), *dk = dev_from_f32(be, c->k, kn, act);
         void *dv = dev_from_f32(be, c->v, kn, act);
         void *darena = dev_alloc(be, c->arena_bytes);
         if (way == 0) {
-            be->qk_norm_rope_kv_write(be, dq, dk, dv, c->heads, dqn, dkn, 1e-6f, dinv, darena,
-                                      &Lg, &bg, c->layer);
+            be->qk_norm_rope_kv_write(be, dq, dq, dk, dv, 0, c->heads, dqn, dkn, 1e-6f, dinv,
+                                      darena, &Lg, &bg, c->layer);
         } else {
             be->qk_norm_rope(be, dq, rows, c->heads, hd, c->heads * hd, dqn, 1e-6f, dpos, dinv);
             be->qk_norm_rope(be, dk, rows, kvh, hd, kvh * hd, dkn, 1e-6f, dpos, dinv);
@@ -543,7 +577,8 @@ static void pages_as_f32(float *out, const unsigned char *arena, size_t bytes, s
 /* qk_norm_rope_kv_write against the CPU's (the composition) within the
  * dtype's tolerance, and on every GPU backend against its own
  * qk_norm_rope, qk_norm_rope, kv_write bit for bit: q, k and every byte
- * of the arena. The 8B model's shape (32 q heads, 8 KV heads of 128) at
+ * of the arena, and from the rows of one joined [q | k | v] buffer bit
+ * for bit too. The 8B model's shape (32 q heads, 8 KV heads of 128) at
  * one row, small and odd shapes at 1, 2, 8 and 129 rows, bf16 and fp8
  * pages (fp8 with per-head scales), positions up to 40,000 (the rotation
  * far from identity), on the default backend (fused at one row), one
@@ -612,15 +647,16 @@ static void qk_norm_rope_kv_write_matches_cpu_and_the_unfused_ops(void)
                 unsigned char *ca = calloc(1, bytes);
                 memcpy(cq, q, qn * 4);
                 memcpy(ck, k, kn * 4);
-                cpu->qk_norm_rope_kv_write(cpu, cq, ck, v, heads, qnw, knw, 1e-6f, inv, ca, &L,
-                                           &B, layer);
+                cpu->qk_norm_rope_kv_write(cpu, cq, cq, ck, v, 0, heads, qnw, knw, 1e-6f, inv, ca,
+                                           &L, &B, layer);
                 float *cpages = xmalloc(bytes * 4), *gpages = xmalloc(bytes * 4);
                 pages_as_f32(cpages, ca, bytes, kvdt[d]);
                 rope_kv_case c = {rows, heads, layer, &L, &B, bytes, q, k, v, qnw, knw, inv};
                 rope_kv_out f = {xmalloc(qn * 4), xmalloc(kn * 4), xmalloc(bytes)};
                 rope_kv_out u = {xmalloc(qn * 4), xmalloc(kn * 4), xmalloc(bytes)};
+                rope_kv_out jo = {xmalloc(qn * 4), xmalloc(kn * 4), xmalloc(bytes)};
                 for (int bi = 0; bi < 3; bi++) {
-                    rope_kv_both_ways(bes[bi], &c, &f, &u);
+                    rope_kv_three_ways(bes[bi], &c, &f, &u, &jo);
                     char shape[128];
                     snprintf(shape, sizeof shape, "rows %d heads %d kvh %d hd %d %s pages, %s",
                              rows, heads, kvh, hd, shoal_dtype_name(kvdt[d]), be_names[bi]);
@@ -644,7 +680,17 @@ static void qk_norm_rope_kv_write_matches_cpu_and_the_unfused_ops(void)
                               "qk_norm_rope_kv_write %s (%s): %zu q, %zu k elements and %zu "
                               "arena bytes differ from qk_norm_rope, qk_norm_rope, kv_write",
                               shape, act_name(act), bad_q, bad_k, bad_a);
+                    bad_q = count_differing(f.q, jo.q, qn);
+                    bad_k = count_differing(f.k, jo.k, kn);
+                    bad_a = 0;
+                    for (size_t i = 0; i < bytes; i++)
+                        bad_a += f.arena[i] != jo.arena[i];
+                    CHECK_MSG(bad_q == 0 && bad_k == 0 && bad_a == 0,
+                              "qk_norm_rope_kv_write %s (%s), joined rows: %zu q, %zu k "
+                              "elements and %zu arena bytes differ from packed rows",
+                              shape, act_name(act), bad_q, bad_k, bad_a);
                 }
+                free(jo.q), free(jo.k), free(jo.arena);
                 free(f.q), free(f.k), free(f.arena);
                 free(u.q), free(u.k), free(u.arena);
                 free(cq), free(ck), free(ca), free(cpages), free(gpages);

@@ -9,6 +9,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 static uint64_t seed = 12345;
 
@@ -165,6 +166,74 @@ static void paged_attention_matches_dense_reference(void)
     kernels_backend_close(be);
 }
 
+/* qk_norm_rope_kv_write on the rows of one joined [q | k | v] buffer
+ * (stride) equals the op on packed q, k and v, bit for bit: q (into its
+ * own buffer), k, and every byte of the pages; at 1 and 5 rows, bf16 and
+ * fp8 pages. The contract's composition itself (qk_norm_rope twice, then
+ * kv_write) is held to the CUDA kernels in test_cuda_ops. */
+static void qk_norm_rope_kv_write_takes_joined_rows(void)
+{
+    enum { HEADS = 6, KVH = 2, HD = 40, PT = 16, LAYERS = 2, LAYER = 1 };
+    enum { QW = HEADS * HD, KW = KVH * HD, W = QW + 2 * KW };
+    static const int rowss[] = {1, 5};
+    static const shoal_dtype kvdt[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3};
+    kernels_backend *be;
+    CHECK(cpu_backend_open(2, &be, NULL) == SHOAL_OK);
+    float qn[HD], kn[HD], inv[HD / 2], scales[2 * LAYERS * KVH];
+    fill(qn, HD, 1.0f);
+    fill(kn, HD, 1.0f);
+    for (int i = 0; i < HD / 2; i++)
+        inv[i] = powf(10000.0f, -2.0f * (float)i / (float)HD);
+    for (int i = 0; i < 2 * LAYERS * KVH; i++)
+        scales[i] = 0.5f + (float)i * 0.25f;
+    for (int ri = 0; ri < 2; ri++)
+        for (int d = 0; d < 2; d++) {
+            int rows = rowss[ri];
+            kernels_kv_layout L;
+            kernels_kv_layout_init(&L, LAYERS, KVH, HD, PT, kvdt[d]);
+            if (kvdt[d] == SHOAL_DTYPE_F8_E4M3) {
+                L.k_scale = scales;
+                L.v_scale = scales + LAYERS * KVH;
+            }
+            int32_t table[2] = {1, 0}, stream[5] = {0}, pos[5];
+            for (int r = 0; r < rows; r++)
+                pos[r] = 11 + r; /* across the first page's end */
+            kernels_batch B = {rows, 1, 2, stream, pos, table};
+            float *q = malloc((size_t)rows * QW * 4), *k = malloc((size_t)rows * KW * 4);
+            float *v = malloc((size_t)rows * KW * 4), *j = malloc((size_t)rows * W * 4);
+            float *jq = malloc((size_t)rows * QW * 4);
+            fill(q, (size_t)rows * QW, 2.0f);
+            fill(k, (size_t)rows * KW, 2.0f);
+            fill(v, (size_t)rows * KW, 2.0f);
+            for (int r = 0; r < rows; r++) {
+                memcpy(j + (size_t)r * W, q + (size_t)r * QW, QW * 4);
+                memcpy(j + (size_t)r * W + QW, k + (size_t)r * KW, KW * 4);
+                memcpy(j + (size_t)r * W + QW + KW, v + (size_t)r * KW, KW * 4);
+            }
+            unsigned char *pa = calloc(2, L.page_bytes), *ja = calloc(2, L.page_bytes);
+            be->qk_norm_rope_kv_write(be, q, q, k, v, 0, HEADS, qn, kn, 1e-6f, inv, pa, &L, &B,
+                                      LAYER);
+            be->qk_norm_rope_kv_write(be, jq, j, j + QW, j + QW + KW, W, HEADS, qn, kn, 1e-6f,
+                                      inv, ja, &L, &B, LAYER);
+            CHECK_MSG(memcmp(q, jq, (size_t)rows * QW * 4) == 0, "rows %d %s: q differs", rows,
+                      shoal_dtype_name(kvdt[d]));
+            for (int r = 0; r < rows; r++)
+                CHECK_MSG(memcmp(k + (size_t)r * KW, j + (size_t)r * W + QW, KW * 4) == 0,
+                          "rows %d %s: k of row %d differs", rows, shoal_dtype_name(kvdt[d]),
+                          r);
+            CHECK_MSG(memcmp(pa, ja, 2 * L.page_bytes) == 0, "rows %d %s: the pages differ",
+                      rows, shoal_dtype_name(kvdt[d]));
+            /* and the op did something: q changed, the slots were written */
+            CHECK(memcmp(q, j, QW * 4) != 0);
+            size_t nonzero = 0;
+            for (size_t i = 0; i < 2 * L.page_bytes; i++)
+                nonzero += pa[i] != 0;
+            CHECK(nonzero > 0);
+            free(q), free(k), free(v), free(j), free(jq), free(pa), free(ja);
+        }
+    kernels_backend_close(be);
+}
+
 static atomic_int seen[1000];
 
 static void count_task(void *ctx, int task, int thread)
@@ -217,6 +286,7 @@ int main(void)
     TEST_RUN(matmul_matches_double_reference_at_odd_sizes);
     TEST_RUN(matmul_does_not_depend_on_thread_count);
     TEST_RUN(paged_attention_matches_dense_reference);
+    TEST_RUN(qk_norm_rope_kv_write_takes_joined_rows);
     TEST_RUN(pool_runs_every_task_exactly_once);
     TEST_RUN(half_precision_conversions_round_to_nearest_even);
     return TEST_EXIT();
