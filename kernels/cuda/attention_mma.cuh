@@ -132,23 +132,36 @@ static __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t two)
  * waits); fp8 pages are read, widened and stored here. */
 template <int HD, int ROWS, int THREADS, typename KV> struct kv_tile;
 
+/* The rows of a tile as stored (HD elements of KV a token) by cp.async, 16
+ * bytes a copy: chunk c of row `row` goes to dst + at(row, c). */
+template <int HD, int ROWS, int THREADS, typename KV, typename At>
+static __device__ __forceinline__ void cp_async_rows(uint32_t dst, const unsigned char *arena,
+                                                     size_t page_bytes, const int32_t *pages,
+                                                     int pt_shift, size_t off, int t0,
+                                                     int t_end, At at)
+{
+    constexpr int CH = HD * (int)sizeof(KV) / 16;
+    const int pt_mask = (1 << pt_shift) - 1;
+#pragma unroll
+    for (int i = threadIdx.x; i < ROWS * CH; i += THREADS) {
+        int row = i / CH, c = i % CH, tok = t0 + row;
+        bool valid = tok < t_end;
+        const void *src = arena;
+        if (valid)
+            src = arena + (size_t)pages[tok >> pt_shift] * page_bytes +
+                  (off + (size_t)(tok & pt_mask) * HD) * sizeof(KV) + (size_t)c * 16;
+        cp_async16(dst + at(row, c), src, valid);
+    }
+}
+
 template <int HD, int ROWS, int THREADS> struct kv_tile<HD, ROWS, THREADS, bf16> {
     static __device__ __forceinline__ void load(uint32_t dst, const unsigned char *arena,
                                                 size_t page_bytes, const int32_t *pages,
                                                 int pt_shift, size_t off, int t0, int t_end)
     {
-        constexpr int CH = HD / 8;
-        const int pt_mask = (1 << pt_shift) - 1;
-#pragma unroll
-        for (int i = threadIdx.x; i < ROWS * CH; i += THREADS) {
-            int row = i / CH, c = i % CH, tok = t0 + row;
-            bool valid = tok < t_end;
-            const void *src = arena;
-            if (valid)
-                src = (const bf16 *)(arena + (size_t)pages[tok >> pt_shift] * page_bytes) + off +
-                      (size_t)(tok & pt_mask) * HD + c * 8;
-            cp_async16(dst + swz<HD>(row, c), src, valid);
-        }
+        cp_async_rows<HD, ROWS, THREADS, bf16>(dst, arena, page_bytes, pages, pt_shift, off, t0,
+                                               t_end,
+                                               [](int row, int c) { return swz<HD>(row, c); });
     }
 };
 
@@ -190,18 +203,9 @@ template <int HD, int ROWS, int THREADS> struct kv_tile_fp8_staged {
                                                 size_t page_bytes, const int32_t *pages,
                                                 int pt_shift, size_t off, int t0, int t_end)
     {
-        constexpr int CH = HD / 16;
-        const int pt_mask = (1 << pt_shift) - 1;
-#pragma unroll
-        for (int i = threadIdx.x; i < ROWS * CH; i += THREADS) {
-            int row = i / CH, c = i % CH, tok = t0 + row;
-            bool valid = tok < t_end;
-            const void *src = arena;
-            if (valid)
-                src = arena + (size_t)pages[tok >> pt_shift] * page_bytes + off +
-                      (size_t)(tok & pt_mask) * HD + c * 16;
-            cp_async16(dst + (uint32_t)(row * HD + c * 16), src, valid);
-        }
+        cp_async_rows<HD, ROWS, THREADS, __nv_fp8_storage_t>(
+            dst, arena, page_bytes, pages, pt_shift, off, t0, t_end,
+            [](int row, int c) { return (uint32_t)(row * HD + c * 16); });
     }
 
     static __device__ __forceinline__ void widen(uint32_t dst, uint32_t src)

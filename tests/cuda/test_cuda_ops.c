@@ -563,6 +563,17 @@ static void rope_kv_three_ways(kernels_backend *be, const rope_kv_case *c, rope_
             be->free(be, frees[i]);
 }
 
+/* q elements, k elements and arena bytes in which two results differ. */
+static void rope_kv_differences(const rope_kv_out *a, const rope_kv_out *b, size_t qn, size_t kn,
+                                size_t bytes, size_t bad[3])
+{
+    bad[0] = count_differing(a->q, b->q, qn);
+    bad[1] = count_differing(a->k, b->k, kn);
+    bad[2] = 0;
+    for (size_t i = 0; i < bytes; i++)
+        bad[2] += a->arena[i] != b->arena[i];
+}
+
 /* The pages as numbers (e4m3 before its scale, the same on both sides). */
 static void pages_as_f32(float *out, const unsigned char *arena, size_t bytes, shoal_dtype kv)
 {
@@ -671,24 +682,17 @@ static void qk_norm_rope_kv_write_matches_cpu_and_the_unfused_ops(void)
                     size_t pn = kvdt[d] == SHOAL_DTYPE_F8_E4M3 ? bytes : bytes / 2;
                     report("qk_norm_rope_kv_write pages", shape, rel_err(gpages, cpages, pn),
                            kvdt[d] == SHOAL_DTYPE_F8_E4M3 ? 0.06 : 6e-3);
-                    size_t bad_q = count_differing(f.q, u.q, qn);
-                    size_t bad_k = count_differing(f.k, u.k, kn);
-                    size_t bad_a = 0;
-                    for (size_t i = 0; i < bytes; i++)
-                        bad_a += f.arena[i] != u.arena[i];
-                    CHECK_MSG(bad_q == 0 && bad_k == 0 && bad_a == 0,
+                    size_t bad[3];
+                    rope_kv_differences(&f, &u, qn, kn, bytes, bad);
+                    CHECK_MSG(bad[0] == 0 && bad[1] == 0 && bad[2] == 0,
                               "qk_norm_rope_kv_write %s (%s): %zu q, %zu k elements and %zu "
                               "arena bytes differ from qk_norm_rope, qk_norm_rope, kv_write",
-                              shape, act_name(act), bad_q, bad_k, bad_a);
-                    bad_q = count_differing(f.q, jo.q, qn);
-                    bad_k = count_differing(f.k, jo.k, kn);
-                    bad_a = 0;
-                    for (size_t i = 0; i < bytes; i++)
-                        bad_a += f.arena[i] != jo.arena[i];
-                    CHECK_MSG(bad_q == 0 && bad_k == 0 && bad_a == 0,
+                              shape, act_name(act), bad[0], bad[1], bad[2]);
+                    rope_kv_differences(&f, &jo, qn, kn, bytes, bad);
+                    CHECK_MSG(bad[0] == 0 && bad[1] == 0 && bad[2] == 0,
                               "qk_norm_rope_kv_write %s (%s), joined rows: %zu q, %zu k "
                               "elements and %zu arena bytes differ from packed rows",
-                              shape, act_name(act), bad_q, bad_k, bad_a);
+                              shape, act_name(act), bad[0], bad[1], bad[2]);
                 }
                 free(jo.q), free(jo.k), free(jo.arena);
                 free(f.q), free(f.k), free(f.arena);
