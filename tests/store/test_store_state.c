@@ -343,6 +343,14 @@ static void test_eviction_keeps_under_the_limit_least_recently_used_first(void)
     tu_rmtree(dir);
 }
 
+/* The record of h is not in the page cache. */
+static bool on_disk(store_state *s, const common_hash *h)
+{
+    uint64_t resident = 1, total = 0;
+    CHECK_EQ_INT(store_state_resident(s, h, 1, &resident, &total, NULL), SHOAL_OK);
+    return total == 1 && resident == 0;
+}
+
 /* Drops data.mdb of dir from the page cache (its pages are clean: commits
  * sync). */
 static void drop_cache(const char *dir)
@@ -426,18 +434,23 @@ static void test_a_full_map_is_handled_by_evicting_or_growing(void)
     }
     size_t bytes = store_state_read_bytes(s);
     uint8_t *buf = aligned_alloc(4096, bytes), *want = malloc(l.page_bytes);
+    uint64_t on_disk_reads = 0; /* records read while not in the page cache */
     for (int i = 0; i < n; i++) {
-        common_hash h = tu_hash(51, (uint64_t)i);
         size_t at = 0;
-        CHECK_EQ_INT(store_state_read(s, &h, buf, bytes, &at, NULL, &d), SHOAL_OK);
+        on_disk_reads += on_disk(s, &all[i]);
+        CHECK_EQ_INT(store_state_read(s, &all[i], buf, bytes, &at, NULL, &d), SHOAL_OK);
         tu_page(want, l.page_bytes, 51, (uint64_t)i);
         CHECK(memcmp(buf + at, want, l.page_bytes) == 0);
     }
     free(buf);
     free(want);
-    if (probe >= 0)
-        CHECK_MSG(stats_of(s).direct_reads >= (uint64_t)n / 2, "%llu of %d reads direct",
-                  (unsigned long long)stats_of(s).direct_reads, n);
+    /* each of them direct (a base not looked up again after the growth
+     * would copy them from the map, or read other bytes and refuse), and
+     * there were some (a page this process maps stays in the cache) */
+    if (probe >= 0) {
+        CHECK_EQ_INT(stats_of(s).direct_reads, on_disk_reads);
+        CHECK_MSG(on_disk_reads > 0, "no record left the page cache");
+    }
     for (int i = 0; i < n; i++)
         CHECK_EQ_INT(get_block(s, &l, 51, (uint64_t)i, NULL, &d), SHOAL_OK);
     store_state_close(s);
@@ -639,17 +652,22 @@ static void test_read_goes_past_the_page_cache_for_a_record_on_disk(void)
         close(probe);
     else
         printf("# no O_DIRECT on this file system: reads copy from the map\n");
+    /* dropped while nothing maps the file (a page this process maps, as
+     * the fault-around of a B-tree page may, stays), then opened: with
+     * MDB_NORDAHEAD its lookups read their own pages only */
+    drop_cache(dir);
     s = open_store(&o);
     uint64_t resident = 9, total = 0;
     for (int tries = 0; tries < 20 && resident > 0; tries++) {
-        drop_cache(dir);
         CHECK_EQ_INT(store_state_resident(s, h, 4, &resident, &total, NULL), SHOAL_OK);
-        if (resident > 0)
+        if (resident > 0) {
             usleep(50000);
+            drop_cache(dir);
+        }
     }
     CHECK_EQ_INT(total, 4);
-    if (direct)
-        CHECK_EQ_INT(resident, 0);
+    if (resident > 0)
+        printf("# %llu of 4 records stayed in the page cache\n", (unsigned long long)resident);
 
     size_t bytes = store_state_read_bytes(s);
     CHECK(bytes >= store_record_bytes(&l) + 4096 && bytes % 4096 == 0);
@@ -657,31 +675,42 @@ static void test_read_goes_past_the_page_cache_for_a_record_on_disk(void)
     shoal_diag d = {{0}};
     size_t at = 0;
     int tokens = 0;
+    uint64_t direct_want = 0; /* reads of a record on disk into an aligned buffer */
     /* from the disk, twice (a direct read leaves the page cache as it was) */
     for (int pass = 0; pass < 2; pass++) {
         memset(buf, 0, bytes);
+        direct_want += direct && on_disk(s, &h[3]);
         CHECK_EQ_INT(store_state_read(s, &h[3], buf, bytes, &at, &tokens, &d), SHOAL_OK);
         tu_page(want, l.page_bytes, 12, 3);
         CHECK(at + l.page_bytes <= bytes);
         CHECK(memcmp(buf + at, want, l.page_bytes) == 0);
         CHECK_EQ_INT(tokens, 7);
-        CHECK_EQ_INT(stats_of(s).direct_reads, direct ? pass + 1 : 0);
+        CHECK_EQ_INT(stats_of(s).direct_reads, direct_want);
     }
     /* a flipped payload bit is refused on the direct path too */
+    bool refused_on_disk = on_disk(s, &h[2]);
     CHECK_EQ_INT(store_state_read(s, &h[2], buf, bytes, &at, NULL, &d), SHOAL_ERR_FORMAT);
     CHECK_HAS(d.msg, "checksum");
     CHECK_EQ_INT(stats_of(s).refused, 1);
     /* an unaligned buffer is copied into from the map */
+    bool unaligned_on_disk = on_disk(s, &h[1]);
     CHECK_EQ_INT(store_state_read(s, &h[1], buf + 16, bytes - 16, &at, &tokens, &d), SHOAL_OK);
     tu_page(want, l.page_bytes, 12, 1);
     CHECK(memcmp(buf + 16 + at, want, l.page_bytes) == 0);
-    CHECK_EQ_INT(stats_of(s).direct_reads, direct ? 2 : 0);
+    CHECK_EQ_INT(stats_of(s).direct_reads, direct_want);
     /* in the page cache now (get faults it in): copied from the map */
     CHECK_EQ_INT(get_block(s, &l, 12, 0, NULL, &d), SHOAL_OK);
+    CHECK(!on_disk(s, &h[0]));
     CHECK_EQ_INT(store_state_read(s, &h[0], buf, bytes, &at, &tokens, &d), SHOAL_OK);
     tu_page(want, l.page_bytes, 12, 0);
     CHECK(memcmp(buf + at, want, l.page_bytes) == 0);
-    CHECK_EQ_INT(stats_of(s).direct_reads, direct ? 2 : 0);
+    CHECK_EQ_INT(stats_of(s).direct_reads, direct_want);
+    /* the test saw the path it is about: a direct read */
+    if (direct)
+        CHECK_MSG(direct_want > 0, "block 3 stayed in the page cache: no direct read");
+    if (direct && (!refused_on_disk || !unaligned_on_disk))
+        printf("# block 2 %s, block 1 %s on disk when read\n", refused_on_disk ? "was" : "not",
+               unaligned_on_disk ? "was" : "not");
     /* edges: a buffer short of a record, a block not stored */
     CHECK_EQ_INT(store_state_read(s, &h[0], buf, store_record_bytes(&l) - 1, &at, NULL, &d),
                  SHOAL_ERR_INVALID);
