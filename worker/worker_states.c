@@ -25,7 +25,6 @@ enum {
     BLOCK_MISSING, /* not stored: the engine computes it */
 };
 
-
 /* One stream's restore (worker_async_source's job). Readers take its
  * blocks from the top down; the engine takes them from the bottom up. */
 typedef struct restore_job {

@@ -768,6 +768,55 @@ static bool lp_close(float a, float b)
     return a == b || (isnan(a) && isnan(b)) || fabsf(a - b) <= 1e-5f + 1e-6f * fabsf(b);
 }
 
+/* Rows of z through both backends; how many differ (token, logprob, top
+ * list), the first few printed. got (may be NULL) receives the GPU's. */
+static int sample_rows_differ(const char *label, const float *z, int rows, int vocab,
+                              const kernels_sample_params *p, const int32_t *off,
+                              const int32_t *tok, const int32_t *cnt,
+                              kernels_sample_result *got_out)
+{
+    size_t n = (size_t)rows * vocab;
+    int entries = off ? off[rows] : 0;
+    kernels_sample_result *ref = xmalloc((size_t)rows * sizeof *ref);
+    kernels_sample_result *got = xmalloc((size_t)rows * sizeof *got);
+    cpu->sample(cpu, ref, z, rows, vocab, p, off, tok, cnt);
+    void *dz = dev_copy(gpu, z, n * 4), *dp = dev_copy(gpu, p, (size_t)rows * sizeof *p);
+    void *doff = off ? dev_copy(gpu, off, (size_t)(rows + 1) * 4) : NULL;
+    void *dtok = off ? dev_copy(gpu, tok, (size_t)(entries ? entries : 1) * 4) : NULL;
+    void *dcnt = off ? dev_copy(gpu, cnt, (size_t)(entries ? entries : 1) * 4) : NULL;
+    void *dres = dev_alloc(gpu, (size_t)rows * sizeof *got);
+    dev_poison(gpu, dres, (size_t)rows * sizeof *got);
+    gpu->sample(gpu, dres, dz, rows, vocab, dp, doff, dtok, dcnt);
+    CHECK(gpu->download(gpu, got, dres, (size_t)rows * sizeof *got) == SHOAL_OK);
+    int differ = 0;
+    for (int r = 0; r < rows; r++) {
+        bool ok = got[r].token == ref[r].token && lp_close(got[r].logprob, ref[r].logprob);
+        int nlp = p[r].logprobs < vocab ? p[r].logprobs : vocab;
+        for (int i = 0; i < nlp; i++)
+            ok = ok && got[r].top_ids[i] == ref[r].top_ids[i] &&
+                 lp_close(got[r].top_logprobs[i], ref[r].top_logprobs[i]);
+        if (!ok && differ++ < 5)
+            fprintf(stderr,
+                    "  %s, vocab %d row %d (T %.2f k %d p %.2f min_p %.2f): gpu %d (%g), cpu %d "
+                    "(%g)\n",
+                    label, vocab, r, p[r].temperature, p[r].top_k, p[r].top_p, p[r].min_p,
+                    got[r].token, got[r].logprob, ref[r].token, ref[r].logprob);
+    }
+    gpu->free(gpu, dz);
+    gpu->free(gpu, dp);
+    if (off) {
+        gpu->free(gpu, doff);
+        gpu->free(gpu, dtok);
+        gpu->free(gpu, dcnt);
+    }
+    gpu->free(gpu, dres);
+    if (got_out)
+        memcpy(got_out, got, (size_t)rows * sizeof *got);
+    free(ref);
+    free(got);
+    return differ;
+}
+
 static void sample_picks_the_cpu_token_for_every_parameter_mix(void)
 {
     static const int vocabs[] = {1, 2, 263, 151936};
@@ -810,104 +859,26 @@ static void sample_picks_the_cpu_token_for_every_parameter_mix(void)
                 }
         }
         off[rows] = entries;
-        kernels_sample_result *ref = xmalloc((size_t)rows * sizeof *ref);
         kernels_sample_result *got = xmalloc((size_t)rows * sizeof *got);
-        cpu->sample(cpu, ref, z, rows, vocab, p, off, tok, cnt);
-        void *dz = dev_copy(gpu, z, n * 4), *dp = dev_copy(gpu, p, (size_t)rows * sizeof *p);
-        void *doff = dev_copy(gpu, off, (size_t)(rows + 1) * 4);
-        void *dtok = dev_copy(gpu, tok, (size_t)(entries ? entries : 1) * 4);
-        void *dcnt = dev_copy(gpu, cnt, (size_t)(entries ? entries : 1) * 4);
-        void *dres = dev_alloc(gpu, (size_t)rows * sizeof *got);
-        dev_poison(gpu, dres, (size_t)rows * sizeof *got);
-        gpu->sample(gpu, dres, dz, rows, vocab, dp, doff, dtok, dcnt);
-        CHECK(gpu->download(gpu, got, dres, (size_t)rows * sizeof *got) == SHOAL_OK);
-        int differ = 0;
-        for (int r = 0; r < rows; r++) {
-            bool ok = got[r].token == ref[r].token && lp_close(got[r].logprob, ref[r].logprob);
-            int nlp = p[r].logprobs < vocab ? p[r].logprobs : vocab;
-            for (int i = 0; i < nlp; i++)
-                ok = ok && got[r].top_ids[i] == ref[r].top_ids[i] &&
-                     lp_close(got[r].top_logprobs[i], ref[r].top_logprobs[i]);
-            if (!ok && differ++ < 5)
-                fprintf(stderr,
-                        "  vocab %d row %d (T %.2f k %d p %.2f min_p %.2f): gpu %d (%g), cpu %d "
-                        "(%g)\n",
-                        vocab, r, p[r].temperature, p[r].top_k, p[r].top_p, p[r].min_p,
-                        got[r].token, got[r].logprob, ref[r].token, ref[r].logprob);
-        }
+        int differ = sample_rows_differ("mix", z, rows, vocab, p, off, tok, cnt, got);
         CHECK_MSG(differ == 0, "sample vocab %d: %d of %d rows differ", vocab, differ, rows);
         /* the same row alone gives the same token: nothing leaks across rows */
         if (rows > 1) {
             int r = rows / 2;
             int32_t off1[2] = {0, off[r + 1] - off[r]};
-            void *doff1 = dev_copy(gpu, off1, 8);
-            gpu->sample(gpu, dres, (float *)dz + (size_t)r * vocab, 1, vocab,
-                        (kernels_sample_params *)dp + r, doff1, (int32_t *)dtok + off[r],
-                        (int32_t *)dcnt + off[r]);
             kernels_sample_result one;
-            CHECK(gpu->download(gpu, &one, dres, sizeof one) == SHOAL_OK);
+            (void)sample_rows_differ("row alone", z + (size_t)r * vocab, 1, vocab, p + r, off1,
+                                     tok + off[r], cnt + off[r], &one);
             CHECK_MSG(one.token == got[r].token, "row %d alone: %d, in the batch %d", r,
                       one.token, got[r].token);
-            gpu->free(gpu, doff1);
         }
-        gpu->free(gpu, dz);
-        gpu->free(gpu, dp);
-        gpu->free(gpu, doff);
-        gpu->free(gpu, dtok);
-        gpu->free(gpu, dcnt);
-        gpu->free(gpu, dres);
         free(z);
         free(p);
         free(off);
         free(tok);
         free(cnt);
-        free(ref);
         free(got);
     }
-}
-
-/* Rows of z through both backends; how many differ (token, logprob, top
- * list), the first few printed. */
-static int sample_rows_differ(const char *label, const float *z, int rows, int vocab,
-                              const kernels_sample_params *p, const int32_t *off,
-                              const int32_t *tok, const int32_t *cnt)
-{
-    size_t n = (size_t)rows * vocab;
-    int entries = off ? off[rows] : 0;
-    kernels_sample_result *ref = xmalloc((size_t)rows * sizeof *ref);
-    kernels_sample_result *got = xmalloc((size_t)rows * sizeof *got);
-    cpu->sample(cpu, ref, z, rows, vocab, p, off, tok, cnt);
-    void *dz = dev_copy(gpu, z, n * 4), *dp = dev_copy(gpu, p, (size_t)rows * sizeof *p);
-    void *doff = off ? dev_copy(gpu, off, (size_t)(rows + 1) * 4) : NULL;
-    void *dtok = off ? dev_copy(gpu, tok, (size_t)(entries ? entries : 1) * 4) : NULL;
-    void *dcnt = off ? dev_copy(gpu, cnt, (size_t)(entries ? entries : 1) * 4) : NULL;
-    void *dres = dev_alloc(gpu, (size_t)rows * sizeof *got);
-    dev_poison(gpu, dres, (size_t)rows * sizeof *got);
-    gpu->sample(gpu, dres, dz, rows, vocab, dp, doff, dtok, dcnt);
-    CHECK(gpu->download(gpu, got, dres, (size_t)rows * sizeof *got) == SHOAL_OK);
-    int differ = 0;
-    for (int r = 0; r < rows; r++) {
-        bool ok = got[r].token == ref[r].token && lp_close(got[r].logprob, ref[r].logprob);
-        int nlp = p[r].logprobs < vocab ? p[r].logprobs : vocab;
-        for (int i = 0; i < nlp; i++)
-            ok = ok && got[r].top_ids[i] == ref[r].top_ids[i] &&
-                 lp_close(got[r].top_logprobs[i], ref[r].top_logprobs[i]);
-        if (!ok && differ++ < 5)
-            fprintf(stderr, "  %s, vocab %d row %d (T %.2f): gpu %d (%g), cpu %d (%g)\n", label,
-                    vocab, r, p[r].temperature, got[r].token, got[r].logprob, ref[r].token,
-                    ref[r].logprob);
-    }
-    gpu->free(gpu, dz);
-    gpu->free(gpu, dp);
-    if (off) {
-        gpu->free(gpu, doff);
-        gpu->free(gpu, dtok);
-        gpu->free(gpu, dcnt);
-    }
-    gpu->free(gpu, dres);
-    free(ref);
-    free(got);
-    return differ;
 }
 
 /* The batch-1 step's sampling: one row of Qwen3's 151,936 logits, which
@@ -946,17 +917,18 @@ static void sample_one_row_at_full_vocab_takes_the_lowest_id_of_a_tie(void)
                 }
         }
         off[rows_max] = entries;
-        int differ = sample_rows_differ("one greedy row", z, 1, vocab, p, NULL, NULL, NULL);
+        int differ = sample_rows_differ("one greedy row", z, 1, vocab, p, NULL, NULL, NULL, NULL);
         CHECK_MSG(differ == 0, "one greedy row of %d", vocab);
         /* the tie's lowest id, penalised below the others: 77777 next */
         int32_t off1[2] = {0, 1}, tok1[1] = {5003}, cnt1[1] = {2};
         p[0].repetition_penalty = 1.3f;
-        differ = sample_rows_differ("one penalised row", z, 1, vocab, p, off1, tok1, cnt1);
+        differ = sample_rows_differ("one penalised row", z, 1, vocab, p, off1, tok1, cnt1, NULL);
         CHECK_MSG(differ == 0, "one penalised greedy row of %d", vocab);
         p[0].logprobs = 20;
         p[0].repetition_penalty = 1.0f;
         p[0].presence_penalty = 0.5f;
-        differ = sample_rows_differ("one row with logprobs", z, 1, vocab, p, off1, tok1, cnt1);
+        differ =
+            sample_rows_differ("one row with logprobs", z, 1, vocab, p, off1, tok1, cnt1, NULL);
         CHECK_MSG(differ == 0, "one greedy row with logprobs of %d", vocab);
         /* the batch: mixes of the above */
         p[0] = base;
@@ -971,7 +943,7 @@ static void sample_one_row_at_full_vocab_takes_the_lowest_id_of_a_tie(void)
         p[6].logprobs = 2;
         z[(size_t)7 * vocab + 99999] = NAN;
         p[7].temperature = 0.5f;
-        differ = sample_rows_differ("a mixed batch", z, rows_max, vocab, p, off, tok, cnt);
+        differ = sample_rows_differ("a mixed batch", z, rows_max, vocab, p, off, tok, cnt, NULL);
         CHECK_MSG(differ == 0, "%d of %d rows differ at vocab %d", differ, rows_max, vocab);
         free(z);
     }
