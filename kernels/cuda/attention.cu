@@ -258,9 +258,16 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
  * the scratch a row may use is the budget of KERNELS_ATTN_SLICE_ROWS rows
  * shared by the round's rows (up to that many), which the scratch always
  * has (alloc_attn_scratch), so a round of one row may take 64 segments of
- * a 32-head model where the first rule's 512 KiB held 31. */
+ * a 32-head model where the first rule's 512 KiB held 31.
+ *
+ * With `resident` > 0 (the partial blocks a multiprocessor holds at once)
+ * the count is then raised, up to three times, to the one whose blocks
+ * fill their last wave best (fewest segments on a tie): at batch 64 of an
+ * 8-KV-head model the rule's 2 segments make 1,024 blocks, 2.6 waves of
+ * 396 on 132 multiprocessors holding three each, where 3 make 1,536, 3.9
+ * waves (SHOAL_CUDA_ATTN_WAVE, default 1; 0 = the rule alone). */
 static int attn_splits_cap(int sm_count, int per_sm, int rows, int blocks_per_row, int heads,
-                           int head_dim, bool fill)
+                           int head_dim, bool fill, int resident = 0)
 {
     size_t per_split = (size_t)heads * ((size_t)head_dim + 2) * sizeof(float);
     size_t budget = CUDA_ATTN_ROW_SCRATCH_BYTES;
@@ -273,7 +280,22 @@ static int attn_splits_cap(int sm_count, int per_sm, int rows, int blocks_per_ro
     long long want = ((long long)per_sm * sm_count + per_round - 1) / per_round;
     if (want < s)
         s = want;
-    return s < 1 ? 1 : (int)s;
+    if (s < 1)
+        s = 1;
+    if (resident > 0 && s == want) {
+        long long wave = (long long)resident * sm_count, best = s;
+        double best_fill = 0.0;
+        for (long long t = want; t <= 3 * want && t <= fit && t <= CUDA_ATTN_SPLITS_MAX; t++) {
+            long long blocks = per_round * t;
+            double f = (double)blocks / (double)(((blocks + wave - 1) / wave) * wave);
+            if (f > best_fill + 0.01) {
+                best_fill = f;
+                best = t;
+            }
+        }
+        s = best;
+    }
+    return (int)s;
 }
 
 /* Segments a row of a small round may have and stay within a wave of two
@@ -298,10 +320,11 @@ static int attn_splits_wave(int sm_count, int rows, int blocks_per_row)
  * shared budget alone allowed, which crossed into a second wave and
  * measured slower (lab, H200). A function of the round's rows and the
  * shape, never of a slice. */
-static void attn_splits_filled(int sm_count, int per_sm, int rows, int blocks_per_row,
-                               int heads, int head_dim, int *cap, int *fill)
+static void attn_splits_filled(int sm_count, int per_sm, int resident, int rows,
+                               int blocks_per_row, int heads, int head_dim, int *cap, int *fill)
 {
-    int rule = attn_splits_cap(sm_count, per_sm, rows, blocks_per_row, heads, head_dim, false);
+    int rule = attn_splits_cap(sm_count, per_sm, rows, blocks_per_row, heads, head_dim, false,
+                               resident);
     int most = attn_splits_cap(sm_count, per_sm, rows, blocks_per_row, heads, head_dim, true);
     int wave = attn_splits_wave(sm_count, rows, blocks_per_row);
     int f = wave < most ? wave : most;
@@ -620,9 +643,11 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     int blocks_per_row = layout->kv_heads * c.chunks;
     c.wide_merge = st->attn_fill >= 1;
     if (fill) {
-        attn_splits_filled(st->sm_count, st->attn_blocks, batch->rows, blocks_per_row, heads, hd,
-                           &c.args.splits,
-                           &c.args.fill);
+        /* the tensor-core partials at head dim 128: 68 KB a block with two
+         * stages (three a multiprocessor), 100 KB with three (two) */
+        int resident = st->attn_wave ? (st->attn_stages == 2 ? 3 : 2) : 0;
+        attn_splits_filled(st->sm_count, st->attn_blocks, resident, batch->rows, blocks_per_row,
+                           heads, hd, &c.args.splits, &c.args.fill);
     } else {
         c.args.splits = attn_splits_cap(st->sm_count, st->attn_blocks, batch->rows,
                                         blocks_per_row, heads, hd, false);

@@ -2,12 +2,15 @@
  * the CUDA side of the attention_prompt op, whose CPU twin is the CPU
  * attention itself (the same function; kernels_backend.h).
  *
- * One block per (tile of 64 rows, query head); 4 warps, 16 rows each. The
- * block stages its Q tile once, then walks the keys of its rows' stream in
- * tiles of 64 tokens through the page table, double-buffered by cp.async:
- * S = Q K^T and O += P V on mma.sync, with the online softmax in registers
- * (flash attention 2). Causal masking by each row's own position; tiles
- * wholly at or before every row's position skip the mask. Rows of several
+ * One block per (tile of 64 rows, query head); 4 warps of 16 rows
+ * (prompt_shape: tiles of 128 rows, by switch). The block stages its Q
+ * tile once, then walks the keys of its rows' stream in
+ * tiles of 64 tokens through the page table, double-buffered by cp.async
+ * (K and V of a token from one page lookup): S = Q K^T and O += P V on
+ * mma.sync, with the online softmax in registers, its scale folded into
+ * one FMA before each exp (flash attention 2). Causal masking by each row's own position; tiles
+ * wholly at or before every row of a warp skip the mask, tiles wholly
+ * after them are skipped by that warp. Rows of several
  * streams in one tile are correct (the block takes one stream at a time,
  * the other rows masked), only slower: the model sends runs of one stream.
  * Heavier tiles (later rows see more keys) start first.
@@ -18,7 +21,7 @@
 
 #include <limits.h>
 
-enum { PR_BM = 64, PR_BN = 64, PR_THREADS = 128 };
+enum { PR_BN = 64 };
 
 struct prompt_args {
     const unsigned char *arena;
@@ -35,36 +38,230 @@ struct prompt_args {
     int rows;
 };
 
-template <int HD> static constexpr size_t prompt_smem_bytes()
+/* The block's tile of rows: WARPS warps of MT m-tiles (16 rows) each, a
+ * warp's rows contiguous. SHOAL_CUDA_PROMPT_TILE picks one (cuda_ops.h):
+ * 1 (default) = 64 rows, 4 warps of 16 (two blocks a multiprocessor); 2 =
+ * 128 rows, 4 warps of 32 (each K and V fragment read from shared memory
+ * serves two m-tiles; Q's fragments read per tile instead of held: 255
+ * registers and spills at head dim 128); 3 = 128 rows, 8 warps of 16 (K
+ * and V staged once for twice the rows; one block a multiprocessor at 222
+ * registers). kernels/lab/README.md has the timings. */
+template <int WARPS, int MT, bool Q_IN_REGS, int MIN_BLOCKS> struct prompt_shape {
+    static constexpr int THREADS = WARPS * 32, BM = WARPS * 16 * MT, M_TILES = MT;
+    static constexpr bool QREG = Q_IN_REGS; /* Q's fragments held, else read per tile */
+    static constexpr int MINB = MIN_BLOCKS; /* blocks a multiprocessor (register cap) */
+};
+
+template <int HD, int BM> static constexpr size_t prompt_smem_bytes()
 {
-    return (size_t)PR_BM * HD * 2 /* Q */ + 4 * (size_t)PR_BN * HD * 2 /* K, V x 2 */;
+    return (size_t)BM * HD * 2 /* Q */ + 4 * (size_t)PR_BN * HD * 2 /* K, V x 2 */;
 }
 
-template <int HD, typename KV>
-static __global__ void __launch_bounds__(PR_THREADS)
+/* A warp's scores of MT m-tiles of query rows (Q rows qrow0 .. of the
+ * staged tile at qbase, or qf where held) against the PR_BN staged keys:
+ * s[mt][nt] is a C fragment. Each K fragment serves every m-tile. */
+template <int HD, int MT, bool QREG>
+static __device__ __forceinline__ void prompt_scores(float (&s)[MT][PR_BN / 8][4],
+                                                     const uint32_t (&qf)[MT][HD / 16][4],
+                                                     uint32_t qbase, int qrow0, uint32_t kbase)
+{
+    constexpr int NT = PR_BN / 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+    for (int kp = 0; kp < HD / 32; kp++) {
+        uint32_t a[MT][2][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                if (QREG) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        a[mt][half][e] = qf[mt][2 * kp + half][e];
+                } else {
+                    mma::ldsm_x4(a[mt][half],
+                                 qbase + mma::swz<HD>(qrow0 + mt * 16 + (lane & 7) +
+                                                          ((lane >> 3) & 1) * 8,
+                                                      (2 * kp + half) * 2 + (lane >> 4)));
+                }
+            }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            uint32_t b[4];
+            mma::ldsm_x4(b, kbase + mma::swz<HD>(nt * 8 + (lane & 7), kp * 4 + (lane >> 3)));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma::mma_bf16(s[mt][nt], a[mt][0], b[0], b[1]);
+                mma::mma_bf16(s[mt][nt], a[mt][1], b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* o[mt] += p[mt] v over the PR_BN staged values; each V fragment serves
+ * every m-tile. */
+template <int HD, int MT>
+static __device__ __forceinline__ void prompt_accumulate(float (&o)[MT][HD / 8][4],
+                                                         const float (&p)[MT][PR_BN / 8][4],
+                                                         uint32_t vbase)
+{
+    constexpr int NT = PR_BN / 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            a[mt][0] = mma::pack_bf16(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+            a[mt][1] = mma::pack_bf16(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+            a[mt][2] = mma::pack_bf16(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+            a[mt][3] = mma::pack_bf16(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            uint32_t b[4];
+            mma::ldsm_x4_trans(b, vbase + mma::swz<HD>(kk * 16 + (lane & 7) +
+                                                           ((lane >> 3) & 1) * 8,
+                                                       dp * 2 + (lane >> 4)));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma::mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                mma::mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* Stages K and V tokens [t0, t0 + PR_BN) of one stream (zeros at or past
+ * t_end): the K row at k_off (elements into a page) and the V row at
+ * v_off. bf16 pages go by cp.async with one page lookup and one address a
+ * row for both (a thread copies the same 16-byte column of PR_BN /
+ * (THREADS / CH) rows, so the swizzle is one constant); fp8 pages take the
+ * shared kv_tile loader. The caller commits and waits. */
+template <int HD, int THREADS, typename KV> struct prompt_kv;
+
+template <int HD, int THREADS> struct prompt_kv<HD, THREADS, bf16> {
+    static __device__ __forceinline__ void load(uint32_t kdst, uint32_t vdst,
+                                                const unsigned char *arena, size_t page_bytes,
+                                                const int32_t *pages, int pt_shift, size_t k_off,
+                                                size_t v_off, int t0, int t_end)
+    {
+        constexpr int CH = HD / 8, RPP = THREADS / CH; /* rows a pass */
+        static_assert(THREADS % CH == 0 && PR_BN % RPP == 0, "prompt_kv: tile shape");
+        const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
+        const int pt_mask = (1 << pt_shift) - 1;
+        const size_t gap = (v_off - k_off) * sizeof(bf16);
+#pragma unroll
+        for (int k = 0; k < PR_BN / RPP; k++) {
+            const int row = r0 + k * RPP, tok = t0 + row;
+            const bool valid = tok < t_end;
+            const unsigned char *src = arena;
+            if (valid)
+                src = arena + (size_t)pages[tok >> pt_shift] * page_bytes +
+                      (k_off + (size_t)(tok & pt_mask) * HD) * sizeof(bf16) + (size_t)c * 16;
+            const uint32_t at = mma::swz<HD>(row, c);
+            mma::cp_async16(kdst + at, src, valid);
+            mma::cp_async16(vdst + at, valid ? src + gap : src, valid);
+        }
+    }
+};
+
+template <int HD, int THREADS> struct prompt_kv<HD, THREADS, __nv_fp8_storage_t> {
+    static __device__ __forceinline__ void load(uint32_t kdst, uint32_t vdst,
+                                                const unsigned char *arena, size_t page_bytes,
+                                                const int32_t *pages, int pt_shift, size_t k_off,
+                                                size_t v_off, int t0, int t_end)
+    {
+        using T = mma::kv_tile<HD, PR_BN, THREADS, __nv_fp8_storage_t>;
+        T::load(kdst, arena, page_bytes, pages, pt_shift, k_off, t0, t_end);
+        T::load(vdst, arena, page_bytes, pages, pt_shift, v_off, t0, t_end);
+    }
+};
+
+static __device__ __forceinline__ float ex2_ftz(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* mma::softmax_step with the scale folded in (flash attention 2's form):
+ * s holds raw scores (masked entries -inf), m is kept in scaled (log2)
+ * units, and each p is one FMA and one ex2 (flush to zero: a p under
+ * 2^-126 is 0, which no bf16 sum of these rows can tell apart). */
+template <int HD, int NT>
+static __device__ __forceinline__ void prompt_softmax(float (&s)[NT][4], float scale,
+                                                      float (&o)[HD / 8][4], float (&m)[2],
+                                                      float (&l)[2])
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(m[h], mx * scale);
+        const float base = mx == -INFINITY ? 0.0f : mx;
+        const float corr = ex2_ftz(m[h] - base);
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][2 * h] = ex2_ftz(fmaf(s[nt][2 * h], scale, -base));
+            s[nt][2 * h + 1] = ex2_ftz(fmaf(s[nt][2 * h + 1], scale, -base));
+            sum += s[nt][2 * h] + s[nt][2 * h + 1];
+        }
+        l[h] = l[h] * corr + sum;
+        m[h] = mx;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            o[dt][2 * h] *= corr;
+            o[dt][2 * h + 1] *= corr;
+        }
+    }
+}
+
+static __device__ __forceinline__ int warp_max(int v)
+{
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1)
+        v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
+    return v;
+}
+
+template <int HD, typename S, typename KV>
+static __global__ void __launch_bounds__(S::THREADS, S::MINB)
     attn_prompt_kernel(prompt_args a, const bf16 *q, bf16 *out, const int32_t *row_stream,
                        const int32_t *positions, const int32_t *page_table)
 {
+    constexpr int BM = S::BM, THREADS = S::THREADS, MT = S::M_TILES;
     extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ int row_s[PR_BM], row_p[PR_BM];
-    constexpr int CH = HD / 8, NT = PR_BN / 8, DT = HD / 8;
+    __shared__ int row_s[BM], row_p[BM];
+    constexpr int CH = HD / 8, DT = HD / 8, NT = PR_BN / 8;
     const uint32_t qs = mma::smem_addr(smem);
-    const uint32_t ks0 = qs + PR_BM * HD * 2;
+    const uint32_t ks0 = qs + BM * HD * 2;
     const uint32_t vs0 = ks0 + 2 * PR_BN * HD * 2;
     const uint32_t tile_bytes = PR_BN * HD * 2;
 
     const int tile = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y, kvh = h / a.group;
-    const int r0 = tile * PR_BM;
+    const int r0 = tile * BM;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wrow0 = warp * 16 * MT; /* the warp's first row in the tile */
     const size_t q_stride = (size_t)a.heads * HD;
 
-    if (tid < PR_BM) {
-        int r = r0 + tid;
-        row_s[tid] = r < a.rows ? row_stream[r] : -1;
-        row_p[tid] = r < a.rows ? positions[r] : -1;
+    for (int i = tid; i < BM; i += THREADS) {
+        int r = r0 + i;
+        row_s[i] = r < a.rows ? row_stream[r] : -1;
+        row_p[i] = r < a.rows ? positions[r] : -1;
     }
-    for (int i = tid; i < PR_BM * CH; i += PR_THREADS) {
+    for (int i = tid; i < BM * CH; i += THREADS) {
         int row = i / CH, c = i % CH, r = r0 + row;
         bool valid = r < a.rows;
         mma::cp_async16(qs + mma::swz<HD>(row, c),
@@ -76,66 +273,82 @@ static __global__ void __launch_bounds__(PR_THREADS)
     mma::cp_async_wait<0>();
     __syncthreads();
 
-    uint32_t qf[HD / 16][4];
-    mma::q_fragments<HD>(qf, qs, warp * 16);
+    uint32_t qf[MT][HD / 16][4];
+    if (S::QREG)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            mma::q_fragments<HD>(qf[mt], qs, wrow0 + mt * 16);
 
-    const int lr0 = warp * 16 + (lane >> 2), lr1 = lr0 + 8;
-    const int my_s[2] = {row_s[lr0], row_s[lr1]};
-    const int my_p[2] = {row_p[lr0], row_p[lr1]};
     const float k_scale = a.k_scale ? a.k_scale[kvh] : 1.0f;
     const float v_scale = a.v_scale ? a.v_scale[kvh] : 1.0f;
     const float sl2 = a.scale_log2 * k_scale;
     const size_t k_off = a.k_off + (size_t)kvh * a.head_stride;
     const size_t v_off = a.v_off + (size_t)kvh * a.head_stride;
 
-    float o[DT][4];
+    float o[MT][DT][4];
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++)
-        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
-    unsigned long long done = 0;
+    unsigned long long done[(BM + 63) / 64] = {};
     for (;;) {
         /* the next stream of this tile (one pass in the usual case) */
         int s = -1;
-        for (int i = 0; i < PR_BM; i++)
-            if (!((done >> i) & 1) && row_s[i] >= 0) {
+        for (int i = 0; i < BM; i++)
+            if (!((done[i >> 6] >> (i & 63)) & 1) && row_s[i] >= 0) {
                 s = row_s[i];
                 break;
             }
         if (s < 0)
             break;
-        int maxp = -1, minp = INT_MAX;
-        bool alone = true;
-        for (int i = 0; i < PR_BM; i++) {
+        int maxp = -1;
+        for (int i = 0; i < BM; i++)
             if (row_s[i] == s) {
-                done |= 1ull << i;
+                done[i >> 6] |= 1ull << (i & 63);
                 maxp = max(maxp, row_p[i]);
-                minp = min(minp, row_p[i]);
-            } else if (row_s[i] >= 0) {
-                alone = false;
             }
-        }
-        const bool in[2] = {my_s[0] == s, my_s[1] == s};
+        /* the lane's rows of s (m-tile mt, C fragment half hr): the last key
+         * each sees, -1 for rows of other streams. The warp skips keys past
+         * all its rows, and needs no mask for keys at or before all of them,
+         * unless it also holds rows of another stream. */
+        int last[MT][2];
+        int lane_max = -1, lane_negmin = -INT_MAX, lane_other = 0;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                int lr = wrow0 + mt * 16 + (lane >> 2) + 8 * hr;
+                int rs = row_s[lr], rp = row_p[lr];
+                last[mt][hr] = rs == s ? rp : -1;
+                if (rs == s) {
+                    lane_max = max(lane_max, rp);
+                    lane_negmin = max(lane_negmin, -rp);
+                } else if (rs >= 0) {
+                    lane_other = 1;
+                }
+            }
+        const int w_max = warp_max(lane_max), w_min = -warp_max(lane_negmin);
+        const bool w_other = warp_max(lane_other) != 0;
         const int32_t *pages = page_table + (size_t)s * (size_t)a.page_table_stride;
         const int kv_end = maxp + 1;
         const int ntiles = (kv_end + PR_BN - 1) / PR_BN;
 
-        mma::kv_tile<HD, PR_BN, PR_THREADS, KV>::load(ks0, a.arena, a.page_bytes, pages, a.pt_shift,
-                                                  k_off, 0, kv_end);
-        mma::kv_tile<HD, PR_BN, PR_THREADS, KV>::load(vs0, a.arena, a.page_bytes, pages, a.pt_shift,
-                                                  v_off, 0, kv_end);
+        prompt_kv<HD, THREADS, KV>::load(ks0, vs0, a.arena, a.page_bytes, pages, a.pt_shift, k_off,
+                                         v_off, 0, kv_end);
         mma::cp_async_commit();
         for (int j = 0; j < ntiles; j++) {
             const uint32_t kb = ks0 + (j & 1) * tile_bytes, vb = vs0 + (j & 1) * tile_bytes;
             if (j + 1 < ntiles) {
                 const uint32_t nb = ((j + 1) & 1) * tile_bytes;
-                mma::kv_tile<HD, PR_BN, PR_THREADS, KV>::load(ks0 + nb, a.arena, a.page_bytes, pages,
-                                                          a.pt_shift, k_off, (j + 1) * PR_BN,
-                                                          kv_end);
-                mma::kv_tile<HD, PR_BN, PR_THREADS, KV>::load(vs0 + nb, a.arena, a.page_bytes, pages,
-                                                          a.pt_shift, v_off, (j + 1) * PR_BN,
-                                                          kv_end);
+                prompt_kv<HD, THREADS, KV>::load(ks0 + nb, vs0 + nb, a.arena, a.page_bytes, pages,
+                                                 a.pt_shift, k_off, v_off, (j + 1) * PR_BN,
+                                                 kv_end);
                 mma::cp_async_commit();
                 mma::cp_async_wait<1>();
             } else {
@@ -143,66 +356,76 @@ static __global__ void __launch_bounds__(PR_THREADS)
             }
             __syncthreads();
 
-            float sc[NT][4];
-            mma::scores<HD, NT>(sc, qf, kb, 0);
             const int key0 = j * PR_BN;
-            const bool masked = !alone || key0 + PR_BN - 1 > minp;
+            if (key0 <= w_max) { /* else every key is past the warp's rows: p = 0 */
+                float sc[MT][NT][4];
+                prompt_scores<HD, MT, S::QREG>(sc, qf, qs, wrow0, kb);
+                if (w_other || key0 + PR_BN - 1 > w_min)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = sc[nt][e] * sl2;
-                    if (masked) {
-                        int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                        int hr = e >> 1;
-                        v = in[hr] && key <= my_p[hr] ? v : -INFINITY;
-                    }
-                    sc[nt][e] = v;
-                }
-            mma::softmax_step<HD, NT>(sc, o, m, l);
-            mma::accumulate<HD, NT>(o, sc, vb, 0);
+                        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+                                if (key > last[mt][e >> 1])
+                                    sc[mt][nt][e] = -INFINITY;
+                            }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+                    prompt_softmax<HD, NT>(sc[mt], sl2, o[mt], m[mt], l[mt]);
+                prompt_accumulate<HD, MT>(o, sc, vb);
+            }
             __syncthreads(); /* the buffer is refilled two tiles on */
         }
     }
 
 #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
-        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
-    }
-    const int rows_of[2] = {r0 + lr0, r0 + lr1};
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        int r = rows_of[hr];
-        if (r >= a.rows)
-            continue;
-        /* every row sees at least its own key, so l > 0 */
-        float inv = v_scale / l[hr];
-        bf16 *dst = out + (size_t)r * q_stride + (size_t)h * HD + (lane & 3) * 2;
+        for (int hr = 0; hr < 2; hr++) {
+            float lsum = l[mt][hr];
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+            int r = r0 + wrow0 + mt * 16 + (lane >> 2) + 8 * hr;
+            if (r >= a.rows)
+                continue;
+            /* every row sees at least its own key, so l > 0 */
+            float inv = v_scale / lsum;
+            bf16 *dst = out + (size_t)r * q_stride + (size_t)h * HD + (lane & 3) * 2;
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-            *(uint32_t *)(dst + dt * 8) = mma::pack_bf16(o[dt][2 * hr] * inv,
-                                                          o[dt][2 * hr + 1] * inv);
+            for (int dt = 0; dt < DT; dt++)
+                *(uint32_t *)(dst + dt * 8) = mma::pack_bf16(o[mt][dt][2 * hr] * inv,
+                                                              o[mt][dt][2 * hr + 1] * inv);
+        }
+}
+
+/* The instances this file provides: f(kernel, shared-memory bytes, threads,
+ * rows a block) for head dim hd, KV dtype kv and tile variant `tile`
+ * (SHOAL_CUDA_PROMPT_TILE). */
+template <int HD, typename S, typename F> static void prompt_instance(bool fp8, F f)
+{
+    constexpr size_t bytes = prompt_smem_bytes<HD, S::BM>();
+    fp8 ? f(attn_prompt_kernel<HD, S, __nv_fp8_storage_t>, bytes, S::THREADS, S::BM)
+        : f(attn_prompt_kernel<HD, S, bf16>, bytes, S::THREADS, S::BM);
+}
+
+template <int HD, typename F> static void prompt_tile_dispatch(int tile, bool fp8, F f)
+{
+    switch (tile) {
+    case 2: prompt_instance<HD, prompt_shape<4, 2, false, 1>>(fp8, f); break;
+    case 3: prompt_instance<HD, prompt_shape<8, 1, true, 1>>(fp8, f); break;
+    default: prompt_instance<HD, prompt_shape<4, 1, true, 1>>(fp8, f); break;
     }
 }
 
-/* The instances this file provides, and their shared-memory limits. */
-template <typename F> static bool prompt_dispatch(int hd, shoal_dtype kv, F f)
+template <typename F> static bool prompt_dispatch(int hd, shoal_dtype kv, int tile, F f)
 {
     bool fp8 = kv == SHOAL_DTYPE_F8_E4M3;
     switch (hd) {
-    case 32:
-        fp8 ? f(attn_prompt_kernel<32, __nv_fp8_storage_t>, prompt_smem_bytes<32>())
-            : f(attn_prompt_kernel<32, bf16>, prompt_smem_bytes<32>());
-        return true;
-    case 64:
-        fp8 ? f(attn_prompt_kernel<64, __nv_fp8_storage_t>, prompt_smem_bytes<64>())
-            : f(attn_prompt_kernel<64, bf16>, prompt_smem_bytes<64>());
-        return true;
-    case 128:
-        fp8 ? f(attn_prompt_kernel<128, __nv_fp8_storage_t>, prompt_smem_bytes<128>())
-            : f(attn_prompt_kernel<128, bf16>, prompt_smem_bytes<128>());
-        return true;
+    case 32: prompt_tile_dispatch<32>(tile, fp8, f); return true;
+    case 64: prompt_tile_dispatch<64>(tile, fp8, f); return true;
+    case 128: prompt_tile_dispatch<128>(tile, fp8, f); return true;
     default: return false;
     }
 }
@@ -212,7 +435,7 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be)
     cudaError_t e = cudaSuccess;
     for (int hd : {32, 64, 128})
         for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
-            prompt_dispatch(hd, kv, [&](auto kernel, size_t bytes) {
+            prompt_dispatch(hd, kv, cuda_of(be)->prompt_tile, [&](auto kernel, size_t bytes, int, int) {
                 if (e == cudaSuccess)
                     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)bytes);
@@ -264,12 +487,14 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
     a.scale_log2 = scale * 1.4426950408889634f;
     a.page_table_stride = batch->page_table_stride;
     a.rows = batch->rows;
-    dim3 grid((unsigned)((batch->rows + PR_BM - 1) / PR_BM), (unsigned)heads);
     cudaStream_t stream = cuda_of(be)->stream;
-    prompt_dispatch(hd, L->dtype, [&](auto kernel, size_t bytes) {
-        kernel<<<grid, PR_THREADS, bytes, stream>>>(a, (const bf16 *)q, (bf16 *)out,
-                                                    batch->row_stream, batch->positions,
-                                                    batch->page_table);
-    });
+    prompt_dispatch(hd, L->dtype, cuda_of(be)->prompt_tile,
+                    [&](auto kernel, size_t bytes, int threads, int bm) {
+                        dim3 grid((unsigned)((batch->rows + bm - 1) / bm), (unsigned)heads);
+                        kernel<<<grid, threads, bytes, stream>>>(a, (const bf16 *)q, (bf16 *)out,
+                                                                 batch->row_stream,
+                                                                 batch->positions,
+                                                                 batch->page_table);
+                    });
     cuda_launched(be, "attention prompt");
 }

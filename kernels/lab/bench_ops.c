@@ -3,7 +3,10 @@
  * 151936, bf16 weights, activations and KV in 16-token pages), each variant
  * of a kernel beside the others, on the same buffers, in one process.
  *
- *   shoal-lab-ops [--device N] [--quick]
+ *   shoal-lab-ops [--device N] [--quick] [--prompt 2048|4096]
+ *
+ * --prompt N times the prompt kernel alone at N tokens, the variant the
+ * environment picks (for a profiler).
  *
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
@@ -13,9 +16,13 @@
  * decode attention sweeps "prev" (the defaults before issue #5's sampler
  * and short segments: SHOAL_CUDA_SAMPLE=0 SHOAL_CUDA_ATTN_FILL=0) and
  * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone) and "stages3"
- * (SHOAL_CUDA_ATTN_STAGES=3: three K/V tile stages, as before), "blocks8"
- * and "blocks12" (SHOAL_CUDA_ATTN_BLOCKS: segments for 8 or 12 blocks a
- * multiprocessor instead of 4), and for the
+ * (SHOAL_CUDA_ATTN_STAGES=3: three K/V tile stages, as before), "nowave"
+ * (SHOAL_CUDA_ATTN_WAVE=0: the segment rule without raising the count to
+ * fill the last wave), "blocks8" (SHOAL_CUDA_ATTN_BLOCKS=8: segments for 8
+ * blocks a multiprocessor instead of 4), for the prompt kernel "rows32"
+ * and "warps8" (SHOAL_CUDA_PROMPT_TILE=2 and 3: 128-row tiles of 4 warps
+ * of 32 rows and of 8 warps of 16, where the default is 64 rows in 4
+ * warps), and for the
  * decode step's gate/up row and its q/k norm, rope and KV write row
  * "prev" (SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0: the joined GEMV,
  * then the swiglu kernel; qk_norm_rope twice, then kv_write). All run on
@@ -34,7 +41,7 @@
  * GEMV against cuBLAS at 1 to 8 rows; greedy sampling of 1 and 64 rows of
  * 151,936 logits; paged decode attention at batch 1/32/64 and 4k/8k/32k
  * context (effective read bandwidth); causal prompt
- * attention at 4,096 tokens (TFLOP/s). */
+ * attention at 2,048 and 4,096 tokens (TFLOP/s). */
 #include "common/common_dtype.h"
 #include "kernels/kernels_backend.h"
 
@@ -517,8 +524,35 @@ static void sample_sweep(kernels_backend *nb, kernels_backend *pb, bufs *b, int 
         }
 }
 
-/* bes/names: the variants, new first; v1 (SIMT) is the last and slow */
+/* Causal prompt attention, one stream: pbes/pnames the variants, new
+ * first; vb (v1, the partials; slow) also where given. */
+static void prompt_sweep(kernels_backend *const *pbes, const char *const *pnames, int npvar,
+                         kernels_backend *vb, bufs *b, int reps, int only_n)
+{
+    printf("\ncausal prompt attention, one stream (32 q heads, 8 KV heads, 128 dims, bf16), "
+           "FLOPs 2 n^2 d heads (causal half of 4 n^2 d)\n");
+    static const int ns[] = {2048, 4096};
+    for (int i = 0; i < 2; i++) {
+        int n = ns[i];
+        if (only_n > 0 && n != only_n)
+            continue;
+        kernels_batch kb = make_batch(pbes[0], b, 1, n, n);
+        char what[64];
+        snprintf(what, sizeof what, "prompt %d tokens", n);
+        for (int vi = 0; vi < npvar + (vb ? 1 : 0); vi++) {
+            bool v1 = vi == npvar;
+            op o = {.kind = OP_ATTENTION_PROMPT, .be = v1 ? vb : pbes[vi], .b = b, .rows = n,
+                    .batch = kb};
+            row(what, v1 ? "v1" : pnames[vi], n, time_op(&o, v1 ? 1 : 10, v1 ? 2 : reps), 0,
+                2.0 * n * n * HD * HEADS, 0, NULL);
+        }
+    }
+}
+
+/* bes/names: the variants, new first; v1 (SIMT) is the last and slow;
+ * pbes/pnames: the prompt kernel's variants (tiles), new first */
 static void attention_sweep(kernels_backend *const *bes, const char *const *names, int nvar,
+                            kernels_backend *const *pbes, const char *const *pnames, int npvar,
                             bufs *b, int reps, bool quick)
 {
     static const int batches[] = {1, 32, 64};
@@ -541,40 +575,40 @@ static void attention_sweep(kernels_backend *const *bes, const char *const *name
                 row(what, names[vi], B, time_op(&o, n, v1 ? 3 : reps), kv, 0, 0, NULL);
             }
         }
-    kernels_backend *nb = bes[0], *vb = bes[nvar - 1];
-    printf("\ncausal prompt attention, one stream (32 q heads, 8 KV heads, 128 dims, bf16), "
-           "FLOPs 2 n^2 d heads (causal half of 4 n^2 d)\n");
-    static const int ns[] = {2048, 4096};
-    for (int i = 0; i < 2; i++) {
-        int n = ns[i];
-        kernels_batch kb = make_batch(nb, b, 1, n, n);
-        char what[64];
-        snprintf(what, sizeof what, "prompt %d tokens", n);
-        for (int vi = 0; vi < (quick ? 1 : 2); vi++) {
-            op o = {.kind = OP_ATTENTION_PROMPT, .be = vi ? vb : nb, .b = b, .rows = n,
-                    .batch = kb};
-            row(what, vi ? "v1" : "new", n, time_op(&o, vi ? 1 : 10, vi ? 2 : reps), 0,
-                2.0 * n * n * HD * HEADS, 0, NULL);
-        }
-    }
+    prompt_sweep(pbes, pnames, npvar, quick ? NULL : bes[nvar - 1], b, reps, 0);
 }
 
 int main(int argc, char **argv)
 {
     int device = 0;
     bool quick = false;
+    int prompt_only = 0; /* tokens: 2048 or 4096 */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = atoi(argv[++i]);
         else if (strcmp(argv[i], "--quick") == 0)
             quick = true;
+        else if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc)
+            prompt_only = atoi(argv[++i]);
+    }
+    if (prompt_only) { /* the prompt kernel alone, as the environment picks it (profiling) */
+        kernels_backend *be = open_variant(device, false, 0, NULL);
+        bufs pbuf;
+        memset(&pbuf, 0, sizeof pbuf);
+        setup(be, &pbuf);
+        const char *name = "env";
+        prompt_sweep(&be, &name, 1, NULL, &pbuf, 3, prompt_only);
+        kernels_backend_close(be);
+        return 0;
     }
     static const char *const prev_env[] = {"SHOAL_CUDA_SAMPLE=0", "SHOAL_CUDA_ATTN_FILL=0",
                                            NULL};
     static const char *const merge_env[] = {"SHOAL_CUDA_ATTN_FILL=1", NULL};
     static const char *const stages_env[] = {"SHOAL_CUDA_ATTN_STAGES=3", NULL};
     static const char *const blocks8_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=8", NULL};
-    static const char *const blocks12_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=12", NULL};
+    static const char *const nowave_env[] = {"SHOAL_CUDA_ATTN_WAVE=0", NULL};
+    static const char *const tile3_env[] = {"SHOAL_CUDA_PROMPT_TILE=3", NULL};
+    static const char *const tile2_env[] = {"SHOAL_CUDA_PROMPT_TILE=2", NULL};
     static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", "SHOAL_CUDA_ROPE_KV=0",
                                            NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
@@ -585,7 +619,9 @@ int main(int argc, char **argv)
     kernels_backend *sb = open_variant(device, false, 0, pass_env);
     kernels_backend *tb = open_variant(device, false, 0, stages_env);
     kernels_backend *b8 = open_variant(device, false, 0, blocks8_env);
-    kernels_backend *b12 = open_variant(device, false, 0, blocks12_env);
+    kernels_backend *nw = open_variant(device, false, 0, nowave_env);
+    kernels_backend *t3 = open_variant(device, false, 0, tile3_env);
+    kernels_backend *t2 = open_variant(device, false, 0, tile2_env);
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
@@ -605,10 +641,14 @@ int main(int argc, char **argv)
     step_ops(nb, vb, sb, &b, 1, 2048, 2048, 3, 5);
     gemv_vs_cublas(gb, vb, &b, reps);
     sample_sweep(nb, pb, &b, reps);
-    kernels_backend *attn_bes[] = {nb, b8, b12, tb, mb, pb, vb};
-    const char *attn_names[] = {"new", "blocks8", "blocks12", "stages3", "merge", "prev", "v1"};
-    attention_sweep(attn_bes, attn_names, 7, &b, reps, quick);
-    kernels_backend_close(b12);
+    kernels_backend *attn_bes[] = {nb, nw, b8, tb, mb, pb, vb};
+    const char *attn_names[] = {"new", "nowave", "blocks8", "stages3", "merge", "prev", "v1"};
+    kernels_backend *prompt_bes[] = {nb, t2, t3};
+    const char *prompt_names[] = {"new", "rows32", "warps8"};
+    attention_sweep(attn_bes, attn_names, 7, prompt_bes, prompt_names, 3, &b, reps, quick);
+    kernels_backend_close(t2);
+    kernels_backend_close(t3);
+    kernels_backend_close(nw);
     kernels_backend_close(b8);
     kernels_backend_close(tb);
     kernels_backend_close(sb);
