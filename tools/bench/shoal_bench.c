@@ -17,7 +17,10 @@
  * Reports TTFT, inter-token latency and end-to-end latency (p50, p90, p99),
  * output and total tokens/s, request throughput, errors and cached prompt
  * tokens (usage.prompt_tokens_details.cached_tokens), as text and, with
- * --json FILE, as JSON. A progress line runs on stderr. */
+ * --json FILE, as JSON. A progress line runs on stderr. A stream whose
+ * tokens all leave no text (special tokens, which servers skip, as a
+ * random-weight model may pick) is a success counted apart
+ * (requests_without_text): its tokens count, its TTFT is not taken. */
 #include "bench_stats.h"
 
 #include <cjson/cJSON.h>
@@ -86,6 +89,7 @@ typedef struct run {
     CURLM *multi;
     uint64_t rng;
     int started, finished, ok, failed;
+    int no_text; /* ok, but every token was one the server leaves out of text */
     int in_flight;
     double t0;
     bench_samples ttft, itl, e2e;
@@ -327,10 +331,17 @@ static void finish_one(run *r, CURL *easy, CURLcode code)
     if (q->line_len)
         on_line(q, q->line);
     double t_end = now_s();
-    bool ok = code == CURLE_OK && q->status == 200 && !q->failed && q->chunks > 0;
+    /* A stream whose tokens were all ones the server leaves out of the
+     * text (special tokens) is a success with tokens but no first-token
+     * time: counted ok, out of the TTFT and ITL samples. */
+    bool text = q->chunks > 0;
+    bool ok = code == CURLE_OK && q->status == 200 && !q->failed &&
+              (text || (q->got_usage && q->completion_tokens > 0));
     if (ok) {
         r->ok++;
-        bench_samples_add(&r->ttft, (q->t_first - q->t_start) * 1e3);
+        r->no_text += !text;
+        if (text)
+            bench_samples_add(&r->ttft, (q->t_first - q->t_start) * 1e3);
         bench_samples_add(&r->e2e, (t_end - q->t_start) * 1e3);
         for (size_t i = 0; i < q->itl.n; i++)
             bench_samples_add(&r->itl, q->itl.v[i] * 1e3);
@@ -339,11 +350,16 @@ static void finish_one(run *r, CURL *easy, CURLcode code)
         r->cached_tokens += q->cached_tokens;
     } else {
         r->failed++;
-        if (!r->first_error[0])
-            snprintf(r->first_error, sizeof r->first_error, "%s",
-                     code != CURLE_OK ? curl_easy_strerror(code)
-                     : q->error[0]    ? q->error
-                                      : "HTTP status other than 200, or no tokens");
+        if (!r->first_error[0]) {
+            if (code != CURLE_OK || q->error[0])
+                snprintf(r->first_error, sizeof r->first_error, "%s",
+                         code != CURLE_OK ? curl_easy_strerror(code) : q->error);
+            else if (q->status != 200)
+                snprintf(r->first_error, sizeof r->first_error, "HTTP status %ld", q->status);
+            else
+                snprintf(r->first_error, sizeof r->first_error,
+                         "HTTP 200 but no tokens in the stream");
+        }
     }
     if (q->conv >= 0) {
         conversation *cv = &r->convs[q->conv];
@@ -504,6 +520,9 @@ static void write_report(run *r, double seconds)
     double total_tps = (double)(r->out_tokens + r->prompt_tokens) / seconds;
     printf("requests: %d ok, %d failed in %.2f s (%.2f requests/s)\n", r->ok, r->failed, seconds,
            r->ok / seconds);
+    if (r->no_text)
+        printf("requests whose tokens had no text (special tokens only; not in TTFT): %d\n",
+               r->no_text);
     printf("tokens: %lld output (%.1f tokens/s), %lld prompt, %lld prompt tokens cached "
            "(%.1f%%); total %.1f tokens/s\n",
            r->out_tokens, out_tps, r->prompt_tokens, r->cached_tokens,
@@ -528,6 +547,7 @@ static void write_report(run *r, double seconds)
     cJSON_AddNumberToObject(root, "requests_per_s", r->ok / seconds);
     cJSON_AddNumberToObject(root, "requests_ok", r->ok);
     cJSON_AddNumberToObject(root, "requests_failed", r->failed);
+    cJSON_AddNumberToObject(root, "requests_without_text", r->no_text);
     cJSON_AddNumberToObject(root, "output_tokens", (double)r->out_tokens);
     cJSON_AddNumberToObject(root, "prompt_tokens", (double)r->prompt_tokens);
     cJSON_AddNumberToObject(root, "cached_prompt_tokens", (double)r->cached_tokens);
