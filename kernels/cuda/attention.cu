@@ -452,9 +452,10 @@ static __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                sc[nt][e] = key < te ? sc[nt][e] * sl2 : -INFINITY;
+                if (key >= te)
+                    sc[nt][e] = -INFINITY;
             }
-        mma::softmax_step<HD, 2>(sc, o, m, l);
+        mma::softmax_step<HD, 2>(sc, sl2, o, m, l);
         mma::accumulate<HD, 2>(o, sc, vb, warp * 16);
         __syncthreads(); /* the stage is refilled STAGES tiles on */
     }

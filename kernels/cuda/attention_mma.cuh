@@ -277,29 +277,42 @@ static __device__ __forceinline__ void accumulate(float (&o)[HD / 8][4], const f
     }
 }
 
-/* Online softmax over one tile of scores (already in log2 units, masked
- * entries -inf) for the lane's two rows: updates the running max m and
- * the lane's partial sum l, turns s into p, and rescales o. A row that has
- * seen only -inf keeps m = -inf, l = 0, o = 0 (no NaN). */
+static __device__ __forceinline__ float ex2_ftz(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Online softmax over one tile of scores for the lane's two rows: s holds
+ * raw scores, `scale` times which are log2 units (the softmax scale and
+ * log2(e), and an fp8 K scale), masked entries -inf; the scale is folded
+ * into one FMA before each exp (flash attention 2's form). Updates the running max m
+ * (log2 units) and the lane's partial sum l, turns s into p, and rescales
+ * o. A row that has seen only -inf keeps m = -inf, l = 0, o = 0 (no NaN).
+ * exp is ex2.approx with flush to zero: a p under 2^-126 is 0, which no
+ * bf16 sum of these rows can tell apart. */
 template <int HD, int NT>
-static __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&o)[HD / 8][4],
-                                                    float (&m)[2], float (&l)[2])
+static __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float scale,
+                                                    float (&o)[HD / 8][4], float (&m)[2],
+                                                    float (&l)[2])
 {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        float mx = m[h];
+        float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
             mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float base = mx == -INFINITY ? 0.0f : mx;
-        float corr = exp2f(m[h] - base);
+        mx = fmaxf(m[h], mx * scale);
+        const float base = mx == -INFINITY ? 0.0f : mx;
+        const float corr = ex2_ftz(m[h] - base);
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            s[nt][2 * h] = exp2f(s[nt][2 * h] - base);
-            s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - base);
+            s[nt][2 * h] = ex2_ftz(fmaf(s[nt][2 * h], scale, -base));
+            s[nt][2 * h + 1] = ex2_ftz(fmaf(s[nt][2 * h + 1], scale, -base));
             sum += s[nt][2 * h] + s[nt][2 * h + 1];
         }
         l[h] = l[h] * corr + sum;

@@ -183,50 +183,6 @@ template <int HD, int THREADS> struct prompt_kv<HD, THREADS, __nv_fp8_storage_t>
     }
 };
 
-static __device__ __forceinline__ float ex2_ftz(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* mma::softmax_step with the scale folded in (flash attention 2's form):
- * s holds raw scores (masked entries -inf), m is kept in scaled (log2)
- * units, and each p is one FMA and one ex2 (flush to zero: a p under
- * 2^-126 is 0, which no bf16 sum of these rows can tell apart). */
-template <int HD, int NT>
-static __device__ __forceinline__ void prompt_softmax(float (&s)[NT][4], float scale,
-                                                      float (&o)[HD / 8][4], float (&m)[2],
-                                                      float (&l)[2])
-{
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        mx = fmaxf(m[h], mx * scale);
-        const float base = mx == -INFINITY ? 0.0f : mx;
-        const float corr = ex2_ftz(m[h] - base);
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            s[nt][2 * h] = ex2_ftz(fmaf(s[nt][2 * h], scale, -base));
-            s[nt][2 * h + 1] = ex2_ftz(fmaf(s[nt][2 * h + 1], scale, -base));
-            sum += s[nt][2 * h] + s[nt][2 * h + 1];
-        }
-        l[h] = l[h] * corr + sum;
-        m[h] = mx;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++) {
-            o[dt][2 * h] *= corr;
-            o[dt][2 * h + 1] *= corr;
-        }
-    }
-}
-
 static __device__ __forceinline__ int warp_max(int v)
 {
 #pragma unroll
@@ -373,7 +329,7 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
                             }
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
-                    prompt_softmax<HD, NT>(sc[mt], sl2, o[mt], m[mt], l[mt]);
+                    mma::softmax_step<HD, NT>(sc[mt], sl2, o[mt], m[mt], l[mt]);
                 prompt_accumulate<HD, MT>(o, sc, vb);
             }
             __syncthreads(); /* the buffer is refilled two tiles on */
