@@ -4,13 +4,13 @@
  *
  * One block per (tile of 64 rows, query head); 4 warps of 16 rows
  * (prompt_shape: tiles of 128 rows, by switch). The block stages its Q
- * tile once, then walks the keys of its rows' stream in
- * tiles of 64 tokens through the page table, double-buffered by cp.async
- * (K and V of a token from one page lookup): S = Q K^T and O += P V on
- * mma.sync, with the online softmax in registers, its scale folded into
- * one FMA before each exp (flash attention 2). Causal masking by each row's own position; tiles
- * wholly at or before every row of a warp skip the mask, tiles wholly
- * after them are skipped by that warp. Rows of several
+ * tile once, then walks the keys of its rows' stream in tiles of 64
+ * tokens through the page table, double-buffered by cp.async (K and V of
+ * a token from one page lookup): S = Q K^T and O += P V on mma.sync, with
+ * the online softmax in registers, its scale folded into one FMA before
+ * each exp (flash attention 2). Causal masking by each row's own
+ * position; tiles wholly at or before every row of a warp skip the mask,
+ * tiles wholly after them are skipped by that warp. Rows of several
  * streams in one tile are correct (the block takes one stream at a time,
  * the other rows masked), only slower: the model sends runs of one stream.
  * Heavier tiles (later rows see more keys) start first.
@@ -391,11 +391,13 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be)
     cudaError_t e = cudaSuccess;
     for (int hd : {32, 64, 128})
         for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
-            prompt_dispatch(hd, kv, cuda_of(be)->prompt_tile, [&](auto kernel, size_t bytes, int, int) {
-                if (e == cudaSuccess)
-                    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)bytes);
-            });
+            prompt_dispatch(hd, kv, cuda_of(be)->prompt_tile,
+                            [&](auto kernel, size_t bytes, int, int) {
+                                if (e == cudaSuccess)
+                                    e = cudaFuncSetAttribute(
+                                        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)bytes);
+                            });
     if (e != cudaSuccess)
         cuda_fail(be, "attention prompt: raise the shared-memory limit", e);
     return cuda_of(be)->err;
