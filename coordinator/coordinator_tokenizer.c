@@ -32,7 +32,7 @@ typedef struct added_matcher {
     uint32_t first[257]; /* tokens starting with byte b: [first[b], first[b + 1]) */
 } added_matcher;
 
-enum { ID_PRESENT = 1, ID_SPECIAL = 2 };
+enum { ID_PRESENT = 1, ID_SPECIAL = 2, ID_ADDED_RAW = 4 };
 
 struct coordinator_tokenizer {
     coordinator_bpe *bpe;
@@ -337,7 +337,7 @@ static shoal_err build_decode_table(coordinator_tokenizer *tok, const char *labe
         added_token *t = &tok->added[i];
         texts[t->id].str = t->content;
         texts[t->id].bytes = (uint32_t)t->bytes;
-        tok->id_flags[t->id] |= t->special ? ID_SPECIAL : 0;
+        tok->id_flags[t->id] |= (t->special ? ID_SPECIAL : 0) | (t->normalized ? 0 : ID_ADDED_RAW);
     }
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
@@ -476,6 +476,11 @@ int32_t coordinator_tokenizer_token_id(const coordinator_tokenizer *tok, const c
 bool coordinator_tokenizer_is_special(const coordinator_tokenizer *tok, int32_t id)
 {
     return id >= 0 && id < tok->vocab_size && (tok->id_flags[id] & ID_SPECIAL);
+}
+
+bool coordinator_tokenizer_is_added_raw(const coordinator_tokenizer *tok, int32_t id)
+{
+    return id >= 0 && id < tok->vocab_size && (tok->id_flags[id] & ID_ADDED_RAW);
 }
 
 size_t coordinator_tokenizer_token_bytes(const coordinator_tokenizer *tok, int32_t id,

@@ -80,6 +80,11 @@ int32_t coordinator_tokenizer_token_id(const coordinator_tokenizer *tok, const c
 /* True if id is an added token marked special (<|im_end|>, <|eot_id|>). */
 bool coordinator_tokenizer_is_special(const coordinator_tokenizer *tok, int32_t id);
 
+/* True if id is an added token matched on the raw text (normalized=false,
+ * special or not): encode cuts the text there before normalizing it, so
+ * its pieces on either side are normalized apart, as in HF. */
+bool coordinator_tokenizer_is_added_raw(const coordinator_tokenizer *tok, int32_t id);
+
 /* The bytes that id decodes to (*bytes points into tok, valid while tok is
  * open; not NUL-terminated, and may be part of a UTF-8 character). Returns
  * the length, or 0 with *bytes = NULL for an id with no token. At most
