@@ -441,13 +441,11 @@ static bool value_resident(const void *value, size_t bytes)
            mincore((void *)last, page, &in_last) == 0 && (in_last & 1);
 }
 
-/* Before copying a value out of the map: where it is not in the page
- * cache, one readahead of its whole span (the map faults a page at a
- * time: MDB_NORDAHEAD, store_env.h). */
-static void prefetch(const void *value, size_t bytes)
+/* Before copying a value that is not in the page cache out of the map:
+ * one readahead of its whole span (the map faults a page at a time:
+ * MDB_NORDAHEAD, store_env.h). */
+static void will_need(const void *value, size_t bytes)
 {
-    if (value_resident(value, bytes))
-        return;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     uintptr_t first = (uintptr_t)value / page * page;
     (void)madvise((void *)first, (uintptr_t)value + bytes - first, MADV_WILLNEED);
@@ -473,7 +471,8 @@ static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int 
     shoal_diag why;
     int rc = mdb_get(txn, store_env_index(s->env)->records, &k, &v);
     if (rc == 0 && dst->page) {
-        prefetch(v.mv_data, v.mv_size);
+        if (!value_resident(v.mv_data, v.mv_size))
+            will_need(v.mv_data, v.mv_size);
         err = store_record_check(key, v.mv_data, v.mv_size, &s->layout, false, &info, &why);
         if (err == SHOAL_OK) {
             memcpy(kept, v.mv_data, STORE_RECORD_HEADER_BYTES);
@@ -484,13 +483,15 @@ static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int 
         /* longer than a record of this layout: the check says so */
         err = store_record_check(key, v.mv_data, v.mv_size, &s->layout, false, &info, &why);
     } else if (rc == 0) {
-        ssize_t at = -1;
-        if (!value_resident(v.mv_data, v.mv_size))
-            at = store_env_read_direct(s->env, v.mv_data, v.mv_size, dst->buf, dst->buf_bytes);
+        bool resident = value_resident(v.mv_data, v.mv_size);
+        ssize_t at = resident ? -1
+                              : store_env_read_direct(s->env, v.mv_data, v.mv_size, dst->buf,
+                                                      dst->buf_bytes);
         dst->direct = at >= 0;
         dst->record_at = at >= 0 ? (size_t)at : 0;
         if (at < 0) {
-            prefetch(v.mv_data, v.mv_size);
+            if (!resident)
+                will_need(v.mv_data, v.mv_size);
             memcpy(dst->buf, v.mv_data, v.mv_size);
         }
         header = dst->buf + dst->record_at;

@@ -8,10 +8,11 @@
  *            page at admission; reader threads get them, the last block
  *            first, into pinned host staging (a block not stored is a quick
  *            miss), and the engine's thread uploads what was read at its
- *            next step, publishes it and marks it stored. Meanwhile the engine computes the prefix's head
- *            itself, upward, until the two meet (with read_all it waits
- *            for every read instead). A block the store refuses (checksum,
- *            fingerprint, layout) or lost is computed;
+ *            next step, publishes it and marks it stored. Meanwhile the
+ *            engine computes the prefix's head itself, upward, until the
+ *            two meet (with read_all it waits for every read instead). A
+ *            block the store refuses (checksum, fingerprint, layout) or
+ *            lost is computed;
  *   spill    the pool's eviction hook, on the engine's thread: a cached
  *            page about to be reused is downloaded and queued for the store
  *            (store_state_put_async, which never waits for the disk)

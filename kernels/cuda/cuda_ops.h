@@ -204,8 +204,9 @@ template <typename F> static void cuda_dispatch_weight(shoal_dtype dt, F f)
  * (cuda_launch_pdl: the GEMV, matmul.cu; rope with the KV write, rope.cu)
  * may start while the kernel before it on the stream finishes; it reads
  * nothing that kernel writes, and writes nothing, before pdl_wait(), which
- * returns once that kernel has completed and its writes are visible. Kernels that come before one call pdl_trigger() at
- * their start so that it may be scheduled early. Both are no-ops where
+ * returns once that kernel has completed and its writes are visible.
+ * Kernels that come before one call pdl_trigger() at their start so that
+ * it may be scheduled early. Both are no-ops where
  * there is no such dependency. */
 static __device__ __forceinline__ void pdl_wait()
 {

@@ -55,10 +55,12 @@ for tokens in 5 0; do
 import json; r = json.load(open('$tmp/r.json'))
 print(r['requests_ok'], r['requests_failed'], r['requests_without_text'], int(r['output_tokens']),
       r['ttft_ms']['p50'])")
-  echo "$tokens tokens a stream: $ok ok, $failed failed, $notext without text, $out output tokens, TTFT p50 $ttft"
+  echo "$tokens tokens a stream: $ok ok, $failed failed, $notext without text," \
+    "$out output tokens, TTFT p50 $ttft"
   if [ "$tokens" -gt 0 ]; then
     [ "$ok" -eq 4 ] && [ "$failed" -eq 0 ] && [ "$notext" -eq 4 ] && [ "$out" -eq 20 ] &&
-      [ "$ttft" = 0 ] || { echo "FAIL: streams of tokens without text"; cat "$tmp/out.txt"; status=1; }
+      [ "$ttft" = 0 ] ||
+      { echo "FAIL: streams of tokens without text"; cat "$tmp/out.txt"; status=1; }
   else
     [ "$ok" -eq 0 ] && [ "$failed" -eq 4 ] && [ "$notext" -eq 0 ] ||
       { echo "FAIL: streams without tokens"; cat "$tmp/out.txt"; status=1; }

@@ -452,8 +452,8 @@ int main(int argc, char **argv)
             }
         }
         printf("history %6d: TTFT recompute %.4f s; read %.4f s cold (%.2fx), %.4f s warm "
-               "(%.2fx), %.2f / %.2f GB/s, %llu read with O_DIRECT; overlap %.4f s cold (%.2fx, %d of %d blocks read), "
-               "%.4f s warm (%.2fx, %d read); disk %.2f GB/s, %d MiB stored; first token %s\n",
+               "(%.2fx), %.2f / %.2f GB/s, %llu read with O_DIRECT; overlap %.4f s cold "
+               "(%.2fx, %d of %d blocks read), %.4f s warm (%.2fx, %d read); disk %.2f GB/s, %d MiB stored; first token %s\n",
                H, rec.ttft_s, res[0][0].ttft_s, rec.ttft_s / res[0][0].ttft_s, res[0][1].ttft_s,
                rec.ttft_s / res[0][1].ttft_s, bw[0][0], bw[0][1], (unsigned long long)direct_reads,
                res[1][0].ttft_s,
