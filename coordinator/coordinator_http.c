@@ -1234,7 +1234,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->watched)
         coordinator_hangup_remove(h->hangup, r->hangup_id);
     pthread_mutex_lock(&r->mu);
-    bool left = r->gone || toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
+    /* Only libmicrohttpd knows whether the whole answer went out: a
+     * client that closes its socket once it has read the end (a load
+     * generator exiting) can be seen by the hangup watcher before this
+     * runs, and that is not a client that left. */
+    bool left = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
     r->gone = true;
     r->conn = NULL;
     pthread_mutex_unlock(&r->mu);

@@ -42,9 +42,20 @@ ok=$(field requests_ok)
 failed=$(field requests_failed)
 out=$(field output_tokens)
 prompt=$(field prompt_tokens)
-req=$(( $(metric 'shoal_http_requests_total{' 'route="/v1/completions",status="200"') - before_req ))
-gen=$(( $(metric shoal_generation_tokens_total '') - before_gen ))
-ptok=$(( $(metric shoal_prompt_tokens_total '') - before_prompt ))
+# The server counts a request when its connection is done with it, which
+# can come a moment after the client has read the last byte: read the
+# counters until they stop changing (at most 5 s).
+read_server() {
+  req=$(( $(metric 'shoal_http_requests_total{' 'route="/v1/completions",status="200"') - before_req ))
+  gen=$(( $(metric shoal_generation_tokens_total '') - before_gen ))
+  ptok=$(( $(metric shoal_prompt_tokens_total '') - before_prompt ))
+}
+read_server
+for _ in $(seq 50); do
+  [ "$req" -eq "$ok" ] && [ "$gen" -eq "$out" ] && [ "$ptok" -eq "$prompt" ] && break
+  sleep 0.1
+  read_server
+done
 echo "bench: $ok ok, $failed failed, $out output tokens, $prompt prompt tokens"
 echo "server: $req requests with status 200, $gen generated tokens, $ptok prompt tokens"
 status=0
