@@ -286,7 +286,7 @@ static void spawn(coordinator_cluster *c, cworker *w)
     w->draining = w->bye_sent = false;
     snprintf(index, sizeof index, "%d", w->index);
     snprintf(heartbeat, sizeof heartbeat, "%d", c->o.heartbeat_ms);
-    const char *argv[40];
+    const char *argv[48]; /* 39 at most, the flags below, and the NULL */
     int a = 0;
     argv[a++] = c->worker_path;
     argv[a++] = "--serve";
@@ -312,6 +312,10 @@ static void spawn(coordinator_cluster *c, cworker *w)
         argv[a++] = "--kv-dtype";
         argv[a++] = c->kv_dtype;
     }
+    if (c->o.warmup) {
+        argv[a++] = "--warmup";
+        argv[a++] = c->o.warmup;
+    }
     if (c->state_dir) {
         argv[a++] = "--learn-conversations";
         argv[a++] = "--state-dir";
@@ -336,6 +340,7 @@ static void spawn(coordinator_cluster *c, cworker *w)
         argv[a++] = flags[i];
         argv[a++] = num[i];
     }
+    SHOAL_ASSERT(a < (int)(sizeof argv / sizeof argv[0]));
     argv[a] = NULL;
     pid_t pid = fork();
     if (pid == 0) {

@@ -41,6 +41,7 @@ typedef struct coordinator_cluster_options {
     /* passed to each worker as flags; 0 or NULL leaves the worker's default */
     const char *load_format;
     const char *kv_dtype; /* "bf16" or "fp8" */
+    const char *warmup;   /* a static "auto", "on" or "off" */
     int threads;
     int page_tokens;
     int kv_pages;

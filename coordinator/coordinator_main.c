@@ -56,6 +56,9 @@ static void usage(FILE *f)
         "  --route R               prefix (default), least-loaded or round-robin\n"
         "  --load-format F         auto or dummy\n"
         "  --kv-dtype D            KV pages: bf16 (default) or fp8\n"
+        "  --warmup M              auto (default: on a GPU), on or off: before a worker\n"
+        "                          serves, prompt passes and a decode round of every\n"
+        "                          batch size, so that first requests load no kernels\n"
         "  --page-tokens N, --kv-pages N, --parallel N, --max-batch-tokens N,\n"
         "  --max-model-len N, --threads N\n"
         "  --runtime-dir DIR       worker sockets (default: a new /tmp/shoal.XXXXXX)\n"
@@ -183,6 +186,7 @@ int main(int argc, char **argv)
         OPT_STATE_DIR,
         OPT_SPILL,
         OPT_RESTORE,
+        OPT_WARMUP,
         OPT_HELP
     };
     static const struct option opts[] = {
@@ -218,6 +222,7 @@ int main(int argc, char **argv)
         {"state-dir", required_argument, 0, OPT_STATE_DIR},
         {"spill-gib", required_argument, 0, OPT_SPILL},
         {"restore-mode", required_argument, 0, OPT_RESTORE},
+        {"warmup", required_argument, 0, OPT_WARMUP},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -313,6 +318,19 @@ int main(int argc, char **argv)
                                  (double)(SHOAL_STORE_SPILL_BYTES_MAX >> 30), &bytes))
                 return 2;
             co.spill_gib = optarg;
+            break;
+        }
+        case OPT_WARMUP: {
+            static const char *const modes[] = {"auto", "on", "off"};
+            co.warmup = NULL;
+            for (int i = 0; i < 3; i++)
+                if (strcmp(optarg, modes[i]) == 0)
+                    co.warmup = modes[i];
+            if (!co.warmup) {
+                fprintf(stderr, "shoal-coordinator: --warmup '%s': expected auto, on or off\n",
+                        optarg);
+                return 2;
+            }
             break;
         }
         case OPT_RESTORE:

@@ -17,6 +17,7 @@
 #include "worker/worker_generate.h"
 #include "worker/worker_cluster.h"
 #include "worker/worker_serve.h"
+#include "worker/worker_warmup.h"
 
 #include <signal.h>
 
@@ -73,6 +74,10 @@ static void usage(FILE *f)
             "                         of its history while the store reads the tail, the\n"
             "                         two meeting; read (default on the CPU): it reads\n"
             "                         every stored block\n"
+            "  --warmup M             serving: auto (default: on a GPU, not on the CPU), on\n"
+            "                         or off: before serving, prompt passes and a decode\n"
+            "                         round of every batch size, so that the first requests\n"
+            "                         do not pay for loading kernels and recording graphs\n"
             "  --fake-tokens          serving benchmark: no model, one token per stream per\n"
             "                         step, to measure the coordinator alone\n"
             "  --fake-step-us N       with --fake-tokens: a step at most every N us (default 0:\n"
@@ -176,6 +181,9 @@ static struct {
     worker_states_options o;
 } learn;
 
+/* --warmup, set by main. */
+static worker_warmup_mode warmup_mode = WORKER_WARMUP_AUTO;
+
 static void on_sigterm(int sig)
 {
     (void)sig;
@@ -247,6 +255,14 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
     }
     if (states)
         worker_states_attach(states, worker_engine_pages_mut(e));
+    /* Before the hello: the coordinator sends nothing until it is done. */
+    char who[32];
+    snprintf(who, sizeof who, "worker %d", index);
+    worker_warmup_stats ws;
+    if (worker_warmup_run(m, warmup_mode, who, &ws, &diag)) {
+        fprintf(stderr, "shoal-worker: %s\n", diag.msg);
+        goto out;
+    }
     LOG_INFO("worker %d: %d KV pages (%s), context %d tokens", index, worker_model_kv_pages(m),
              shoal_dtype_name(worker_model_kv_layout(m)->dtype), max_model_len);
     if (worker_serve_run(&so, m, e, &diag)) {
@@ -271,7 +287,7 @@ int main(int argc, char **argv)
     enum { OPT_MODEL = 1, OPT_LOAD, OPT_DEVICE, OPT_THREADS, OPT_IDS, OPT_RANDOM, OPT_MAX,
            OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_BENCH, OPT_PARALLEL, OPT_PAGES, OPT_LEN, OPT_SERVE,
            OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_FAKE_STEP, OPT_KVDTYPE, OPT_KVFRAC,
-           OPT_CLUSTER, OPT_LEARN, OPT_STATE_DIR, OPT_SPILL, OPT_RESTORE, OPT_HELP };
+           OPT_CLUSTER, OPT_LEARN, OPT_STATE_DIR, OPT_SPILL, OPT_RESTORE, OPT_WARMUP, OPT_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"load-format", required_argument, 0, OPT_LOAD},
@@ -300,6 +316,7 @@ int main(int argc, char **argv)
         {"state-dir", required_argument, 0, OPT_STATE_DIR},
         {"spill-gib", required_argument, 0, OPT_SPILL},
         {"restore-mode", required_argument, 0, OPT_RESTORE},
+        {"warmup", required_argument, 0, OPT_WARMUP},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -378,6 +395,12 @@ int main(int argc, char **argv)
             }
             learn.o.read_all = strcmp(optarg, "read") == 0;
             restore_given = true;
+            break;
+        case OPT_WARMUP:
+            if (!worker_warmup_mode_parse(optarg, &warmup_mode)) {
+                fprintf(stderr, "shoal-worker: --warmup '%s': expected auto, on or off\n", optarg);
+                return 2;
+            }
             break;
         case OPT_FAKE: fake = true; break;
         case OPT_KVDTYPE:

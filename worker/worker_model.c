@@ -542,6 +542,11 @@ int worker_model_max_streams(const worker_model *m)
     return m->opt.max_streams;
 }
 
+int worker_model_graph_rows(const worker_model *m)
+{
+    return m->graph_rows;
+}
+
 int worker_model_max_pages_per_stream(const worker_model *m)
 {
     return m->opt.max_pages_per_stream;

@@ -82,6 +82,9 @@ int worker_model_max_rows(const worker_model *m);
 int worker_model_max_logit_rows(const worker_model *m);
 int worker_model_max_streams(const worker_model *m);
 int worker_model_max_pages_per_stream(const worker_model *m);
+/* Rows a decode round may have to be recorded as a graph and replayed
+ * (every row sampled, one a stream): 0 where the backend records none. */
+int worker_model_graph_rows(const worker_model *m);
 /* Penalty entries one step can carry (worker_model_step). */
 int worker_model_penalty_cap(const worker_model *m);
 /* SHA-256 of everything that changes the KV bytes this model writes: see

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# shoal-bench for a few seconds against a real CPU cluster (two workers), and
-# its report checked against the server's own /metrics: requests, prompt
-# tokens and generated tokens must agree exactly.
+# shoal-bench for a few seconds against a real CPU cluster (two workers,
+# warmed up first), and its report checked against the server's own
+# /metrics: requests, prompt tokens and generated tokens must agree exactly.
 #   test_bench_metrics.sh COORDINATOR WORKER BENCH MAKE_DEMO TOKENIZER_DIR
 set -euo pipefail
 coord=$1 worker=$2 bench=$3 make_demo=$4 tokdir=$5
@@ -15,7 +15,7 @@ trap cleanup EXIT
 "$make_demo" --out "$tmp/model" --tokenizer-dir "$tokdir" > /dev/null
 "$coord" --model "$tmp/model" --workers cpu,cpu --port 0 --port-file "$tmp/port" \
   --worker-path "$worker" --runtime-dir "$tmp/run" --kv-pages 128 --parallel 8 --threads 1 \
-  > "$tmp/coordinator.log" 2>&1 &
+  --warmup on > "$tmp/coordinator.log" 2>&1 &
 pid=$!
 for _ in $(seq 600); do
   [ -s "$tmp/port" ] && break
@@ -32,6 +32,14 @@ metric() { # name and label filter -> summed value
 before_req=$(metric 'shoal_http_requests_total{' 'route="/v1/completions",status="200"')
 before_prompt=$(metric shoal_prompt_tokens_total '')
 before_gen=$(metric shoal_generation_tokens_total '')
+# --warmup on: each worker warmed up before it served, and none of that
+# counts as a request or as tokens
+for w in 0 1; do
+  grep -q "worker $w: warmed up in" "$tmp/coordinator.log" ||
+    { echo "FAIL: worker $w did not warm up"; cat "$tmp/coordinator.log"; exit 1; }
+done
+[ "$before_req$before_prompt$before_gen" = 000 ] ||
+  { echo "FAIL: the warm-up was counted: $before_req requests, $before_prompt + $before_gen tokens"; exit 1; }
 
 "$bench" --url "$url" --model "$tmp/model" --workload shared-prefix --duration 3 \
   --concurrency 6 --input-len 48 --prefix-len 32 --output-len 10 --vocab 150000 \

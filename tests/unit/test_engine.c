@@ -11,6 +11,7 @@
 #include "common/common_rng.h"
 #include "tests/test.h"
 #include "worker/worker_engine.h"
+#include "worker/worker_warmup.h"
 
 #include <stdint.h>
 
@@ -419,6 +420,18 @@ static void eos_and_stop_ids_end_a_stream(void)
 
 static req again[MAX_STREAMS];
 
+/* The 16 requests of `again` as one batch in a new engine, into dst. */
+static void run_again(worker_model *m, const setup *st, req *dst)
+{
+    worker_engine *e = open_engine(m, st);
+    copy_outputs(dst, again, 16);
+    for (int i = 0; i < 16; i++)
+        submit(e, &dst[i], (uint64_t)i);
+    drain(e, dst, -1, 0);
+    CHECK(all_pages_returned(e));
+    worker_engine_close(e);
+}
+
 static void same_batch_gives_same_outputs_run_after_run(void)
 {
     for (int i = 0; i < 16; i++) {
@@ -428,18 +441,48 @@ static void same_batch_gives_same_outputs_run_after_run(void)
     }
     setup st = {16, 128, 200, 512};
     worker_model *m = open_model(&st);
-    for (int round = 0; round < 2; round++) {
-        worker_engine *e = open_engine(m, &st);
-        req *dst = round ? mixed : solo;
-        copy_outputs(dst, again, 16);
-        for (int i = 0; i < 16; i++)
-            submit(e, &dst[i], (uint64_t)i);
-        drain(e, dst, -1, 0);
-        CHECK(all_pages_returned(e));
-        worker_engine_close(e);
-    }
+    for (int round = 0; round < 2; round++)
+        run_again(m, &st, round ? mixed : solo);
     CHECK_EQ_INT(count_differences(solo, mixed, 16), 0);
     worker_model_close(m);
+}
+
+/* A warm-up (prompt passes into free pages, a decode round of every size)
+ * leaves nothing that changes what a batch gives afterwards; on a GPU its
+ * decode rounds are the graphs the batch replays. */
+static void a_warmed_up_model_gives_the_same_outputs(void)
+{
+    for (int i = 0; i < 16; i++) {
+        random_prompt(&again[i], 30 + 17 * i, NULL, 0);
+        again[i].max_tokens = 10;
+        again[i].sp = i % 2 ? seeded(500 + (uint64_t)i) : greedy();
+    }
+    setup st = {16, 128, 200, 512};
+    for (int round = 0; round < 2; round++) {
+        worker_model *m = open_model(&st);
+        worker_warmup_stats ws;
+        shoal_diag diag = {{0}};
+        worker_warmup_mode mode = round ? WORKER_WARMUP_ON : WORKER_WARMUP_AUTO;
+        CHECK_MSG(worker_warmup_run(m, mode, "test", &ws, &diag) == SHOAL_OK, "%s", diag.msg);
+        if (round) {
+            CHECK(ws.ran);
+            CHECK_EQ_INT(ws.largest_prompt, 128);
+            CHECK_EQ_INT(ws.prompt_passes, 4); /* 128, 64, 32, 16 rows */
+            /* every size where graphs are recorded, else 1, 2, 4, ... */
+            int largest = worker_model_max_logit_rows(m);
+            largest = largest < worker_model_max_streams(m) ? largest : worker_model_max_streams(m);
+            largest = largest < 128 ? largest : 128;
+            int pow2 = 1;
+            for (int r = 1; r < largest; r *= 2)
+                pow2++;
+            CHECK_EQ_INT(ws.decode_rounds, worker_model_graph_rows(m) ? largest : pow2);
+        } else { /* auto: only where code is loaded on first use */
+            CHECK(ws.ran == !worker_model_backend(m)->host_memory);
+        }
+        run_again(m, &st, round ? mixed : solo);
+        worker_model_close(m);
+    }
+    CHECK_EQ_INT(count_differences(solo, mixed, 16), 0);
 }
 
 static req stress_solo[200], stress_mixed[200];
@@ -486,6 +529,7 @@ int main(void)
     exact = strcmp(device, "cpu") == 0;
     printf("device %s: outputs must equal solo runs: %s\n", device, exact ? "yes" : "measured");
     TEST_RUN(same_batch_gives_same_outputs_run_after_run);
+    TEST_RUN(a_warmed_up_model_gives_the_same_outputs);
     TEST_RUN(outputs_equal_alone_and_among_sixteen_others);
     TEST_RUN(outputs_equal_through_preemption);
     TEST_RUN(shared_thousand_token_prefix_prefills_only_the_tail);
