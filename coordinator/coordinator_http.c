@@ -991,6 +991,7 @@ static enum MHD_Result metrics(http_req *r)
             .states_spilled = s->load.states_spilled,
             .states_refused = s->load.states_refused,
             .states_dropped = s->load.states_dropped,
+            .states_skipped = s->load.states_skipped,
         };
         snprintf(w[i].device, sizeof w[i].device, "%s", s->device);
     }

@@ -163,6 +163,7 @@ typedef enum worker_field {
     WF_SPILLED,
     WF_REFUSED,
     WF_DROPPED,
+    WF_SKIPPED,
 } worker_field;
 
 static unsigned long long worker_value(const coordinator_metrics_worker *w, worker_field f)
@@ -206,6 +207,8 @@ static unsigned long long worker_value(const coordinator_metrics_worker *w, work
         return w->states_refused;
     case WF_DROPPED:
         return w->states_dropped;
+    case WF_SKIPPED:
+        return w->states_skipped;
     }
     return 0;
 }
@@ -246,6 +249,8 @@ static const worker_metric worker_metrics[] = {
      "Stored states the worker refused (checksum, model fingerprint or layout).", "", WF_REFUSED},
     {"worker_state_dropped_pages_total", "counter",
      "Spills dropped because the state store's write queue was full.", "", WF_DROPPED},
+    {"worker_state_skipped_pages_total", "counter",
+     "Evicted KV pages the state store held already, so not written again.", "", WF_SKIPPED},
     {"worker_generated_tokens_total", "counter", "Tokens the worker generated.", "",
      WF_GENERATED},
     {"worker_preemptions_total", "counter", "Streams the worker preempted.", "", WF_PREEMPTIONS},

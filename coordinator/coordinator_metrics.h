@@ -24,7 +24,8 @@
  *   worker_prefix_cache_hits_total (device pages: its own or a peer's),
  *   worker_restored_tokens_total (read back from the state store),
  *   worker_state_spilled_pages_total, worker_state_refused_total,
- *   worker_state_dropped_pages_total (--learn-conversations),
+ *   worker_state_dropped_pages_total, worker_state_skipped_pages_total
+ *   (--learn-conversations),
  *   worker_generated_tokens_total,
  *   worker_preemptions_total                 per worker{worker,device}
  *   streams_resumed_total                    streams moved off a dead worker */
@@ -112,6 +113,7 @@ typedef struct coordinator_metrics_worker {
     uint64_t states_spilled;
     uint64_t states_refused;
     uint64_t states_dropped;
+    uint64_t states_skipped;
 } coordinator_metrics_worker;
 
 typedef struct coordinator_metrics_cluster {

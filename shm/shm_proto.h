@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #define SHM_PROTO_MAGIC 0x6c616f68u /* "hoal" read little-endian */
-#define SHM_PROTO_VERSION 2 /* 2: shm_load counts the state store's work */
+#define SHM_PROTO_VERSION 3 /* 2: shm_load counts the state store's work; 3: and its skips */
 
 /* Largest prompt a SUBMIT carries, and events a STEP carries: bounded so a
  * receiver can size its buffers (nng's receive limit is set from these). */
@@ -70,8 +70,9 @@ typedef struct shm_load {
     uint64_t states_spilled; /* evicted pages queued for the store */
     uint64_t states_refused; /* stored records refused (checksum, fingerprint) */
     uint64_t states_dropped; /* spills dropped: the store's queue was full */
+    uint64_t states_skipped; /* evicted pages the store held already: not written */
 } shm_load;
-_Static_assert(sizeof(shm_load) == 96, "shm_load layout");
+_Static_assert(sizeof(shm_load) == 104, "shm_load layout");
 _Static_assert(offsetof(shm_load, restore_tokens) == 64, "shm_load layout");
 
 typedef struct shm_hello {
@@ -86,7 +87,7 @@ typedef struct shm_hello {
     common_hash fingerprint;
     shm_load load;
 } shm_hello;
-_Static_assert(sizeof(shm_hello) == 16 + 24 + 16 + 32 + 96, "shm_hello layout");
+_Static_assert(sizeof(shm_hello) == 16 + 24 + 16 + 32 + 104, "shm_hello layout");
 
 /* A stream's sampling settings, as the engine's sample op takes them. */
 typedef struct shm_sampling {
@@ -145,7 +146,7 @@ typedef struct shm_step {
     shm_header h; /* count = events, which follow */
     shm_load load;
 } shm_step;
-_Static_assert(sizeof(shm_step) == 112, "shm_step layout");
+_Static_assert(sizeof(shm_step) == 120, "shm_step layout");
 
 typedef struct shm_reject {
     shm_header h;
@@ -160,7 +161,7 @@ typedef struct shm_heartbeat {
     shm_header h;
     shm_load load;
 } shm_heartbeat;
-_Static_assert(sizeof(shm_heartbeat) == 112, "shm_heartbeat layout");
+_Static_assert(sizeof(shm_heartbeat) == 120, "shm_heartbeat layout");
 
 /* Largest message either side sends: a SUBMIT of the longest prompt. */
 #define SHM_MSG_BYTES_MAX (sizeof(shm_submit) + (size_t)SHM_PROMPT_TOKENS_MAX * 4)

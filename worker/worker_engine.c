@@ -807,6 +807,12 @@ shoal_err worker_engine_step(worker_engine *e, worker_event *events, int *count,
         s->rows = 0;
         s->batch_slot = -1;
         publish_blocks(e, s);
+        /* A chunk that computed the job's last blocks: the stream is past
+         * it (job_chunk sees that only when another chunk of the prompt
+         * follows, and a job that ran to the prompt's end would otherwise
+         * end with its pages, as if cut short). */
+        if (s->job && s->computed >= (s->job_first + s->job_blocks) * e->pt)
+            end_job(e, s, true);
     }
     for (int k = 0; k < b.logits; k++) {
         stream *s = e->logit_stream[k];

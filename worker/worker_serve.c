@@ -71,6 +71,7 @@ static void fill_load(const serve *sv, shm_load *load)
         load->states_spilled = ws.spilled_pages;
         load->states_refused = ws.refused;
         load->states_dropped = ws.spill_drops;
+        load->states_skipped = ws.spill_skipped;
         if (sv->o->cluster) /* shoalctl pages reads it there */
             atomic_store(&shm_segment_worker(worker_cluster_segment(sv->o->cluster),
                                              worker_cluster_index(sv->o->cluster))

@@ -529,24 +529,43 @@ static worker_take restore_take(void *ctx, void *job, int block, int claimed,
     return t;
 }
 
+/* Blocks the engine computed though the store has them (its share of a
+ * cold history) need no spill: marked stored where the store has the key,
+ * the keys looked up together (one read transaction for a run of them).
+ * A refused block's page is not marked: its spill rewrites the bad record.
+ * Once the stream is past the job no reader touches it, so its states are
+ * read without mu. */
+static void mark_computed_stored(worker_states *st, restore_job *j)
+{
+    int *blocks = malloc((size_t)j->k * sizeof *blocks);
+    common_hash *keys = malloc((size_t)j->k * sizeof *keys);
+    int n = 0;
+    for (int b = 0; blocks && keys && b < j->k; b++)
+        if (j->state[b] == BLOCK_COMPUTE &&
+            (atomic_load(&worker_pages_row(j->pages, j->pages_out[b])->flags) & SHM_PAGE_HASHED)) {
+            blocks[n] = b;
+            keys[n++] = j->chain[b + 1];
+        }
+    /* lookup_keys counts the keys that lead: past a missing one, go on
+     * after it */
+    for (int from = 0; from < n;) {
+        int present = 0;
+        if (store_state_lookup_keys(st->store, keys + from, n - from, &present, NULL) != SHOAL_OK)
+            break;
+        for (int i = 0; i < present; i++)
+            worker_pages_mark_stored(j->pages, j->pages_out[blocks[from + i]], true);
+        from += present + 1;
+    }
+    free(blocks);
+    free(keys);
+}
+
 static void restore_end(void *ctx, void *job, bool passed)
 {
     worker_states *st = ctx;
     restore_job *j = job;
-    /* Blocks the engine claimed though the store has them (its share of a
-     * cold history) need no spill: marked stored where the store has the
-     * key (the B-tree is warm by now). A refused block's page is spilled:
-     * that rewrites the bad record. Once the stream is past the job no
-     * reader touches it, so its states are read without mu. */
-    for (int b = 0; passed && b < j->k; b++) {
-        if (j->state[b] != BLOCK_COMPUTE ||
-            !(atomic_load(&worker_pages_row(j->pages, j->pages_out[b])->flags) & SHM_PAGE_HASHED))
-            continue;
-        int present = 0;
-        if (store_state_lookup_keys(st->store, &j->chain[b + 1], 1, &present, NULL) == SHOAL_OK &&
-            present)
-            worker_pages_mark_stored(j->pages, j->pages_out[b], true);
-    }
+    if (passed)
+        mark_computed_stored(st, j);
     pthread_mutex_lock(&st->mu);
     j->ended = true;
     st->stats.restore_ns += common_mono_ns() - j->t0;

@@ -98,6 +98,7 @@ static void workers_have_pages_streams_and_counters(void)
          .states_spilled = 5,
          .states_refused = 2,
          .states_dropped = 1,
+         .states_skipped = 7,
          .generated_tokens = 9},
         {.index = 1, .device = "1\"}\n", .alive = false, .restarts = 2, .running = 2},
     };
@@ -120,6 +121,7 @@ static void workers_have_pages_streams_and_counters(void)
     CHECK(sample(t, "shoal_worker_state_spilled_pages_total{worker=\"0\",device=\"cpu\"}") == 5);
     CHECK(sample(t, "shoal_worker_state_refused_total{worker=\"0\",device=\"cpu\"}") == 2);
     CHECK(sample(t, "shoal_worker_state_dropped_pages_total{worker=\"0\",device=\"cpu\"}") == 1);
+    CHECK(sample(t, "shoal_worker_state_skipped_pages_total{worker=\"0\",device=\"cpu\"}") == 7);
     CHECK(sample(t, "shoal_worker_restarts_total{worker=\"1\",device=\"1___\"}") == 2);
     CHECK(sample(t, "shoal_streams_running") == 5 && sample(t, "shoal_streams_waiting") == 1);
     CHECK(sample(t, "shoal_streams_resumed_total") == 4);

@@ -10,7 +10,9 @@
  *     is read, so the counts are exact);
  *   - with --restore-mode overlap (the default) the worker computes the
  *     head of the history while the tail is read: both parts are used,
- *     and the answer is still exact;
+ *     and the answer is still exact; a history short enough for the
+ *     engine's first chunk, cold on disk, is computed whole, and its pages
+ *     are known to be stored (evicted again, none is written twice);
  *   - states of another model fingerprint are never used; a record with a
  *     flipped payload byte, or one resealed under another fingerprint, is
  *     refused, counted and computed while the blocks around it restore;
@@ -26,7 +28,10 @@
 #include "tests/test.h"
 #include "worker/worker_engine.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
@@ -464,6 +469,79 @@ out:
     tu_rmtree(dir);
 }
 
+/* Drops the store's file from the page cache (its writes synced first);
+ * false where the file system keeps it in memory all the same (tmpfs):
+ * some page of it is still resident (mincore over a map of it, which reads
+ * nothing). */
+static bool drop_store_from_cache(const char *dir)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    int fd = open(path, O_RDONLY);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || sb.st_size == 0) {
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = ((size_t)sb.st_size + page - 1) / page;
+    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    unsigned char *in = malloc(pages);
+    size_t resident = pages;
+    if (map != MAP_FAILED && in && mincore(map, (size_t)sb.st_size, in) == 0) {
+        resident = 0;
+        for (size_t i = 0; i < pages; i++)
+            resident += in[i] & 1;
+    }
+    if (map != MAP_FAILED)
+        munmap(map, (size_t)sb.st_size);
+    free(in);
+    close(fd);
+    return resident == 0;
+}
+
+/* Overlap mode, a history on disk short enough for the engine's first
+ * chunk: computed whole (the disk's first reads would take about as long).
+ * Its blocks are in the store all the same, so when they are evicted
+ * again none is downloaded and written a second time. */
+static void a_history_computed_whole_is_not_written_again(void)
+{
+    char dir[64];
+    tu_tempdir(dir, sizeof dir, "whole");
+    coordinator_cluster *c = start_with(dir, "overlap", 256);
+    if (!c)
+        goto out;
+    turn_expect(c, 0, 0);
+    coordinator_cluster_close(c); /* the worker writes what it learned */
+    int history = blocks_after(conv_len[0]);
+    common_hash h[LEN_MAX / PT];
+    chain(conv[1], history, h);
+    CHECK_EQ_INT(stored(dir, h, history), history);
+    CHECK(conv_len[1] <= 256);
+    if (!drop_store_from_cache(dir)) {
+        printf("  skipped: the store's file system keeps it in memory\n");
+        goto out;
+    }
+    c = start_with(dir, "overlap", 256);
+    if (!c)
+        goto out;
+    turn(c, 1);
+    shm_load l = settled_load(c);
+    CHECK_EQ_INT(l.restore_tokens, 0); /* computed, not read */
+    evict_all(c, 2);
+    uint64_t skipped = settled_load(c).states_skipped - l.states_skipped;
+    CHECK_MSG(skipped >= (uint64_t)history,
+              "evicting a turn of %d stored history blocks skipped %llu of them", history,
+              (unsigned long long)skipped);
+    printf("  %d history blocks computed whole; evicted again, %llu pages the store held\n",
+           history, (unsigned long long)skipped);
+    coordinator_cluster_close(c);
+out:
+    tu_rmtree(dir);
+}
+
 static void sigterm_writes_what_the_worker_learned(void)
 {
     char dir[64];
@@ -567,6 +645,7 @@ int main(void)
     TEST_RUN(three_turns_restore_from_lmdb_and_after_a_restart);
     TEST_RUN(refused_states_are_never_used);
     TEST_RUN(overlap_computes_the_head_and_restores_the_tail);
+    TEST_RUN(a_history_computed_whole_is_not_written_again);
     TEST_RUN(sigterm_writes_what_the_worker_learned);
     worker_model_close(ref_model);
     rmdir(runtime_dir);
