@@ -286,7 +286,7 @@ static void spawn(coordinator_cluster *c, cworker *w)
     w->draining = w->bye_sent = false;
     snprintf(index, sizeof index, "%d", w->index);
     snprintf(heartbeat, sizeof heartbeat, "%d", c->o.heartbeat_ms);
-    const char *argv[48]; /* 39 at most, the flags below, and the NULL */
+    const char *argv[48]; /* at most 39 arguments (those below), then the NULL */
     int a = 0;
     argv[a++] = c->worker_path;
     argv[a++] = "--serve";

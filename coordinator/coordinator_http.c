@@ -1238,7 +1238,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     /* Only libmicrohttpd knows whether the whole answer went out: a
      * client that closes its socket once it has read the end (a load
      * generator exiting) can be seen by the hangup watcher before this
-     * runs, and that is not a client that left. */
+     * runs, and that is not a client that left. (One whose answer was
+     * complete but partly still in the socket's buffer when it closed
+     * counts 200 too, as its tokens do; one that left mid-answer had its
+     * streams cancelled and the response ended with an error: 499.) */
     bool left = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
     r->gone = true;
     r->conn = NULL;

@@ -249,20 +249,22 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
         sigemptyset(&sa.sa_mask);
         sigaction(SIGTERM, &sa, NULL);
     }
+    /* Before the engine holds a page (its KV goes into pages nobody
+     * holds) and before the hello (the coordinator sends nothing until
+     * it is done). */
+    char who[32];
+    snprintf(who, sizeof who, "worker %d", index);
+    worker_warmup_stats ws;
+    if (worker_warmup_run(m, warmup_mode, who, &ws, &diag)) {
+        fprintf(stderr, "shoal-worker: %s (--warmup off skips the warm-up)\n", diag.msg);
+        goto out;
+    }
     if (worker_engine_open(m, &eo, &e, &diag)) {
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         goto out;
     }
     if (states)
         worker_states_attach(states, worker_engine_pages_mut(e));
-    /* Before the hello: the coordinator sends nothing until it is done. */
-    char who[32];
-    snprintf(who, sizeof who, "worker %d", index);
-    worker_warmup_stats ws;
-    if (worker_warmup_run(m, warmup_mode, who, &ws, &diag)) {
-        fprintf(stderr, "shoal-worker: %s\n", diag.msg);
-        goto out;
-    }
     LOG_INFO("worker %d: %d KV pages (%s), context %d tokens", index, worker_model_kv_pages(m),
              shoal_dtype_name(worker_model_kv_layout(m)->dtype), max_model_len);
     if (worker_serve_run(&so, m, e, &diag)) {

@@ -77,11 +77,6 @@ struct worker_model {
     common_hash fingerprint;
 };
 
-/* A run of at least this many rows of one stream is a prompt chunk: the
- * prompt kernel reads its context once per 64 rows where the partials
- * read it once per row, and below this the partials' finer split wins. */
-#define WORKER_ATTN_PROMPT_ROWS 16
-
 typedef enum run_kind { RUN_FORWARD = 0, RUN_STEP, RUN_STEP_PENALTIES, RUN_KINDS } run_kind;
 
 /* Byte offsets of a step's inputs in the staging buffers. They depend on

@@ -44,6 +44,11 @@ void worker_model_options_default(worker_model_options *opt);
 
 typedef struct worker_model worker_model;
 
+/* A run of at least this many rows of one stream is a prompt chunk: the
+ * prompt kernel reads its context once per 64 rows where the partials
+ * read it once per row, and below this the partials' finer split wins. */
+#define WORKER_ATTN_PROMPT_ROWS 16
+
 /* One forward pass, in host memory. Rows as in kernels_batch; page_table
  * is [streams][page_table_stride]; logit_rows lists which rows' logits to
  * return, in order. */

@@ -33,6 +33,9 @@ typedef struct restore_job {
     int32_t *pages_out; /* the stream's page table at the job's first block */
     common_hash *chain; /* the parent, then the job's k blocks: block b is chain[b + 1] */
     uint8_t *state;      /* BLOCK_* of each block */
+    /* restore_end's lists of the blocks the engine computed: [k] each */
+    int *computed;
+    common_hash *computed_keys;
     int k;         /* blocks of the job: every candidate */
     int top;       /* the next block a reader may take, counting down */
     int holds;     /* slots that still name the job */
@@ -174,6 +177,8 @@ static void job_free(restore_job *j)
     if (j) {
         free(j->chain);
         free(j->state);
+        free(j->computed);
+        free(j->computed_keys);
         free(j);
     }
 }
@@ -441,8 +446,10 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
     if (j) {
         j->chain = malloc((size_t)(n + 1) * sizeof *j->chain);
         j->state = calloc((size_t)n, 1);
+        j->computed = malloc((size_t)n * sizeof *j->computed);
+        j->computed_keys = malloc((size_t)n * sizeof *j->computed_keys);
     }
-    if (!j || !j->chain || !j->state) {
+    if (!j || !j->chain || !j->state || !j->computed || !j->computed_keys) {
         job_free(j);
         LOG_WARN("state store: no memory for a restore of up to %d blocks; computing them", n);
         return 0;
@@ -537,10 +544,10 @@ static worker_take restore_take(void *ctx, void *job, int block, int claimed,
  * read without mu. */
 static void mark_computed_stored(worker_states *st, restore_job *j)
 {
-    int *blocks = malloc((size_t)j->k * sizeof *blocks);
-    common_hash *keys = malloc((size_t)j->k * sizeof *keys);
+    int *blocks = j->computed;
+    common_hash *keys = j->computed_keys;
     int n = 0;
-    for (int b = 0; blocks && keys && b < j->k; b++)
+    for (int b = 0; b < j->k; b++)
         if (j->state[b] == BLOCK_COMPUTE &&
             (atomic_load(&worker_pages_row(j->pages, j->pages_out[b])->flags) & SHM_PAGE_HASHED)) {
             blocks[n] = b;
@@ -550,14 +557,17 @@ static void mark_computed_stored(worker_states *st, restore_job *j)
      * after it */
     for (int from = 0; from < n;) {
         int present = 0;
-        if (store_state_lookup_keys(st->store, keys + from, n - from, &present, NULL) != SHOAL_OK)
+        shoal_diag diag = {{0}};
+        if (store_state_lookup_keys(st->store, keys + from, n - from, &present, &diag) !=
+            SHOAL_OK) {
+            LOG_WARN("state store: %s; %d computed pages will be written again when evicted",
+                     diag.msg, n - from);
             break;
+        }
         for (int i = 0; i < present; i++)
             worker_pages_mark_stored(j->pages, j->pages_out[blocks[from + i]], true);
         from += present + 1;
     }
-    free(blocks);
-    free(keys);
 }
 
 static void restore_end(void *ctx, void *job, bool passed)

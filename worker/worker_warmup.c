@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { WARMUP_PROMPT_ROWS_MIN = 16 };
-
 bool worker_warmup_mode_parse(const char *s, worker_warmup_mode *out)
 {
     static const char *names[] = {"auto", "on", "off"};
@@ -26,6 +24,7 @@ typedef struct warm {
     worker_model *m;
     int page_tokens, kv_pages, vocab;
     int32_t *ids, *pos, *row_stream, *table, *logit_rows;
+    int32_t *pen_offsets; /* [max_logit_rows + 1] zeros: penalty lists, all empty */
     kernels_sample_params *params;
     kernels_sample_result *results;
 } warm;
@@ -40,9 +39,10 @@ static int32_t token_of(const warm *w, int r)
     return (int32_t)(((int64_t)r * 7919 + 11) % w->vocab);
 }
 
-static shoal_err step(warm *w, const worker_forward *f, const char *what, shoal_diag *diag)
+static shoal_err step(warm *w, const worker_forward *f, const worker_penalties *pen,
+                      const char *what, shoal_diag *diag)
 {
-    shoal_err err = worker_model_step(w->m, f, w->params, NULL, w->results, diag);
+    shoal_err err = worker_model_step(w->m, f, w->params, pen, w->results, diag);
     if (err) {
         char inner[sizeof diag->msg];
         snprintf(inner, sizeof inner, "%s", diag->msg);
@@ -65,12 +65,13 @@ static shoal_err prompt_pass(warm *w, int rows, shoal_diag *diag)
         w->table[p] = p;
     w->logit_rows[0] = rows - 1;
     worker_forward f = {rows, w->ids, w->pos, w->row_stream, 1, pages, w->table, 1, w->logit_rows};
-    return step(w, &f, "prompt pass", diag);
+    return step(w, &f, NULL, "prompt pass", diag);
 }
 
 /* `rows` streams of one token each at position 0, a page each (shared
- * round the pool where it has fewer): the shape of a decode round. */
-static shoal_err decode_round(warm *w, int rows, shoal_diag *diag)
+ * round the pool where it has fewer): the shape of a decode round, with
+ * penalty lists (empty) or without, the two kinds a round is recorded as. */
+static shoal_err decode_round(warm *w, int rows, bool penalties, shoal_diag *diag)
 {
     for (int r = 0; r < rows; r++) {
         w->ids[r] = token_of(w, r);
@@ -79,8 +80,11 @@ static shoal_err decode_round(warm *w, int rows, shoal_diag *diag)
         w->table[r] = r % w->kv_pages;
         w->logit_rows[r] = r;
     }
-    worker_forward f = {rows, w->ids, w->pos, w->row_stream, rows, 1, w->table, rows, w->logit_rows};
-    return step(w, &f, "decode round", diag);
+    worker_forward f = {rows,    w->ids, w->pos, w->row_stream, rows, 1,
+                        w->table, rows,  w->logit_rows};
+    worker_penalties pen = {w->pen_offsets, w->ids, w->ids, 0};
+    return step(w, &f, penalties ? &pen : NULL,
+                penalties ? "decode round with penalties" : "decode round", diag);
 }
 
 /* The decode sizes after `rows`: every size up to the graph rows, or the
@@ -106,20 +110,24 @@ static shoal_err run(warm *w, const char *who, worker_warmup_stats *st, shoal_di
     int largest = min_int(min_int(worker_model_max_logit_rows(m), worker_model_max_streams(m)),
                           max_rows);
     int graphs = min_int(worker_model_graph_rows(m), largest);
-    LOG_INFO("%s: warming up: prompt passes of %d rows and down, decode rounds up to %d rows%s", who,
-             prompt, largest, graphs ? " (each recorded as a graph)" : "");
+    LOG_INFO("%s: warming up: prompt passes of %d rows and down, decode rounds up to %d rows "
+             "with and without penalties%s",
+             who, prompt, largest, graphs ? " (each recorded as a graph)" : "");
     st->largest_prompt = prompt;
     shoal_err err;
-    for (int rows = prompt; rows >= WARMUP_PROMPT_ROWS_MIN || rows == prompt; rows /= 2) {
+    /* down to the fewest rows that take the prompt kernel */
+    for (int rows = prompt; rows >= WORKER_ATTN_PROMPT_ROWS || rows == prompt; rows /= 2) {
         if ((err = prompt_pass(w, rows, diag)))
             return err;
         st->prompt_passes++;
     }
     double t_last = common_mono_ns() / 1e9;
     for (int rows = 1; rows > 0; rows = next_decode(w, rows, largest)) {
-        if ((err = decode_round(w, rows, diag)))
-            return err;
-        st->decode_rounds++;
+        for (int pen = 0; pen < 2; pen++) {
+            if ((err = decode_round(w, rows, pen, diag)))
+                return err;
+            st->decode_rounds++;
+        }
         double t = common_mono_ns() / 1e9;
         if (t - t_last > 2.0) { /* progress on a slow start */
             LOG_INFO("%s: warm-up: decode rounds up to %d of %d rows done", who, rows, largest);
@@ -142,18 +150,20 @@ shoal_err worker_warmup_run(worker_model *m, worker_warmup_mode mode, const char
               .kv_pages = worker_model_kv_pages(m),
               .vocab = worker_model_config(m)->vocab};
     size_t rows = (size_t)worker_model_max_rows(m);
-    size_t table = (size_t)worker_model_max_streams(m) > rows ? (size_t)worker_model_max_streams(m)
-                                                               : rows;
+    size_t streams = (size_t)worker_model_max_streams(m);
+    size_t table = streams > rows ? streams : rows;
     size_t logits = (size_t)worker_model_max_logit_rows(m);
     w.ids = malloc(rows * 4);
     w.pos = malloc(rows * 4);
     w.row_stream = malloc(rows * 4);
     w.table = malloc(table * 4);
     w.logit_rows = malloc(logits * 4);
+    w.pen_offsets = calloc(logits + 1, sizeof *w.pen_offsets);
     w.params = calloc(logits, sizeof *w.params);
     w.results = malloc(logits * sizeof *w.results);
     shoal_err err = SHOAL_OK;
-    if (!w.ids || !w.pos || !w.row_stream || !w.table || !w.logit_rows || !w.params || !w.results)
+    if (!w.ids || !w.pos || !w.row_stream || !w.table || !w.logit_rows || !w.pen_offsets ||
+        !w.params || !w.results)
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM, "warm-up: no host memory for %zu rows", rows);
     for (size_t i = 0; !err && i < logits; i++) /* sampled as most requests are */
         w.params[i] = (kernels_sample_params){
@@ -165,6 +175,7 @@ shoal_err worker_warmup_run(worker_model *m, worker_warmup_mode mode, const char
     free(w.row_stream);
     free(w.table);
     free(w.logit_rows);
+    free(w.pen_offsets);
     free(w.params);
     free(w.results);
     if (err)

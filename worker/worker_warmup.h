@@ -7,11 +7,12 @@
  * 1k-token prompt took 118 ms to its first token against 25 for the next.
  *
  * The warm-up runs prompt passes of max_rows, max_rows / 2, ... rows (down
- * to WARMUP_PROMPT_ROWS_MIN) and one decode round of every size a graph is
+ * to WORKER_ATTN_PROMPT_ROWS) and, without and with penalty lists (the two
+ * kinds of recorded round), a decode round of every size a graph is
  * recorded for (1 .. the model's graph rows; powers of two up to
- * max_logit_rows where the backend records none). Their KV goes into free
- * pages and is never published, so it must run before the engine holds
- * any page (before serving); nothing it leaves changes a later output. */
+ * max_logit_rows where the backend records none). Their KV goes into
+ * pages nobody holds and is never published, so it runs before an engine
+ * is opened on the model; nothing it leaves changes a later output. */
 #ifndef SHOAL_WORKER_WARMUP_H
 #define SHOAL_WORKER_WARMUP_H
 
@@ -32,7 +33,7 @@ bool worker_warmup_mode_parse(const char *s, worker_warmup_mode *out);
 typedef struct worker_warmup_stats {
     bool ran;
     int prompt_passes;
-    int decode_rounds;
+    int decode_rounds; /* of both kinds */
     int largest_prompt; /* rows of the first prompt pass */
     double seconds;
 } worker_warmup_stats;

@@ -38,8 +38,10 @@ for w in 0 1; do
   grep -q "worker $w: warmed up in" "$tmp/coordinator.log" ||
     { echo "FAIL: worker $w did not warm up"; cat "$tmp/coordinator.log"; exit 1; }
 done
-[ "$before_req$before_prompt$before_gen" = 000 ] ||
-  { echo "FAIL: the warm-up was counted: $before_req requests, $before_prompt + $before_gen tokens"; exit 1; }
+[ "$before_req$before_prompt$before_gen" = 000 ] || {
+  echo "FAIL: the warm-up was counted: $before_req requests, $before_prompt + $before_gen tokens"
+  exit 1
+}
 
 "$bench" --url "$url" --model "$tmp/model" --workload shared-prefix --duration 3 \
   --concurrency 6 --input-len 48 --prefix-len 32 --output-len 10 --vocab 150000 \
@@ -54,7 +56,8 @@ prompt=$(field prompt_tokens)
 # can come a moment after the client has read the last byte: read the
 # counters until they stop changing (at most 5 s).
 read_server() {
-  req=$(( $(metric 'shoal_http_requests_total{' 'route="/v1/completions",status="200"') - before_req ))
+  req=$(metric 'shoal_http_requests_total{' 'route="/v1/completions",status="200"')
+  req=$((req - before_req))
   gen=$(( $(metric shoal_generation_tokens_total '') - before_gen ))
   ptok=$(( $(metric shoal_prompt_tokens_total '') - before_prompt ))
 }
