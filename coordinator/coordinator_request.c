@@ -161,15 +161,28 @@ static shoal_err get_float(const cJSON *obj, const char *name, double lo, bool l
     if (!cJSON_IsNumber(it))
         return bad(err, name, "'%s' must be a number, not %s", name, type_name(it));
     double v = it->valuedouble;
-    bool low = lo_open ? !(v > lo) : !(v >= lo);
-    if (!isfinite(v) || low || v > hi) {
+    /* the bounds hold for the float the worker gets: 1e-300 is > 0 but
+     * becomes 0, and 1e39 becomes infinite */
+    float f = (float)v;
+    bool in = isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
+    bool f_in = isfinite(f) && (lo_open ? f > (float)lo : f >= (float)lo) && f <= (float)hi;
+    if (in && !f_in && isinf(hi))
+        return bad(err, name,
+                   "'%s' is %.17g, which a 32-bit float makes %g: it must be a finite number "
+                   "%s %g",
+                   name, v, (double)f, lo_open ? ">" : ">=", lo);
+    if (in && !f_in)
+        return bad(err, name,
+                   "'%s' is %.17g, which a 32-bit float makes %g: it must be in %s%g, %g]", name,
+                   v, (double)f, lo_open ? "(" : "[", lo, hi);
+    if (!in) {
         if (isinf(hi))
             return bad(err, name, "'%s' must be a finite number %s %g, not %.17g", name,
                        lo_open ? ">" : ">=", lo, v);
         return bad(err, name, "'%s' must be a number in %s%g, %g], not %.17g", name,
                    lo_open ? "(" : "[", lo, hi, v);
     }
-    *out = (float)v;
+    *out = f;
     return SHOAL_OK;
 }
 

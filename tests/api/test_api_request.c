@@ -77,6 +77,33 @@ static void a_minimal_chat_request_gets_the_defaults(void)
     coordinator_request_fini(&r); /* idempotent */
 }
 
+/* The bounds hold for the 32-bit float the worker gets: a double in range
+ * that rounds out of it (to 0, or to infinity) is the client's error. */
+static void sampling_fields_are_checked_as_the_floats_they_become(void)
+{
+    static const struct {
+        const char *field, *ok, *rounds_out;
+    } cases[] = {
+        {"top_p", "1e-44", "1e-46"},
+        {"repetition_penalty", "1e-44", "1e-300"},
+        {"temperature", "3.4e38", "3.5e38"},
+        {"repetition_penalty", "3.4e38", "1e39"},
+    };
+    char json[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(json, sizeof json, CMPL_PREFIX "\"%s\":%s}", cases[i].field, cases[i].ok);
+        accepted(CMPL, json);
+        snprintf(json, sizeof json, CMPL_PREFIX "\"%s\":%s}", cases[i].field,
+                 cases[i].rounds_out);
+        refused(CMPL, json, cases[i].field);
+    }
+    coordinator_request r;
+    coordinator_api_error e;
+    CHECK_EQ_INT(parse(CMPL, CMPL_PREFIX "\"top_p\":1e-300}", &r, &e), 400);
+    CHECK_HAS(e.message, "'top_p' is 1e-300, which a 32-bit float makes 0: it must be in (0, 1]");
+    coordinator_request_fini(&r);
+}
+
 static void sampling_fields_are_read_at_their_edges_and_refused_past_them(void)
 {
     static const struct {
@@ -641,6 +668,7 @@ int main(void)
     }
     TEST_RUN(a_minimal_chat_request_gets_the_defaults);
     TEST_RUN(sampling_fields_are_read_at_their_edges_and_refused_past_them);
+    TEST_RUN(sampling_fields_are_checked_as_the_floats_they_become);
     TEST_RUN(integers_refuse_fractions_huge_numbers_and_other_types);
     TEST_RUN(max_tokens_and_its_newer_name);
     TEST_RUN(n_and_best_of_are_bounded);
