@@ -66,8 +66,10 @@ static const char *type_name(const cJSON *it)
 
 /* ---- the body before parsing ---- */
 
-/* Checks nesting depth and counts values outside strings, in one pass over
- * UTF-8 that is already known valid. Malformed JSON is left to cJSON. */
+/* Checks nesting depth, counts values outside strings and finds NUL
+ * characters, in one pass over UTF-8 that is already known valid.
+ * Malformed JSON is left to cJSON. A NUL is refused rather than cut at:
+ * cJSON's strings end at one, so "a\u0000b" would silently become "a". */
 static shoal_err prescan(const char *body, size_t bytes, size_t values_max,
                          coordinator_api_error *err)
 {
@@ -76,6 +78,12 @@ static shoal_err prescan(const char *body, size_t bytes, size_t values_max,
     bool in_string = false;
     for (size_t i = 0; i < bytes; i++) {
         char c = body[i];
+        if (c == '\0' ||
+            (in_string && c == '\\' && bytes - i >= 6 && memcmp(body + i + 1, "u0000", 5) == 0))
+            return bad(err, NULL,
+                       "the request body holds a NUL character (U+0000, at byte %zu), which "
+                       "shoal does not take in text; remove it",
+                       i);
         if (in_string) {
             if (c == '\\')
                 i++;

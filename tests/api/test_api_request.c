@@ -104,6 +104,32 @@ static void sampling_fields_are_checked_as_the_floats_they_become(void)
     coordinator_request_fini(&r);
 }
 
+/* cJSON's strings end at a NUL: one in the text is refused, never cut at
+ * (which would generate from "a" for "a\u0000b"); an escaped backslash
+ * before "u0000" is text like any other. */
+static void a_nul_character_is_refused_not_cut_at(void)
+{
+    static const char *chats[] = {
+        CHAT_PREFIX "\"stop\":[\"\\u0000\"]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi \\u0000 there\"}]}",
+    };
+    for (size_t i = 0; i < sizeof chats / sizeof chats[0]; i++)
+        refused(CHAT, chats[i], "");
+    coordinator_request r;
+    coordinator_api_error e;
+    CHECK_EQ_INT(parse(CMPL, "{\"prompt\":\"a\\u0000b\"}", &r, &e), 400);
+    CHECK_HAS(e.message, "a NUL character (U+0000, at byte 12)");
+    coordinator_request_fini(&r);
+    accepted(CMPL, "{\"prompt\":\"a\\\\u0000b\"}"); /* the text a\u0000b */
+    /* a raw NUL byte, inside a string or out */
+    static const char raw[] = "{\"prompt\":\"a\0b\"}";
+    memset(&e, 0, sizeof e);
+    CHECK(coordinator_request_parse(CMPL, raw, sizeof raw - 1, &limits, &r, &e) != SHOAL_OK);
+    CHECK_EQ_INT(e.status, 400);
+    CHECK_HAS(e.message, "at byte 12");
+    coordinator_request_fini(&r);
+}
+
 static void sampling_fields_are_read_at_their_edges_and_refused_past_them(void)
 {
     static const struct {
@@ -669,6 +695,7 @@ int main(void)
     TEST_RUN(a_minimal_chat_request_gets_the_defaults);
     TEST_RUN(sampling_fields_are_read_at_their_edges_and_refused_past_them);
     TEST_RUN(sampling_fields_are_checked_as_the_floats_they_become);
+    TEST_RUN(a_nul_character_is_refused_not_cut_at);
     TEST_RUN(integers_refuse_fractions_huge_numbers_and_other_types);
     TEST_RUN(max_tokens_and_its_newer_name);
     TEST_RUN(n_and_best_of_are_bounded);
