@@ -1107,6 +1107,18 @@ static enum MHD_Result on_headers(http_req *r, const char *url, const char *meth
         snprintf(msg, sizeof msg, "Method %.16s is not allowed here; use %s", method, rt->methods);
         set_early(r, 405, "invalid_request_error", "method_not_allowed", msg);
     }
+    /* A body in a coding other than chunked cannot be read: libmicrohttpd
+     * would wait for it until the connection times out. */
+    const char *te =
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if (te && strcasecmp(te, "chunked") != 0) {
+        snprintf(msg, sizeof msg,
+                 "Transfer-Encoding '%.64s' is not supported: send the body as it is, with a "
+                 "Content-Length, or chunked",
+                 te);
+        set_early(r, 501, "invalid_request_error", "not_implemented", msg);
+        return send_error(r, &r->early);
+    }
     const char *cl =
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {

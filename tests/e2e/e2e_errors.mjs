@@ -177,6 +177,21 @@ const tests = [
     await stillServes(s);
   }],
 
+  ['a_body_in_a_coding_other_than_chunked_is_a_501_at_once', async (s) => {
+    // libmicrohttpd alone would wait for the body until its timeout (60 s)
+    const body = chat({ max_tokens: 2 });
+    for (const te of ['identity', 'gzip, chunked', 'bogus']) {
+      const head = `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ` +
+        `${KEY}\r\nTransfer-Encoding: ${te}\r\nContent-Length: ${body.length}\r\n\r\n`;
+      const t0 = Date.now();
+      const answer = await s.raw(head + body, 5000);
+      assert(/^HTTP\/1\.1 501 /.test(answer), `${te}: ${answer.slice(0, 100)}`);
+      assert(answer.includes('"not_implemented"'), `${te}: an error body`);
+      assert(Date.now() - t0 < 4000, `${te}: answered at once`);
+    }
+    await stillServes(s);
+  }],
+
   ['the_api_key_guards_every_route_but_health', async (s) => {
     for (const [method, path] of [['GET', '/v1/models'], ['POST', '/v1/chat/completions'],
       ['POST', '/v1/completions'], ['POST', '/tokenize'], ['POST', '/detokenize'],
