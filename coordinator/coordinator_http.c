@@ -55,6 +55,7 @@ struct coordinator_http {
     char *model;
     char *api_key;
     size_t api_key_len;
+    char *allowed_origin; /* NULL: no CORS */
     coordinator_request_limits limits;
     size_t body_bytes_max;
     int streams_max;
@@ -146,6 +147,7 @@ struct http_req {
     req_state state;
     int status;
     bool has_early;
+    bool preflight; /* a CORS preflight (OPTIONS) of a known route */
     coordinator_api_error early;
     char *body;
     size_t body_len, body_cap, body_discarded;
@@ -328,6 +330,17 @@ static bool park(http_req *r)
 
 /* ---- responses ---- */
 
+/* The CORS headers every answer carries when an origin is allowed. */
+static void add_cors(http_req *r, struct MHD_Response *resp)
+{
+    if (!r->h->allowed_origin)
+        return;
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->h->allowed_origin);
+    MHD_add_response_header(resp, "Access-Control-Expose-Headers", "X-Request-Id");
+    if (strcmp(r->h->allowed_origin, "*") != 0)
+        MHD_add_response_header(resp, "Vary", "Origin");
+}
+
 static enum MHD_Result send_body(http_req *r, int status, const char *type, const char *data,
                                  size_t bytes)
 {
@@ -340,6 +353,7 @@ static enum MHD_Result send_body(http_req *r, int status, const char *type, cons
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
     if (r->meta.id[0])
         MHD_add_response_header(resp, "X-Request-Id", r->meta.id);
+    add_cors(r, resp);
     if (atomic_load(&r->h->draining))
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)status, resp);
@@ -751,6 +765,7 @@ out_stream:;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     MHD_add_response_header(resp, "X-Request-Id", r->meta.id);
+    add_cors(r, resp);
     enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
     r->status = 200;
@@ -1096,6 +1111,10 @@ static enum MHD_Result on_headers(http_req *r, const char *url, const char *meth
     char msg[SHOAL_DIAG_BYTES];
     if (atomic_load(&h->draining)) {
         set_early(r, 503, "server_error", NULL, "the server is shutting down");
+    } else if (rt && h->allowed_origin && strcmp(method, "OPTIONS") == 0) {
+        /* a browser's preflight carries no credentials */
+        r->preflight = true;
+        r->allow = rt->methods;
     } else if (r->endpoint != COORDINATOR_ENDPOINT_HEALTH && !authorized(h, r->conn)) {
         set_early(r, 401, "authentication_error", "invalid_api_key",
                   "Incorrect or missing API key: send \"Authorization: Bearer KEY\"");
@@ -1177,6 +1196,29 @@ static enum MHD_Result on_upload(http_req *r, const char *data, size_t bytes)
     return MHD_YES;
 }
 
+/* A CORS preflight: 204 with what the route allows; the headers a
+ * browser asks for are allowed (as vLLM's default allows any). */
+static enum MHD_Result send_preflight(http_req *r)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    char methods[64];
+    snprintf(methods, sizeof methods, "%s, OPTIONS", r->allow);
+    const char *asked = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                    "Access-Control-Request-Headers");
+    add_cors(r, resp);
+    MHD_add_response_header(resp, "Access-Control-Allow-Methods", methods);
+    MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                            asked && asked[0] ? asked : "Authorization, Content-Type");
+    MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    enum MHD_Result ok = MHD_queue_response(r->conn, 204, resp);
+    MHD_destroy_response(resp);
+    r->status = 204;
+    r->state = RS_DONE;
+    return ok;
+}
+
 static enum MHD_Result dispatch(http_req *r)
 {
     /* The server is closing (coordinator_http_close marked it): nothing
@@ -1188,6 +1230,8 @@ static enum MHD_Result dispatch(http_req *r)
         return MHD_NO;
     if (r->has_early)
         return send_error(r, &r->early);
+    if (r->preflight)
+        return send_preflight(r);
     switch (r->endpoint) {
     case COORDINATOR_ENDPOINT_CHAT:
     case COORDINATOR_ENDPOINT_COMPLETIONS:
@@ -1352,6 +1396,7 @@ void coordinator_http_close(coordinator_http *h)
     pthread_mutex_destroy(&h->lock);
     free(h->model);
     free(h->api_key);
+    free(h->allowed_origin);
     free(h);
 }
 
@@ -1371,6 +1416,15 @@ static shoal_err resolve(const char *host, int port, struct sockaddr_storage *ad
     return SHOAL_OK;
 }
 
+bool coordinator_http_origin_valid(const char *origin)
+{
+    size_t n = strlen(origin);
+    bool plain = n <= COORDINATOR_NAME_BYTES_MAX;
+    for (size_t i = 0; i < n; i++) /* it goes into a header as it is */
+        plain &= (unsigned char)origin[i] > 0x20 && origin[i] != 0x7f;
+    return plain;
+}
+
 shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_cluster *cluster,
                                 const coordinator_tokenizer *tok, const coordinator_chat *chat,
                                 coordinator_http **out, shoal_diag *diag)
@@ -1384,6 +1438,12 @@ shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_c
     if (o->api_key && strlen(o->api_key) > COORDINATOR_NAME_BYTES_MAX)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID, "the API key is over %d bytes",
                               COORDINATOR_NAME_BYTES_MAX);
+    if (o->allowed_origin && !coordinator_http_origin_valid(o->allowed_origin))
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "the allowed origin '%.64s' must be '*' or an origin such as "
+                              "https://example.com (no spaces or control characters, at most "
+                              "%d bytes)",
+                              o->allowed_origin, COORDINATOR_NAME_BYTES_MAX);
     coordinator_http *h = calloc(1, sizeof *h);
     if (!h)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "http: no memory");
@@ -1399,6 +1459,8 @@ shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_c
         h->api_key = strdup(o->api_key);
         h->api_key_len = strlen(o->api_key);
     }
+    if (o->allowed_origin && o->allowed_origin[0])
+        h->allowed_origin = strdup(o->allowed_origin);
     h->body_bytes_max = o->body_bytes_max ? o->body_bytes_max : COORDINATOR_BODY_BYTES_MAX;
     if (h->body_bytes_max > COORDINATOR_BODY_BYTES_MAX)
         h->body_bytes_max = COORDINATOR_BODY_BYTES_MAX;

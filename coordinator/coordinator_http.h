@@ -47,9 +47,16 @@ typedef struct coordinator_http_options {
     int streams_max;        /* choices in flight; 0: COORDINATOR_STREAMS_MAX */
     int default_max_tokens; /* when a request gives none; 0: the rest of the context */
     int idle_timeout_s;     /* an idle keep-alive connection is closed after; 0: 60 */
+    /* CORS: the origin browsers may call from ("*": any, as vLLM's
+     * default); NULL or "": no CORS headers, and OPTIONS is a 405 */
+    const char *allowed_origin;
 } coordinator_http_options;
 
 typedef struct coordinator_http coordinator_http;
+
+/* Whether origin may be an allowed_origin: no spaces or control
+ * characters, at most COORDINATOR_NAME_BYTES_MAX bytes. */
+bool coordinator_http_origin_valid(const char *origin);
 
 /* Starts serving. cluster, tok and chat (NULL: the model has no chat
  * template; chat requests get a 400) must outlive the server. The

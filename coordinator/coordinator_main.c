@@ -44,6 +44,8 @@ static void usage(FILE *f)
         "  --api-key KEY           require \"Authorization: Bearer KEY\" on every route but\n"
         "                          /health (default: $SHOAL_API_KEY; none if unset)\n"
         "  --served-model-name S   the model's name in the API (default: --model as given)\n"
+        "  --allowed-origin O      CORS: the origin browsers may call from (default *, any,\n"
+        "                          as vLLM's; none: no CORS headers, OPTIONS is a 405)\n"
         "  --http-threads N        HTTP threads (default 2)\n"
         "  --max-body-bytes N      largest request body (default and most %u)\n"
         "  --max-streams N         choices in flight before 429 (default %d)\n"
@@ -158,6 +160,7 @@ int main(int argc, char **argv)
         OPT_PORT,
         OPT_PORT_FILE,
         OPT_KEY,
+        OPT_ORIGIN,
         OPT_NAME,
         OPT_HTTP_THREADS,
         OPT_BODY,
@@ -194,6 +197,7 @@ int main(int argc, char **argv)
         {"port", required_argument, 0, OPT_PORT},
         {"port-file", required_argument, 0, OPT_PORT_FILE},
         {"api-key", required_argument, 0, OPT_KEY},
+        {"allowed-origin", required_argument, 0, OPT_ORIGIN},
         {"served-model-name", required_argument, 0, OPT_NAME},
         {"http-threads", required_argument, 0, OPT_HTTP_THREADS},
         {"max-body-bytes", required_argument, 0, OPT_BODY},
@@ -229,7 +233,7 @@ int main(int argc, char **argv)
     common_log_init("shoal-coordinator", COMMON_LOG_INFO);
     coordinator_cluster_options co;
     coordinator_cluster_options_default(&co);
-    coordinator_http_options ho = {.host = "127.0.0.1", .port = 8000};
+    coordinator_http_options ho = {.host = "127.0.0.1", .port = 8000, .allowed_origin = "*"};
     const char *port_file = NULL;
     int body_max = 0, drain_s = 30, start_s = 600;
     bool learn = false;
@@ -281,6 +285,16 @@ int main(int argc, char **argv)
             break;
         case OPT_KEY:
             ho.api_key = optarg;
+            break;
+        case OPT_ORIGIN:
+            if (!coordinator_http_origin_valid(optarg)) {
+                fprintf(stderr,
+                        "shoal-coordinator: --allowed-origin '%.64s': expected *, none or an "
+                        "origin such as https://example.com (no spaces or control characters)\n",
+                        optarg);
+                return 2;
+            }
+            ho.allowed_origin = strcmp(optarg, "none") == 0 ? NULL : optarg;
             break;
         case OPT_NAME:
             ho.model_name = optarg;

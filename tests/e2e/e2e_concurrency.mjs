@@ -5,7 +5,9 @@
 import { MODEL, Server, assert, collect, eq, run, stopCleanly } from './harness.mjs';
 
 const CLIENTS = 64;
-const server = await Server.start();
+// One allowed origin (checked below), not the default any.
+const ORIGIN = 'https://app.example';
+const server = await Server.start(['--allowed-origin', ORIGIN]);
 
 const request = (i) => ({
   model: MODEL,
@@ -48,6 +50,12 @@ const tests = [
     assert(await s.running() === 0, 'no streams left running');
     eq(await s.metric('shoal_http_requests_total{route="/v1/chat/completions",status="200"}'),
       2 * CLIENTS, 'requests answered 200');
+  }],
+
+  ['one_allowed_origin_is_named_and_varies_by_origin', async (s) => {
+    const r = await s.request('GET', '/v1/models', { headers: { Origin: ORIGIN } });
+    eq(r.headers['access-control-allow-origin'], ORIGIN, 'the origin');
+    eq(r.headers.vary, 'Origin', 'caches keep answers apart by origin');
   }],
 
   ['concurrent_mixed_requests_all_complete', async (s) => {

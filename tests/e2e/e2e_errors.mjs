@@ -192,6 +192,35 @@ const tests = [
     await stillServes(s);
   }],
 
+  ['cors_preflights_need_no_key_and_every_answer_allows_any_origin', async (s) => {
+    // the default, as vLLM's: any origin
+    const pre = await s.request('OPTIONS', '/v1/chat/completions', { headers: {
+      Origin: 'https://app.example', 'Access-Control-Request-Method': 'POST',
+      'Access-Control-Request-Headers': 'authorization, content-type, x-stainless-os' } });
+    eq(pre.status, 204, 'preflight without the key');
+    eq(pre.headers['access-control-allow-origin'], '*', 'preflight origin');
+    eq(pre.headers['access-control-allow-methods'], 'POST, OPTIONS', 'preflight methods');
+    eq(pre.headers['access-control-allow-headers'], 'authorization, content-type, x-stainless-os',
+      'the headers asked for');
+    const models = await s.request('OPTIONS', '/v1/models', { headers: { Origin: 'https://a.b' } });
+    eq(models.headers['access-control-allow-methods'], 'GET, HEAD, OPTIONS', 'models methods');
+    eq(models.headers['access-control-allow-headers'], 'Authorization, Content-Type', 'default');
+    // an unknown route is still a 404 (behind the key: a 401 first)
+    isError(await s.request('OPTIONS', '/nowhere', { headers: AUTH }), 404, undefined, 'unknown');
+    // answers a browser reads: an error, a whole answer, a stream
+    const denied = await s.request('POST', '/v1/chat/completions', { body: chat({}) });
+    eq(denied.status, 401, 'no key');
+    eq(denied.headers['access-control-allow-origin'], '*', 'on an error');
+    const ok = await s.request('POST', '/v1/chat/completions', { headers: AUTH,
+      body: chat({ max_tokens: 2 }) });
+    eq(ok.status, 200, 'with the key');
+    eq(ok.headers['access-control-allow-origin'], '*', 'on an answer');
+    eq(ok.headers['access-control-expose-headers'], 'X-Request-Id', 'the request id is readable');
+    const sse = await s.request('POST', '/v1/chat/completions', { headers: AUTH,
+      body: chat({ max_tokens: 2, stream: true }) });
+    eq(sse.headers['access-control-allow-origin'], '*', 'on a stream');
+  }],
+
   ['the_api_key_guards_every_route_but_health', async (s) => {
     for (const [method, path] of [['GET', '/v1/models'], ['POST', '/v1/chat/completions'],
       ['POST', '/v1/completions'], ['POST', '/tokenize'], ['POST', '/detokenize'],

@@ -10,7 +10,9 @@ import { MODEL, Server, assert, eq, run, until } from './harness.mjs';
 // request waits in a worker's queue, producing no events.
 // The drain may take long under a sanitizer on a busy machine: the test
 // wants the stream to end by itself, not by the drain's deadline.
-const server = await Server.start(['--parallel', '2', '--drain-timeout-s', '600']);
+// --allowed-origin none: no CORS (checked below).
+const server = await Server.start(['--parallel', '2', '--drain-timeout-s', '600',
+  '--allowed-origin', 'none']);
 const LONG = 3000; // tokens: well over a minute on these CPU workers
 
 async function startBlockers(s, count) {
@@ -41,6 +43,16 @@ async function send(s, path, body) {
 const waiting = (s) => s.metric('shoal_streams_waiting');
 
 const tests = [
+  ['without_cors_options_is_a_405_and_answers_carry_no_cors_headers', async (s) => {
+    const pre = await s.request('OPTIONS', '/v1/completions', { headers: { Origin: 'https://a.b',
+      'Access-Control-Request-Method': 'POST' } });
+    eq(pre.status, 405, 'OPTIONS');
+    eq(pre.headers['access-control-allow-origin'], undefined, 'no CORS on the 405');
+    const r = await s.request('GET', '/v1/models', { headers: { Origin: 'https://a.b' } });
+    eq(r.status, 200, 'models');
+    eq(r.headers['access-control-allow-origin'], undefined, 'no CORS on an answer');
+  }],
+
   ['a_client_that_leaves_a_stream_cancels_it', async (s) => {
     const controller = new AbortController();
     const stream = await s.client().chat.completions.create({ model: MODEL, max_tokens: LONG,
