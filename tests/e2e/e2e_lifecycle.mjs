@@ -3,8 +3,9 @@
 // other streams), where only the coordinator's hangup watcher can notice.
 // SIGTERM drains: the listener closes at once, the stream in flight runs
 // to its end, and the coordinator exits 0.
+import { spawnSync } from 'node:child_process';
 import net from 'node:net';
-import { MODEL, Server, assert, eq, run, until } from './harness.mjs';
+import { MODEL, Server, assert, eq, opts, run, until } from './harness.mjs';
 
 // Two streams per worker: four blockers fill both workers, and a fifth
 // request waits in a worker's queue, producing no events.
@@ -43,6 +44,14 @@ async function send(s, path, body) {
 const waiting = (s) => s.metric('shoal_streams_waiting');
 
 const tests = [
+  ['an_allowed_origin_that_cannot_be_a_header_is_refused_at_start', async () => {
+    for (const bad of ['https://a b', 'https://a\r\nX-Evil: 1']) {
+      const r = spawnSync(opts.coordinator, ['--allowed-origin', bad], { encoding: 'utf8' });
+      eq(r.status, 2, `exit status for ${JSON.stringify(bad)}`);
+      assert(r.stderr.includes('--allowed-origin'), `names the flag: ${r.stderr}`);
+    }
+  }],
+
   ['without_cors_options_is_a_405_and_answers_carry_no_cors_headers', async (s) => {
     const pre = await s.request('OPTIONS', '/v1/completions', { headers: { Origin: 'https://a.b',
       'Access-Control-Request-Method': 'POST' } });
