@@ -1131,11 +1131,14 @@ static enum MHD_Result on_headers(http_req *r, const char *url, const char *meth
     const char *te =
         MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
     if (te && strcasecmp(te, "chunked") != 0) {
-        snprintf(msg, sizeof msg,
-                 "Transfer-Encoding '%.64s' is not supported: send the body as it is, with a "
-                 "Content-Length, or chunked",
-                 te);
-        set_early(r, 501, "invalid_request_error", "not_implemented", msg);
+        /* an error found first (a 401, a 503) is the answer, but now */
+        if (!r->has_early) {
+            snprintf(msg, sizeof msg,
+                     "Transfer-Encoding '%.64s' is not supported: send the body as it is, "
+                     "with a Content-Length, or chunked",
+                     te);
+            set_early(r, 501, "invalid_request_error", "not_implemented", msg);
+        }
         return send_error(r, &r->early);
     }
     const char *cl =
@@ -1150,7 +1153,7 @@ static enum MHD_Result on_headers(http_req *r, const char *url, const char *meth
             set_early(r, 413, "invalid_request_error", "request_too_large", msg);
             return send_error(r, &r->early);
         }
-        if (!r->has_early && len > 0) {
+        if (!r->has_early && !r->preflight && len > 0) {
             r->body = malloc((size_t)len + 1);
             if (!r->body)
                 return MHD_NO;
@@ -1163,7 +1166,7 @@ static enum MHD_Result on_headers(http_req *r, const char *url, const char *meth
 static enum MHD_Result on_upload(http_req *r, const char *data, size_t bytes)
 {
     coordinator_http *h = r->h;
-    if (r->has_early) {
+    if (r->has_early || r->preflight) {
         /* Read and dropped, so the answer reaches the client; a client
          * that sends far more than it may is cut off. */
         r->body_discarded += bytes;
@@ -1212,6 +1215,8 @@ static enum MHD_Result send_preflight(http_req *r)
     MHD_add_response_header(resp, "Access-Control-Allow-Headers",
                             asked && asked[0] ? asked : "Authorization, Content-Type");
     MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    if (atomic_load(&r->h->draining))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(r->conn, 204, resp);
     MHD_destroy_response(resp);
     r->status = 204;

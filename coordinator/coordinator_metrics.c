@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const int statuses[COORDINATOR_METRICS_STATUSES] = {200, 400, 401, 404, 405, 408, 413,
-                                                           429, 499, 500, 501, 503, 504};
+static const int statuses[COORDINATOR_METRICS_STATUSES] = {200, 204, 400, 401, 404, 405, 408,
+                                                           413, 429, 499, 500, 501, 503, 504};
 
 /* Bounds in seconds. Time to first token spans a cached prompt on a fast
  * GPU to a long prefill on the CPU; inter-token latency spans a fake

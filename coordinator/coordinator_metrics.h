@@ -55,7 +55,7 @@ const char *coordinator_endpoint_path(coordinator_endpoint endpoint);
 
 /* Statuses counted by their own label; others count as "other". 499 is
  * nginx's "client closed request": the client went away first. */
-enum { COORDINATOR_METRICS_STATUSES = 13 };
+enum { COORDINATOR_METRICS_STATUSES = 14 };
 
 enum { COORDINATOR_METRICS_BUCKETS = 24 };
 

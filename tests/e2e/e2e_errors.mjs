@@ -189,6 +189,12 @@ const tests = [
       assert(answer.includes('"not_implemented"'), `${te}: an error body`);
       assert(Date.now() - t0 < 4000, `${te}: answered at once`);
     }
+    // an error found before the coding is the answer, still at once
+    const t0 = Date.now();
+    const denied = await s.raw('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n' +
+      'Transfer-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}', 5000);
+    assert(/^HTTP\/1\.1 401 /.test(denied), `no key first: ${denied.slice(0, 100)}`);
+    assert(Date.now() - t0 < 4000, 'the 401 at once');
     await stillServes(s);
   }],
 
@@ -205,6 +211,18 @@ const tests = [
     const models = await s.request('OPTIONS', '/v1/models', { headers: { Origin: 'https://a.b' } });
     eq(models.headers['access-control-allow-methods'], 'GET, HEAD, OPTIONS', 'models methods');
     eq(models.headers['access-control-allow-headers'], 'Authorization, Content-Type', 'default');
+    // a preflight with a body: read and dropped, the connection serves on
+    const body = 'x'.repeat(5000);
+    const withBody = await s.raw('OPTIONS /v1/completions HTTP/1.1\r\nHost: x\r\n' +
+      `Origin: https://a.b\r\nContent-Length: ${body.length}\r\n\r\n${body}` +
+      'GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+    assert(/^HTTP\/1\.1 204 /.test(withBody), `a body: ${withBody.slice(0, 100)}`);
+    assert(/HTTP\/1\.1 200 [^]*"ok"/.test(withBody), `then /health: ${withBody.slice(-200)}`);
+    // counted under their own status, not as "other"
+    const n204 = await s.metric(
+      'shoal_http_requests_total{route="/v1/chat/completions",status="204"}');
+    assert(n204 >= 1, `preflights counted as 204: ${n204}`);
+    assert(!/status="other"/.test(await s.metrics()), 'none counted as "other"');
     // an unknown route is still a 404 (behind the key: a 401 first)
     isError(await s.request('OPTIONS', '/nowhere', { headers: AUTH }), 404, undefined, 'unknown');
     // answers a browser reads: an error, a whole answer, a stream
