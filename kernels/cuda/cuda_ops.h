@@ -98,7 +98,9 @@ typedef struct cuda_state {
      * (SHOAL_CUDA_PROMPT_TILE, default 1 = 64 rows in 4 warps of 16; 2 =
      * 128 rows in 4 warps of 32; 3 = 128 rows in 8 warps of 16),
      * and decode segments raised to fill the partials' last wave
-     * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap). */
+     * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap),
+     * and the most bytes a prefetch hint pulls into L2 (SHOAL_CUDA_PREFETCH_MB,
+     * MiB, default 24; 0 = hints ignored; prefetch.cu). */
     int sm_count;
     bool attn_tc;
     int attn_fill;
@@ -111,6 +113,7 @@ typedef struct cuda_state {
     bool sample_split;
     bool gemv_swiglu;
     bool rope_kv_fused;
+    size_t prefetch_bytes_max;
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
@@ -358,6 +361,7 @@ void cuda_sample(kernels_backend *be, kernels_sample_result *results, const floa
                  const int32_t *penalty_counts);
 void cuda_fill_random(kernels_backend *be, void *dst, size_t n, uint64_t state, float base,
                       float scale);
+void cuda_prefetch(kernels_backend *be, const void *ptr, size_t bytes);
 void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int heads,
                            const void *arena, const kernels_kv_layout *layout,
                            const kernels_batch *batch, int layer, float scale);
