@@ -244,13 +244,6 @@ struct kernels_backend {
                    const int32_t *penalty_offsets, const int32_t *penalty_tokens,
                    const int32_t *penalty_counts);
 
-    /* Optional (NULL where a backend lacks it): a hint that an op soon
-     * reads `bytes` at ptr (device), so the backend may
-     * start bringing them closer while the ops between leave the memory
-     * idle (CUDA: into L2, up to a limit, while one-row attention runs).
-     * Changes no result. */
-    void (*prefetch)(kernels_backend *be, const void *ptr, size_t bytes);
-
     /* Optional (NULL where a backend lacks it). Fills n BF16 elements at
      * dst (device) with the numbers of the host generator of dummy
      * weights: element i is bf16(base + scale * u_i), where u_i is what

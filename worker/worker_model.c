@@ -702,7 +702,6 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
      * of [q | k | v] in the up buffer (free until the MLP) */
     int qkv_w = q_w + 2 * kv_w;
     bool qkv_room = (size_t)m->opt.max_rows * (size_t)c->intermediate >= (size_t)rows * qkv_w;
-    bool decode_only = m->segs == 1 && !m->seg_prompt[0];
     for (int l = 0; l < c->layers; l++) {
         const model_layer *L = &m->layers[l];
         void *q = m->q, *k = m->k, *v = m->v;
@@ -727,11 +726,6 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
         be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm, L->k_norm,
                                   c->rms_eps, m->inv_freq, m->arena, &m->kv, &batch, l);
         q = m->q;
-        /* decode attention is latency-bound and leaves the memory idle:
-         * the o projection's weights may come closer meanwhile */
-        if (be->prefetch && decode_only)
-            be->prefetch(be, L->o.data, (size_t)c->hidden * (size_t)q_w *
-                                            shoal_dtype_bytes(L->o.dtype));
         /* the segments' row tables shift with their rows; the page table,
          * indexed by stream, does not */
         for (int s = 0; s < m->segs; s++) {

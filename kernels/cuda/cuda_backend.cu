@@ -307,7 +307,7 @@ static void pick_kernels(cuda_state *st)
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;
-    st->prefetch_bytes_max = (size_t)env_int("SHOAL_CUDA_PREFETCH_MB", legacy ? 0 : 24) << 20;
+    st->pdl_chain = env_int("SHOAL_CUDA_PDL_CHAIN", legacy ? 0 : 1) != 0;
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
@@ -430,7 +430,6 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->gather = cuda_gather;
     be->sample = cuda_sample;
     be->fill_random = cuda_fill_random;
-    be->prefetch = cuda_prefetch;
     be->graph_slots = CUDA_GRAPH_SLOTS;
     be->graph_begin = cuda_graph_begin;
     be->graph_end = cuda_graph_end;

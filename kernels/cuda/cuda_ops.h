@@ -99,8 +99,10 @@ typedef struct cuda_state {
      * 128 rows in 4 warps of 32; 3 = 128 rows in 8 warps of 16),
      * and decode segments raised to fill the partials' last wave
      * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap),
-     * and the most bytes a prefetch hint pulls into L2 (SHOAL_CUDA_PREFETCH_MB,
-     * MiB, default 24; 0 = hints ignored; prefetch.cu). */
+     * and rmsnorm, decode attention's partials and merge and the gather
+     * launched with programmatic serialization like the GEMV
+     * (SHOAL_CUDA_PDL_CHAIN, default 1; 0 = plain launches): each may be
+     * scheduled while the kernel before it drains. */
     int sm_count;
     bool attn_tc;
     int attn_fill;
@@ -113,7 +115,7 @@ typedef struct cuda_state {
     bool sample_split;
     bool gemv_swiglu;
     bool rope_kv_fused;
-    size_t prefetch_bytes_max;
+    bool pdl_chain;
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
@@ -225,24 +227,34 @@ static __device__ __forceinline__ void pdl_trigger()
 #endif
 }
 
-/* Launches kernel<<<blocks, threads, 0, stream>>>(args...) with the
- * programmatic-serialization attribute: it must pdl_wait() before it
- * touches what the kernel before it writes. Errors surface at the
- * backend's next check, as for <<<>>> launches. */
+/* Launches kernel<<<grid, block, smem, stream>>>(args...), with the
+ * programmatic-serialization attribute where pdl: the kernel must then
+ * pdl_wait() before it touches what the kernel before it writes, and
+ * before it returns (so that the kernel after it, waiting on it alone,
+ * also runs after the one before). Errors surface at the backend's next
+ * check, as for <<<>>> launches. */
 template <typename... Params, typename... Args>
-static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
-                            void (*kernel)(Params...), Args... args)
+static void cuda_launch(cudaStream_t stream, bool pdl, dim3 grid, dim3 block, size_t smem,
+                        void (*kernel)(Params...), Args... args)
 {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(threads);
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = pdl ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <typename... Params, typename... Args>
+static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
+                            void (*kernel)(Params...), Args... args)
+{
+    cuda_launch(stream, true, dim3(blocks), dim3(threads), 0, kernel, args...);
 }
 
 /* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
@@ -361,7 +373,6 @@ void cuda_sample(kernels_backend *be, kernels_sample_result *results, const floa
                  const int32_t *penalty_counts);
 void cuda_fill_random(kernels_backend *be, void *dst, size_t n, uint64_t state, float base,
                       float scale);
-void cuda_prefetch(kernels_backend *be, const void *ptr, size_t bytes);
 void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int heads,
                            const void *arena, const kernels_kv_layout *layout,
                            const kernels_batch *batch, int layer, float scale);

@@ -736,32 +736,6 @@ static void gather_matches_cpu_exactly(void)
     }
 }
 
-/* A prefetch is a hint: at any address and length within a buffer
- * (unaligned, not a multiple of 16, none, past the backend's limit) it
- * faults nothing and changes no byte. */
-static void prefetch_changes_nothing_at_any_address_or_length(void)
-{
-    CHECK(gpu->prefetch != NULL);
-    size_t n = (size_t)40 << 20; /* past the default limit of 24 MiB */
-    unsigned char *host = xmalloc(n), *back = xmalloc(n);
-    for (size_t i = 0; i < n; i++)
-        host[i] = (unsigned char)(i * 2654435761u >> 13);
-    unsigned char *d = dev_copy(gpu, host, n);
-    static const size_t at[] = {0, 1, 15, 16, 4099};
-    static const size_t len[] = {0, 1, 15, 16, 17, 100000};
-    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
-        for (size_t j = 0; j < sizeof len / sizeof len[0]; j++)
-            gpu->prefetch(gpu, d + at[i], len[j]);
-    gpu->prefetch(gpu, d, n);
-    gpu->prefetch(gpu, d + 8, n - 8);
-    CHECK(gpu->sync(gpu) == SHOAL_OK);
-    CHECK(gpu->download(gpu, back, d, n) == SHOAL_OK);
-    CHECK_MSG(memcmp(host, back, n) == 0, "a prefetch changed the buffer");
-    gpu->free(gpu, d);
-    free(host);
-    free(back);
-}
-
 static void fill_random_makes_the_host_generators_bits(void)
 {
     static const size_t ns[] = {1, 1000, (1u << 20) + 3};
@@ -1003,7 +977,6 @@ int main(int argc, char **argv)
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
-            TEST_RUN(prefetch_changes_nothing_at_any_address_or_length);
             TEST_RUN(sample_picks_the_cpu_token_for_every_parameter_mix);
             TEST_RUN(sample_one_row_at_full_vocab_takes_the_lowest_id_of_a_tie);
         }
