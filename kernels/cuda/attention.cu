@@ -99,8 +99,6 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 
     const int ctx = positions[r] + 1;
     const int splits = attn_splits_of(ctx, a.splits, a.fill);
-    pdl_trigger(); /* the merge may be scheduled */
-    pdl_wait();    /* q, the newest KV, the scratch (a slice's merge before) */
     if (split >= splits)
         return; /* the merge reads this row's first `splits` records alone */
     const int32_t *pages = page_table + (size_t)row_stream[r] * (size_t)a.page_table_stride;
@@ -199,7 +197,6 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
                const int32_t *positions)
 {
     pdl_trigger(); /* a GEMV after may start fetching its weights */
-    pdl_wait();    /* the partials */
     const int r = blockIdx.x, h = blockIdx.y;
     const size_t rec_floats = (size_t)head_dim + 2;
     const float *rec = scratch + ((size_t)r * heads + h) * splits_max * rec_floats;
@@ -367,8 +364,6 @@ static __global__ void __launch_bounds__(TC_THREADS)
     const int split = blockIdx.z;
     const int ctx = positions[r] + 1;
     const int splits = attn_splits_of(ctx, a.splits, a.fill);
-    pdl_trigger(); /* the merge may be scheduled */
-    pdl_wait();    /* q, the newest KV, the scratch (a slice's merge before) */
     if (split >= splits)
         return; /* the merge reads this row's first `splits` records alone */
     const int seg = attn_seg_tokens(ctx, a.splits, a.fill);
@@ -549,27 +544,31 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
 {
     slice_ctx *c = (slice_ctx *)p;
     cudaStream_t stream = cuda_of(c->be)->stream;
-    const bool pdl = cuda_of(c->be)->pdl_chain;
     dim3 grid((unsigned)s->rows, (unsigned)(c->args.L.kv_heads * c->chunks),
               (unsigned)c->args.splits);
     if (c->tc) {
         if constexpr (sizeof(T) == 2)
             partial_tc_dispatch(c->args.L.head_dim, c->args.L.dtype, cuda_of(c->be)->attn_stages,
                                 [&](auto kernel, size_t bytes) {
-                cuda_launch(stream, pdl, grid, dim3(TC_THREADS), bytes, kernel, c->args,
-                            (const bf16 *)s->q, s->row_stream, s->positions, s->page_table);
+                kernel<<<grid, TC_THREADS, bytes, stream>>>(c->args, (const bf16 *)s->q,
+                                                            s->row_stream, s->positions,
+                                                            s->page_table);
             });
     } else {
-        cuda_launch(stream, pdl, grid, dim3(ATTN_THREADS), c->smem, attn_partial<T, KV>, c->args,
-                    (const T *)s->q, s->row_stream, s->positions, s->page_table);
+        attn_partial<T, KV><<<grid, ATTN_THREADS, c->smem, stream>>>(
+            c->args, (const T *)s->q, s->row_stream, s->positions, s->page_table);
     }
     if (!cuda_launched(c->be, "attention partial"))
         return;
     dim3 mgrid((unsigned)s->rows, (unsigned)c->args.heads);
-    cuda_launch(stream, pdl, mgrid, dim3(MERGE_THREADS), 0,
-                c->wide_merge ? attn_merge<T, true> : attn_merge<T, false>, c->args.scratch,
-                (T *)s->out, c->args.heads, c->args.L.head_dim, c->args.splits, c->args.fill,
-                s->positions);
+    if (c->wide_merge)
+        attn_merge<T, true><<<mgrid, MERGE_THREADS, 0, stream>>>(
+            c->args.scratch, (T *)s->out, c->args.heads, c->args.L.head_dim, c->args.splits,
+            c->args.fill, s->positions);
+    else
+        attn_merge<T, false><<<mgrid, MERGE_THREADS, 0, stream>>>(
+            c->args.scratch, (T *)s->out, c->args.heads, c->args.L.head_dim, c->args.splits,
+            c->args.fill, s->positions);
     cuda_launched(c->be, "attention merge");
 }
 

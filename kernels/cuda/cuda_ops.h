@@ -98,11 +98,7 @@ typedef struct cuda_state {
      * (SHOAL_CUDA_PROMPT_TILE, default 1 = 64 rows in 4 warps of 16; 2 =
      * 128 rows in 4 warps of 32; 3 = 128 rows in 8 warps of 16),
      * and decode segments raised to fill the partials' last wave
-     * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap),
-     * and rmsnorm, decode attention's partials and merge and the gather
-     * launched with programmatic serialization like the GEMV
-     * (SHOAL_CUDA_PDL_CHAIN, default 1; 0 = plain launches): each may be
-     * scheduled while the kernel before it drains. */
+     * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap). */
     int sm_count;
     bool attn_tc;
     int attn_fill;
@@ -115,7 +111,6 @@ typedef struct cuda_state {
     bool sample_split;
     bool gemv_swiglu;
     bool rope_kv_fused;
-    bool pdl_chain;
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
@@ -227,34 +222,24 @@ static __device__ __forceinline__ void pdl_trigger()
 #endif
 }
 
-/* Launches kernel<<<grid, block, smem, stream>>>(args...), with the
- * programmatic-serialization attribute where pdl: the kernel must then
- * pdl_wait() before it touches what the kernel before it writes, and
- * before it returns (so that the kernel after it, waiting on it alone,
- * also runs after the one before). Errors surface at the backend's next
- * check, as for <<<>>> launches. */
+/* Launches kernel<<<blocks, threads, 0, stream>>>(args...) with the
+ * programmatic-serialization attribute: it must pdl_wait() before it
+ * touches what the kernel before it writes. Errors surface at the
+ * backend's next check, as for <<<>>> launches. */
 template <typename... Params, typename... Args>
-static void cuda_launch(cudaStream_t stream, bool pdl, dim3 grid, dim3 block, size_t smem,
-                        void (*kernel)(Params...), Args... args)
+static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
+                            void (*kernel)(Params...), Args... args)
 {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = 1;
     cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
-template <typename... Params, typename... Args>
-static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
-                            void (*kernel)(Params...), Args... args)
-{
-    cuda_launch(stream, true, dim3(blocks), dim3(threads), 0, kernel, args...);
 }
 
 /* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */

@@ -5,7 +5,6 @@ template <typename T>
 static __global__ void gather_kernel(T *out, const T *in, const int32_t *idx, int dim)
 {
     pdl_trigger(); /* a GEMV after may start fetching its weights */
-    pdl_wait();    /* in comes from the kernel before */
     size_t r = blockIdx.x;
     const T *src = in + (size_t)idx[r] * (size_t)dim;
     T *o = out + r * (size_t)dim;
@@ -23,9 +22,7 @@ void cuda_gather(kernels_backend *be, void *out, const void *in, const int32_t *
         return;
     cuda_dispatch_act(be->act_dtype, [&](auto act) {
         using T = decltype(act);
-        const cuda_state *st = cuda_of(be);
-        cuda_launch(st->stream, st->pdl_chain, dim3(rows), dim3(256), 0, gather_kernel<T>,
-                    (T *)out, (const T *)in, idx, dim);
+        gather_kernel<T><<<rows, 256, 0, cuda_of(be)->stream>>>((T *)out, (const T *)in, idx, dim);
     });
     cuda_launched(be, "gather");
 }

@@ -11,7 +11,6 @@ static __global__ void rmsnorm_kernel(T *out, T *x, const T *residual, const flo
 {
     __shared__ float red[32];
     pdl_trigger(); /* a GEMV after may start fetching its weights */
-    pdl_wait();    /* x and the residual come from the kernels before */
     size_t off = (size_t)blockIdx.x * (size_t)dim;
     T *xr = x + off;
     float ss = 0.0f;
@@ -38,7 +37,6 @@ static __global__ void rmsnorm_bf16x8(bf16 *out, bf16 *x, const bf16 *residual,
 {
     __shared__ float red[32];
     pdl_trigger(); /* a GEMV after may start fetching its weights */
-    pdl_wait();    /* x and the residual come from the kernels before */
     size_t off = (size_t)blockIdx.x * (size_t)dim;
     uint4 *xr = (uint4 *)(x + off);
     const uint4 *rr = residual ? (const uint4 *)(residual + off) : NULL;
@@ -89,19 +87,18 @@ void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
     CUDA_ASSERT_ALIGNED(weight, 4);
     if (rows == 0 || !cuda_usable(be))
         return;
-    const cuda_state *st = cuda_of(be);
     if (be->act_dtype == SHOAL_DTYPE_BF16 && dim % 8 == 0 && (uintptr_t)out % 16 == 0 &&
         (uintptr_t)x % 16 == 0 && (uintptr_t)residual % 16 == 0 && (uintptr_t)weight % 16 == 0) {
         int threads = dim / 8 >= 512 ? 512 : dim / 8 >= 256 ? 256 : 128;
-        cuda_launch(st->stream, st->pdl_chain, dim3(rows), dim3(threads), 0, rmsnorm_bf16x8,
-                    (bf16 *)out, (bf16 *)x, (const bf16 *)residual, weight, dim, eps);
+        rmsnorm_bf16x8<<<rows, threads, 0, cuda_of(be)->stream>>>(
+            (bf16 *)out, (bf16 *)x, (const bf16 *)residual, weight, dim, eps);
         cuda_launched(be, "rmsnorm");
         return;
     }
     cuda_dispatch_act(be->act_dtype, [&](auto act) {
         using T = decltype(act);
-        cuda_launch(st->stream, st->pdl_chain, dim3(rows), dim3(256), 0, rmsnorm_kernel<T>,
-                    (T *)out, (T *)x, (const T *)residual, weight, dim, eps);
+        rmsnorm_kernel<T><<<rows, 256, 0, cuda_of(be)->stream>>>(
+            (T *)out, (T *)x, (const T *)residual, weight, dim, eps);
     });
     cuda_launched(be, "rmsnorm");
 }
