@@ -341,6 +341,20 @@ static void add_cors(http_req *r, struct MHD_Response *resp)
         MHD_add_response_header(resp, "Vary", "Origin");
 }
 
+/* Queues a whole answer (not a stream) with the headers every one
+ * carries, and frees resp. */
+static enum MHD_Result queue_whole(http_req *r, int status, struct MHD_Response *resp)
+{
+    add_cors(r, resp);
+    if (atomic_load(&r->h->draining))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    r->status = status;
+    r->state = RS_DONE;
+    return ok;
+}
+
 static enum MHD_Result send_body(http_req *r, int status, const char *type, const char *data,
                                  size_t bytes)
 {
@@ -353,14 +367,7 @@ static enum MHD_Result send_body(http_req *r, int status, const char *type, cons
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
     if (r->meta.id[0])
         MHD_add_response_header(resp, "X-Request-Id", r->meta.id);
-    add_cors(r, resp);
-    if (atomic_load(&r->h->draining))
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)status, resp);
-    MHD_destroy_response(resp);
-    r->status = status;
-    r->state = RS_DONE;
-    return ok;
+    return queue_whole(r, status, resp);
 }
 
 static enum MHD_Result send_json(http_req *r, int status, const coordinator_buf *b)
@@ -1210,18 +1217,11 @@ static enum MHD_Result send_preflight(http_req *r)
     snprintf(methods, sizeof methods, "%s, OPTIONS", r->allow);
     const char *asked = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
                                                     "Access-Control-Request-Headers");
-    add_cors(r, resp);
     MHD_add_response_header(resp, "Access-Control-Allow-Methods", methods);
     MHD_add_response_header(resp, "Access-Control-Allow-Headers",
                             asked && asked[0] ? asked : "Authorization, Content-Type");
     MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
-    if (atomic_load(&r->h->draining))
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result ok = MHD_queue_response(r->conn, 204, resp);
-    MHD_destroy_response(resp);
-    r->status = 204;
-    r->state = RS_DONE;
-    return ok;
+    return queue_whole(r, 204, resp);
 }
 
 static enum MHD_Result dispatch(http_req *r)

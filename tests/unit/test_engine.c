@@ -432,13 +432,20 @@ static void run_again(worker_model *m, const setup *st, req *dst)
     worker_engine_close(e);
 }
 
-static void same_batch_gives_same_outputs_run_after_run(void)
+/* `again`: 16 prompts of len0 + step * i tokens, odd ones seeded from
+ * seed0 + i, even ones greedy. */
+static void fill_again(int len0, int step, int max_tokens, uint64_t seed0)
 {
     for (int i = 0; i < 16; i++) {
-        random_prompt(&again[i], 20 + 13 * i, NULL, 0);
-        again[i].max_tokens = 12;
-        again[i].sp = i % 2 ? seeded(300 + (uint64_t)i) : greedy();
+        random_prompt(&again[i], len0 + step * i, NULL, 0);
+        again[i].max_tokens = max_tokens;
+        again[i].sp = i % 2 ? seeded(seed0 + (uint64_t)i) : greedy();
     }
+}
+
+static void same_batch_gives_same_outputs_run_after_run(void)
+{
+    fill_again(20, 13, 12, 300);
     setup st = {16, 128, 200, 512};
     worker_model *m = open_model(&st);
     for (int round = 0; round < 2; round++)
@@ -452,11 +459,7 @@ static void same_batch_gives_same_outputs_run_after_run(void)
  * decode rounds are the graphs the batch replays. */
 static void a_warmed_up_model_gives_the_same_outputs(void)
 {
-    for (int i = 0; i < 16; i++) {
-        random_prompt(&again[i], 30 + 17 * i, NULL, 0);
-        again[i].max_tokens = 10;
-        again[i].sp = i % 2 ? seeded(500 + (uint64_t)i) : greedy();
-    }
+    fill_again(30, 17, 10, 500);
     setup st = {16, 128, 200, 512};
     for (int round = 0; round < 2; round++) {
         worker_model *m = open_model(&st);
