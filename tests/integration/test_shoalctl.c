@@ -463,7 +463,7 @@ static void pages_agree_with_the_engine_while_running_after_a_kill_and_after_sto
      * SHARED / 16 blocks, which later streams reused */
     const char *chain_args[] = {"pages", "--json", "--cluster", name, NULL};
     cJSON *chains = ctl_json(chain_args);
-    int resident = 0;
+    int resident = 0, whole_shared = 0;
     for (int w = 0; w < 2 && chains; w++) {
         const cJSON *jw = worker_json(chains, w);
         const cJSON *largest =
@@ -475,10 +475,18 @@ static void pages_agree_with_the_engine_while_running_after_a_kill_and_after_sto
                       (int)num(largest, "tokens") == (PROMPT + OUT_MAX - 1) / 16 * 16,
                   "worker %d: largest cached prefix %g pages", w,
                   largest ? num(largest, "pages") : -1);
-        CHECK_MSG(reused && (int)num(reused, "pages") == SHARED / 16 && num(reused, "uses") >= 1,
-                  "worker %d: most reused prefix %g pages, %g uses", w,
-                  reused ? num(reused, "pages") : -1, reused ? num(reused, "uses") : -1);
+        /* Within the shared part on each worker. Usually all of it, but
+         * a worker that imports the peer's first block while the peer has
+         * published no more (the peer mid-prefill) publishes that block at
+         * once: the streams admitted with it hit that one block and
+         * compute the next ones themselves, so it is the most reused. */
+        int rp = reused ? (int)num(reused, "pages") : -1;
+        CHECK_MSG(reused && rp >= 1 && rp <= SHARED / 16 && num(reused, "uses") >= 1,
+                  "worker %d: most reused prefix %d pages, %g uses", w, rp,
+                  reused ? num(reused, "uses") : -1);
+        whole_shared += rp == SHARED / 16;
     }
+    CHECK_MSG(whole_shared >= 1, "no worker's most reused prefix is the whole shared prompt");
     CHECK_MSG(resident == STREAMS, "%d chains resident after %d streams", resident, STREAMS);
     cJSON_Delete(chains);
 
