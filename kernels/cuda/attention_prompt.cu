@@ -18,6 +18,7 @@
  * bf16 activations and head dims 32, 64 and 128 take this kernel; other
  * shapes, and f32 activations (the exact mode), go to the partial path. */
 #include "attention_mma.cuh"
+#include "wgmma.cuh"
 
 #include <limits.h>
 
@@ -143,35 +144,46 @@ static __device__ __forceinline__ void prompt_accumulate(float (&o)[MT][HD / 8][
  * row for both (a thread copies the same 16-byte column of PR_BN /
  * (THREADS / CH) rows, so the swizzle is one constant); fp8 pages take the
  * shared kv_tile loader. The caller commits and waits. */
-template <int HD, int THREADS, typename KV> struct prompt_kv;
+template <int HD> struct rows_swz { /* mma.sync's tiles: attention_mma.cuh */
+    static __device__ __forceinline__ uint32_t at(int row, int c) { return mma::swz<HD>(row, c); }
+};
+template <int ROWS> struct rows_sw128 { /* wgmma's tiles: wgmma.cuh */
+    static __device__ __forceinline__ uint32_t at(int row, int c)
+    {
+        return wg::sw128_at<ROWS>(row, c);
+    }
+};
 
-template <int HD, int THREADS> struct prompt_kv<HD, THREADS, bf16> {
+template <int HD, int THREADS, typename KV, int BN = PR_BN, typename L = rows_swz<HD>>
+struct prompt_kv;
+
+template <int HD, int THREADS, int BN, typename L> struct prompt_kv<HD, THREADS, bf16, BN, L> {
     static __device__ __forceinline__ void load(uint32_t kdst, uint32_t vdst,
                                                 const unsigned char *arena, size_t page_bytes,
                                                 const int32_t *pages, int pt_shift, size_t k_off,
                                                 size_t v_off, int t0, int t_end)
     {
         constexpr int CH = HD / 8, RPP = THREADS / CH; /* rows a pass */
-        static_assert(THREADS % CH == 0 && PR_BN % RPP == 0, "prompt_kv: tile shape");
+        static_assert(THREADS % CH == 0 && BN % RPP == 0, "prompt_kv: tile shape");
         const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
         const int pt_mask = (1 << pt_shift) - 1;
         const size_t gap = (v_off - k_off) * sizeof(bf16);
 #pragma unroll
-        for (int k = 0; k < PR_BN / RPP; k++) {
+        for (int k = 0; k < BN / RPP; k++) {
             const int row = r0 + k * RPP, tok = t0 + row;
             const bool valid = tok < t_end;
             const unsigned char *src = arena;
             if (valid)
                 src = arena + (size_t)pages[tok >> pt_shift] * page_bytes +
                       (k_off + (size_t)(tok & pt_mask) * HD) * sizeof(bf16) + (size_t)c * 16;
-            const uint32_t at = mma::swz<HD>(row, c);
+            const uint32_t at = L::at(row, c);
             mma::cp_async16(kdst + at, src, valid);
             mma::cp_async16(vdst + at, valid ? src + gap : src, valid);
         }
     }
 };
 
-template <int HD, int THREADS> struct prompt_kv<HD, THREADS, __nv_fp8_storage_t> {
+template <int HD, int THREADS> struct prompt_kv<HD, THREADS, __nv_fp8_storage_t, PR_BN> {
     static __device__ __forceinline__ void load(uint32_t kdst, uint32_t vdst,
                                                 const unsigned char *arena, size_t page_bytes,
                                                 const int32_t *pages, int pt_shift, size_t k_off,
@@ -191,6 +203,136 @@ static __device__ __forceinline__ int warp_max(int v)
     return v;
 }
 
+/* Stages the block's rows r0 .. r0 + BM - 1: their streams and positions
+ * (-1 past the last row) into row_s and row_p, and their query rows of
+ * head h by cp.async, chunk c of row `row` at qs + L::at(row, c) (zeros
+ * past the last row). The caller commits and waits. */
+template <int HD, int BM, int THREADS, typename L>
+static __device__ __forceinline__ void prompt_stage_q(uint32_t qs, int *row_s, int *row_p,
+                                                      const bf16 *q, const int32_t *row_stream,
+                                                      const int32_t *positions, int rows, int heads,
+                                                      int h, int r0)
+{
+    constexpr int CH = HD / 8;
+    const size_t q_stride = (size_t)heads * HD;
+    for (int i = threadIdx.x; i < BM; i += THREADS) {
+        int r = r0 + i;
+        row_s[i] = r < rows ? row_stream[r] : -1;
+        row_p[i] = r < rows ? positions[r] : -1;
+    }
+    for (int i = threadIdx.x; i < BM * CH; i += THREADS) {
+        int row = i / CH, c = i % CH, r = r0 + row;
+        bool valid = r < rows;
+        mma::cp_async16(qs + L::at(row, c),
+                        valid ? (const void *)(q + (size_t)r * q_stride + (size_t)h * HD + c * 8)
+                              : (const void *)q,
+                        valid);
+    }
+}
+
+/* The next stream among the tile's rows not yet done (-1: none left): its
+ * rows are marked done and *maxp is the last position among them. A tile
+ * holds one stream in the usual case (the model sends runs of one). */
+template <int BM>
+static __device__ __forceinline__ int prompt_next_stream(const int *row_s, const int *row_p,
+                                                         unsigned long long (&done)[(BM + 63) / 64],
+                                                         int *maxp)
+{
+    int s = -1;
+    for (int i = 0; i < BM; i++)
+        if (!((done[i >> 6] >> (i & 63)) & 1) && row_s[i] >= 0) {
+            s = row_s[i];
+            break;
+        }
+    *maxp = -1;
+    if (s < 0)
+        return -1;
+    for (int i = 0; i < BM; i++)
+        if (row_s[i] == s) {
+            done[i >> 6] |= 1ull << (i & 63);
+            *maxp = max(*maxp, row_p[i]);
+        }
+    return s;
+}
+
+/* A warp's rows of stream s against the keys: the last key each of the
+ * lane's rows sees (m-tile mt, C fragment half hr; -1 for rows of other
+ * streams), and over the warp the last and the first of those and whether
+ * it holds rows of another stream. The warp skips keys past w_max, and
+ * needs no mask for keys at or before w_min unless `other`. */
+struct prompt_warp_rows {
+    int w_max, w_min;
+    bool other;
+};
+
+template <int MT>
+static __device__ __forceinline__ prompt_warp_rows prompt_rows_of(const int *row_s,
+                                                                  const int *row_p, int s,
+                                                                  int wrow0, int (&last)[MT][2])
+{
+    const int lane = threadIdx.x & 31;
+    int lane_max = -1, lane_negmin = -INT_MAX, lane_other = 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            int lr = wrow0 + mt * 16 + (lane >> 2) + 8 * hr;
+            int rs = row_s[lr], rp = row_p[lr];
+            last[mt][hr] = rs == s ? rp : -1;
+            if (rs == s) {
+                lane_max = max(lane_max, rp);
+                lane_negmin = max(lane_negmin, -rp);
+            } else if (rs >= 0) {
+                lane_other = 1;
+            }
+        }
+    return {warp_max(lane_max), -warp_max(lane_negmin), warp_max(lane_other) != 0};
+}
+
+/* Scores of keys past a row's last set to -inf (one m-tile of C fragments
+ * over NT * 8 keys from key0). */
+template <int NT>
+static __device__ __forceinline__ void prompt_mask(float (&sc)[NT][4], const int (&last)[2],
+                                                   int key0)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+            if (key > last[e >> 1])
+                sc[nt][e] = -INFINITY;
+        }
+}
+
+/* Writes one m-tile of a warp's output rows (row0 = its first row in the
+ * batch): o over the lane's partial sums l, summed over the quad, times
+ * the fp8 V scale (1 for bf16). */
+template <int HD>
+static __device__ __forceinline__ void prompt_store(const float (&o)[HD / 8][4], const float (&l)[2],
+                                                    int row0, int rows, float v_scale, bf16 *out,
+                                                    size_t q_stride, int h)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float lsum = l[hr];
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+        int r = row0 + (lane >> 2) + 8 * hr;
+        if (r >= rows)
+            continue;
+        /* every row sees at least its own key, so l > 0 */
+        float inv = v_scale / lsum;
+        bf16 *dst = out + (size_t)r * q_stride + (size_t)h * HD + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(uint32_t *)(dst + dt * 8) =
+                mma::pack_bf16(o[dt][2 * hr] * inv, o[dt][2 * hr + 1] * inv);
+    }
+}
+
 template <int HD, typename S, typename KV>
 static __global__ void __launch_bounds__(S::THREADS, S::MINB)
     attn_prompt_kernel(prompt_args a, const bf16 *q, bf16 *out, const int32_t *row_stream,
@@ -199,7 +341,7 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
     constexpr int BM = S::BM, THREADS = S::THREADS, MT = S::M_TILES;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int row_s[BM], row_p[BM];
-    constexpr int CH = HD / 8, DT = HD / 8, NT = PR_BN / 8;
+    constexpr int DT = HD / 8, NT = PR_BN / 8;
     const uint32_t qs = mma::smem_addr(smem);
     const uint32_t ks0 = qs + BM * HD * 2;
     const uint32_t vs0 = ks0 + 2 * PR_BN * HD * 2;
@@ -208,23 +350,11 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
     const int tile = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y, kvh = h / a.group;
     const int r0 = tile * BM;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int warp = threadIdx.x >> 5;
     const int wrow0 = warp * 16 * MT; /* the warp's first row in the tile */
-    const size_t q_stride = (size_t)a.heads * HD;
 
-    for (int i = tid; i < BM; i += THREADS) {
-        int r = r0 + i;
-        row_s[i] = r < a.rows ? row_stream[r] : -1;
-        row_p[i] = r < a.rows ? positions[r] : -1;
-    }
-    for (int i = tid; i < BM * CH; i += THREADS) {
-        int row = i / CH, c = i % CH, r = r0 + row;
-        bool valid = r < a.rows;
-        mma::cp_async16(qs + mma::swz<HD>(row, c),
-                        valid ? (const void *)(q + (size_t)r * q_stride + (size_t)h * HD + c * 8)
-                              : (const void *)q,
-                        valid);
-    }
+    prompt_stage_q<HD, BM, THREADS, rows_swz<HD>>(qs, row_s, row_p, q, row_stream, positions,
+                                                  a.rows, a.heads, h, r0);
     mma::cp_async_commit();
     mma::cp_async_wait<0>();
     __syncthreads();
@@ -253,44 +383,10 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
         m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
     unsigned long long done[(BM + 63) / 64] = {};
-    for (;;) {
-        /* the next stream of this tile (one pass in the usual case) */
-        int s = -1;
-        for (int i = 0; i < BM; i++)
-            if (!((done[i >> 6] >> (i & 63)) & 1) && row_s[i] >= 0) {
-                s = row_s[i];
-                break;
-            }
-        if (s < 0)
-            break;
-        int maxp = -1;
-        for (int i = 0; i < BM; i++)
-            if (row_s[i] == s) {
-                done[i >> 6] |= 1ull << (i & 63);
-                maxp = max(maxp, row_p[i]);
-            }
-        /* the lane's rows of s (m-tile mt, C fragment half hr): the last key
-         * each sees, -1 for rows of other streams. The warp skips keys past
-         * all its rows, and needs no mask for keys at or before all of them,
-         * unless it also holds rows of another stream. */
+    int maxp, s;
+    while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
         int last[MT][2];
-        int lane_max = -1, lane_negmin = -INT_MAX, lane_other = 0;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                int lr = wrow0 + mt * 16 + (lane >> 2) + 8 * hr;
-                int rs = row_s[lr], rp = row_p[lr];
-                last[mt][hr] = rs == s ? rp : -1;
-                if (rs == s) {
-                    lane_max = max(lane_max, rp);
-                    lane_negmin = max(lane_negmin, -rp);
-                } else if (rs >= 0) {
-                    lane_other = 1;
-                }
-            }
-        const int w_max = warp_max(lane_max), w_min = -warp_max(lane_negmin);
-        const bool w_other = warp_max(lane_other) != 0;
+        const prompt_warp_rows w = prompt_rows_of<MT>(row_s, row_p, s, wrow0, last);
         const int32_t *pages = page_table + (size_t)s * (size_t)a.page_table_stride;
         const int kv_end = maxp + 1;
         const int ntiles = (kv_end + PR_BN - 1) / PR_BN;
@@ -313,20 +409,13 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
             __syncthreads();
 
             const int key0 = j * PR_BN;
-            if (key0 <= w_max) { /* else every key is past the warp's rows: p = 0 */
+            if (key0 <= w.w_max) { /* else every key is past the warp's rows: p = 0 */
                 float sc[MT][NT][4];
                 prompt_scores<HD, MT, S::QREG>(sc, qf, qs, wrow0, kb);
-                if (w_other || key0 + PR_BN - 1 > w_min)
+                if (w.other || key0 + PR_BN - 1 > w.w_min)
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                                if (key > last[mt][e >> 1])
-                                    sc[mt][nt][e] = -INFINITY;
-                            }
+                        prompt_mask<NT>(sc[mt], last[mt], key0);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
                     mma::softmax_step<HD, NT>(sc[mt], sl2, o[mt], m[mt], l[mt]);
@@ -338,27 +427,154 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
 
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
+        prompt_store<HD>(o[mt], l[mt], r0 + wrow0 + mt * 16, a.rows, v_scale, out,
+                         (size_t)a.heads * HD, h);
+}
+
+/* The sm_90a kernel (SHOAL_CUDA_PROMPT_TILE=4, the default where it runs:
+ * head dim 128, bf16 pages): the same flash attention on Hopper's
+ * warpgroup MMA (wgmma.cuh). A block of 128 rows is two warpgroups of 64;
+ * key tiles of 128 tokens, double-buffered by cp.async through the page
+ * table as above, in the 128-byte swizzle the tensor cores read from shared
+ * memory. Per tile and warpgroup: S = Q K^T as 8 wgmma of k16 (Q and K
+ * from shared memory), the mask and online softmax in registers (the
+ * accumulator is laid out as mma.sync's C fragments), then O += P V as 8
+ * wgmma with P from registers and V read N-major. A warpgroup skips tiles
+ * past all its rows; the two warpgroups' softmax and MMAs overlap on their
+ * own (the scheduler runs one while the other waits). */
+enum { WG_BM = 128, WG_BN = 128, WG_THREADS = 256, WG_HD = 128 };
+
+static constexpr size_t wgmma_smem_bytes()
+{
+    return 1024 /* alignment to the swizzle's repeat */ + (size_t)WG_BM * WG_HD * 2 +
+           4 * (size_t)WG_BN * WG_HD * 2;
+}
+
+static __global__ void __launch_bounds__(WG_THREADS, 1)
+    attn_prompt_wgmma(prompt_args a, const bf16 *q, bf16 *out, const int32_t *row_stream,
+                      const int32_t *positions, const int32_t *page_table)
+{
+#ifdef SHOAL_WGMMA
+    constexpr int HD = WG_HD, BM = WG_BM, BN = WG_BN, THREADS = WG_THREADS, NT = BN / 8;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ int row_s[BM], row_p[BM];
+    const uint32_t qs = (mma::smem_addr(smem) + 1023u) & ~1023u;
+    const uint32_t ks0 = qs + BM * HD * 2;
+    const uint32_t vs0 = ks0 + 2 * BN * HD * 2;
+    const uint32_t tile_bytes = BN * HD * 2;
+
+    const int tile = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y, kvh = h / a.group;
+    const int r0 = tile * BM;
+    const int warp = threadIdx.x >> 5, grp = warp >> 2;
+    const int wrow0 = warp * 16;
+
+    prompt_stage_q<HD, BM, THREADS, rows_sw128<BM>>(qs, row_s, row_p, q, row_stream, positions,
+                                                    a.rows, a.heads, h, r0);
+    mma::cp_async_commit();
+    mma::cp_async_wait<0>();
+    wg::fence_smem();
+    __syncthreads();
+
+    const size_t k_off = a.k_off + (size_t)kvh * a.head_stride;
+    const size_t v_off = a.v_off + (size_t)kvh * a.head_stride;
+    /* the group's 64 rows of Q: K-major, one descriptor a k16 step */
+    const uint32_t qg = qs + grp * 64 * 128;
+
+    float o[HD / 8][4], sc[NT][4];
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            float lsum = l[mt][hr];
-            lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-            lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-            int r = r0 + wrow0 + mt * 16 + (lane >> 2) + 8 * hr;
-            if (r >= a.rows)
-                continue;
-            /* every row sees at least its own key, so l > 0 */
-            float inv = v_scale / lsum;
-            bf16 *dst = out + (size_t)r * q_stride + (size_t)h * HD + (lane & 3) * 2;
+    for (int i = 0; i < HD / 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                *(uint32_t *)(dst + dt * 8) = mma::pack_bf16(o[mt][dt][2 * hr] * inv,
-                                                              o[mt][dt][2 * hr + 1] * inv);
+    for (int i = 0; i < NT; i++)
+        sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    unsigned long long done[(BM + 63) / 64] = {};
+    int maxp, s;
+    while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
+        int last[1][2];
+        const prompt_warp_rows w = prompt_rows_of<1>(row_s, row_p, s, wrow0, last);
+        int g_max = -1; /* the group's last row of s: wgmma is the group's */
+        for (int i = grp * 64; i < grp * 64 + 64; i++)
+            if (row_s[i] == s)
+                g_max = max(g_max, row_p[i]);
+        const int32_t *pages = page_table + (size_t)s * (size_t)a.page_table_stride;
+        const int kv_end = maxp + 1;
+        const int ntiles = (kv_end + BN - 1) / BN;
+        using KVL = prompt_kv<HD, THREADS, bf16, BN, rows_sw128<BN>>;
+
+        KVL::load(ks0, vs0, a.arena, a.page_bytes, pages, a.pt_shift, k_off, v_off, 0, kv_end);
+        mma::cp_async_commit();
+        for (int j = 0; j < ntiles; j++) {
+            const uint32_t kb = ks0 + (j & 1) * tile_bytes, vb = vs0 + (j & 1) * tile_bytes;
+            if (j + 1 < ntiles) {
+                const uint32_t nb = ((j + 1) & 1) * tile_bytes;
+                KVL::load(ks0 + nb, vs0 + nb, a.arena, a.page_bytes, pages, a.pt_shift, k_off,
+                          v_off, (j + 1) * BN, kv_end);
+                mma::cp_async_commit();
+                mma::cp_async_wait<1>();
+            } else {
+                mma::cp_async_wait<0>();
+            }
+            wg::fence_smem();
+            __syncthreads();
+
+            const int key0 = j * BN;
+            if (key0 <= g_max) { /* else every key is past the group's rows */
+                wg::fence();
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const uint32_t at = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+                    const uint32_t bt = (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+                    wg::mma_ss(sc, wg::desc(qg + at, 16, 1024), wg::desc(kb + bt, 16, 1024), kk);
+                }
+                wg::commit();
+                wg::wait<0>();
+                wg::keep(sc);
+                if (w.other || key0 + BN - 1 > w.w_min)
+                    prompt_mask<NT>(sc, last[0], key0);
+                mma::softmax_step<HD, NT>(sc, a.scale_log2, o, m, l);
+                uint32_t p[NT / 2][4];
+#pragma unroll
+                for (int kk = 0; kk < NT / 2; kk++) {
+                    p[kk][0] = mma::pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
+                    p[kk][1] = mma::pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
+                    p[kk][2] = mma::pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+                    p[kk][3] = mma::pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+                }
+                wg::keep(o);
+                wg::fence();
+#pragma unroll
+                for (int kk = 0; kk < NT / 2; kk++) /* 16 keys a step, 8 rows of 128 B each half */
+                    wg::mma_rs_nmajor(o, p[kk], wg::desc(vb + kk * 16 * 128, BN * 128, 1024));
+                wg::commit();
+                wg::wait<0>();
+                wg::keep(o);
+            }
+            __syncthreads(); /* the buffer is refilled two tiles on */
         }
+    }
+    prompt_store<HD>(o, l, r0 + wrow0, a.rows, 1.0f, out, (size_t)a.heads * HD, h);
+#endif
+}
+
+/* Whether this build runs attn_prompt_wgmma on the current device: its
+ * code exists only in sm_90a machine code (the PTX for newer cards
+ * leaves it empty). */
+static __global__ void wgmma_probe(int *ok)
+{
+#ifdef SHOAL_WGMMA
+    *ok = 1;
+#else
+    *ok = 0;
+#endif
 }
 
 /* The instances this file provides: f(kernel, shared-memory bytes, threads,
  * rows a block) for head dim hd, KV dtype kv and tile variant `tile`
- * (SHOAL_CUDA_PROMPT_TILE). */
+ * (SHOAL_CUDA_PROMPT_TILE); tile 4 is the wgmma kernel where `wgmma` says
+ * it runs and the shape is its own (head dim 128, bf16 pages), else 1. */
 template <int HD, typename S, typename F> static void prompt_instance(bool fp8, F f)
 {
     constexpr size_t bytes = prompt_smem_bytes<HD, S::BM>();
@@ -366,8 +582,13 @@ template <int HD, typename S, typename F> static void prompt_instance(bool fp8, 
         : f(attn_prompt_kernel<HD, S, bf16>, bytes, S::THREADS, S::BM);
 }
 
-template <int HD, typename F> static void prompt_tile_dispatch(int tile, bool fp8, F f)
+template <int HD, typename F>
+static void prompt_tile_dispatch(int tile, bool wgmma, bool fp8, F f)
 {
+    if (tile == 4 && wgmma && HD == WG_HD && !fp8) {
+        f(attn_prompt_wgmma, wgmma_smem_bytes(), (int)WG_THREADS, (int)WG_BM);
+        return;
+    }
     switch (tile) {
     case 2: prompt_instance<HD, prompt_shape<4, 2, false, 1>>(fp8, f); break;
     case 3: prompt_instance<HD, prompt_shape<8, 1, true, 1>>(fp8, f); break;
@@ -375,23 +596,46 @@ template <int HD, typename F> static void prompt_tile_dispatch(int tile, bool fp
     }
 }
 
-template <typename F> static bool prompt_dispatch(int hd, shoal_dtype kv, int tile, F f)
+template <typename F>
+static bool prompt_dispatch(int hd, shoal_dtype kv, int tile, bool wgmma, F f)
 {
     bool fp8 = kv == SHOAL_DTYPE_F8_E4M3;
     switch (hd) {
-    case 32: prompt_tile_dispatch<32>(tile, fp8, f); return true;
-    case 64: prompt_tile_dispatch<64>(tile, fp8, f); return true;
-    case 128: prompt_tile_dispatch<128>(tile, fp8, f); return true;
+    case 32: prompt_tile_dispatch<32>(tile, wgmma, fp8, f); return true;
+    case 64: prompt_tile_dispatch<64>(tile, wgmma, fp8, f); return true;
+    case 128: prompt_tile_dispatch<128>(tile, wgmma, fp8, f); return true;
     default: return false;
     }
 }
 
+/* Runs wgmma_probe once: false where the build holds no sm_90a code for
+ * this device (the launch fails, or the kernel it runs is the empty one). */
+static bool wgmma_usable(kernels_backend *be)
+{
+    cudaStream_t stream = cuda_of(be)->stream;
+    int *dev = NULL, ok = 0;
+    if (cudaMalloc(&dev, sizeof *dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    wgmma_probe<<<1, 1, 0, stream>>>(dev);
+    if (cudaGetLastError() != cudaSuccess ||
+        cudaMemcpyAsync(&ok, dev, sizeof ok, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess)
+        ok = 0;
+    (void)cudaGetLastError();
+    cudaFree(dev);
+    return ok == 1;
+}
+
 shoal_err cuda_attention_prompt_init(kernels_backend *be)
 {
+    cuda_state *st = cuda_of(be);
+    st->prompt_wgmma = st->prompt_tile == 4 && wgmma_usable(be);
     cudaError_t e = cudaSuccess;
     for (int hd : {32, 64, 128})
         for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
-            prompt_dispatch(hd, kv, cuda_of(be)->prompt_tile,
+            prompt_dispatch(hd, kv, st->prompt_tile, st->prompt_wgmma,
                             [&](auto kernel, size_t bytes, int, int) {
                                 if (e == cudaSuccess)
                                     e = cudaFuncSetAttribute(
@@ -400,7 +644,7 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be)
                             });
     if (e != cudaSuccess)
         cuda_fail(be, "attention prompt: raise the shared-memory limit", e);
-    return cuda_of(be)->err;
+    return st->err;
 }
 
 bool cuda_attention_prompt_fits(kernels_backend *be, int heads, const kernels_kv_layout *layout)
@@ -446,7 +690,7 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
     a.page_table_stride = batch->page_table_stride;
     a.rows = batch->rows;
     cudaStream_t stream = cuda_of(be)->stream;
-    prompt_dispatch(hd, L->dtype, cuda_of(be)->prompt_tile,
+    prompt_dispatch(hd, L->dtype, cuda_of(be)->prompt_tile, cuda_of(be)->prompt_wgmma,
                     [&](auto kernel, size_t bytes, int threads, int bm) {
                         dim3 grid((unsigned)((batch->rows + bm - 1) / bm), (unsigned)heads);
                         kernel<<<grid, threads, bytes, stream>>>(a, (const bf16 *)q, (bf16 *)out,

@@ -95,8 +95,10 @@ typedef struct cuda_state {
      * 2; 3 = the third session's, two blocks a multiprocessor instead of
      * three), and the blocks a multiprocessor the segment rule aims at
      * (SHOAL_CUDA_ATTN_BLOCKS, default 4), and the prompt kernel's tile
-     * (SHOAL_CUDA_PROMPT_TILE, default 1 = 64 rows in 4 warps of 16; 2 =
-     * 128 rows in 4 warps of 32; 3 = 128 rows in 8 warps of 16),
+     * (SHOAL_CUDA_PROMPT_TILE, default 4 = the wgmma kernel of 128 rows in
+     * two warpgroups where the build and GPU run it, else 1; 1 = 64 rows
+     * in 4 warps of 16; 2 = 128 rows in 4 warps of 32; 3 = 128 rows in 8
+     * warps of 16),
      * and decode segments raised to fill the partials' last wave
      * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap). */
     int sm_count;
@@ -104,7 +106,8 @@ typedef struct cuda_state {
     int attn_fill;
     int attn_stages; /* 2 or 3 */
     int attn_blocks; /* partial blocks a multiprocessor the segment rule aims at */
-    int prompt_tile; /* 1, 2 or 3: attention_prompt.cu's prompt_shape */
+    int prompt_tile;   /* 1 to 4: attention_prompt.cu's prompt_shape, or 4 = wgmma */
+    bool prompt_wgmma; /* tile 4 asked for, and this build and GPU run it */
     bool attn_wave;  /* decode segments raised to fill their last wave */
     int gemv_rows_max;
     bool graphs;

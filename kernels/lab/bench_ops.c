@@ -19,10 +19,10 @@
  * (SHOAL_CUDA_ATTN_STAGES=3: three K/V tile stages, as before), "nowave"
  * (SHOAL_CUDA_ATTN_WAVE=0: the segment rule without raising the count to
  * fill the last wave), "blocks8" (SHOAL_CUDA_ATTN_BLOCKS=8: segments for 8
- * blocks a multiprocessor instead of 4), for the prompt kernel "rows32"
- * and "warps8" (SHOAL_CUDA_PROMPT_TILE=2 and 3: 128-row tiles of 4 warps
- * of 32 rows and of 8 warps of 16, where the default is 64 rows in 4
- * warps), and for the
+ * blocks a multiprocessor instead of 4), for the prompt kernel "mma64",
+ * "rows32" and "warps8" (SHOAL_CUDA_PROMPT_TILE=1, 2 and 3: mma.sync on
+ * 64-row tiles of 4 warps, 128-row tiles of 4 warps of 32 rows and of 8
+ * warps of 16, where the default is the wgmma kernel), and for the
  * decode step's gate/up row and its q/k norm, rope and KV write row
  * "prev" (SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0: the joined GEMV,
  * then the swiglu kernel; qk_norm_rope twice, then kv_write). All run on
@@ -609,6 +609,7 @@ int main(int argc, char **argv)
     static const char *const nowave_env[] = {"SHOAL_CUDA_ATTN_WAVE=0", NULL};
     static const char *const tile3_env[] = {"SHOAL_CUDA_PROMPT_TILE=3", NULL};
     static const char *const tile2_env[] = {"SHOAL_CUDA_PROMPT_TILE=2", NULL};
+    static const char *const tile1_env[] = {"SHOAL_CUDA_PROMPT_TILE=1", NULL};
     static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", "SHOAL_CUDA_ROPE_KV=0",
                                            NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
@@ -622,6 +623,7 @@ int main(int argc, char **argv)
     kernels_backend *nw = open_variant(device, false, 0, nowave_env);
     kernels_backend *t3 = open_variant(device, false, 0, tile3_env);
     kernels_backend *t2 = open_variant(device, false, 0, tile2_env);
+    kernels_backend *t1 = open_variant(device, false, 0, tile1_env);
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
@@ -643,9 +645,10 @@ int main(int argc, char **argv)
     sample_sweep(nb, pb, &b, reps);
     kernels_backend *attn_bes[] = {nb, nw, b8, tb, mb, pb, vb};
     const char *attn_names[] = {"new", "nowave", "blocks8", "stages3", "merge", "prev", "v1"};
-    kernels_backend *prompt_bes[] = {nb, t2, t3};
-    const char *prompt_names[] = {"new", "rows32", "warps8"};
-    attention_sweep(attn_bes, attn_names, 7, prompt_bes, prompt_names, 3, &b, reps, quick);
+    kernels_backend *prompt_bes[] = {nb, t1, t2, t3};
+    const char *prompt_names[] = {"new", "mma64", "rows32", "warps8"};
+    attention_sweep(attn_bes, attn_names, 7, prompt_bes, prompt_names, 4, &b, reps, quick);
+    kernels_backend_close(t1);
     kernels_backend_close(t2);
     kernels_backend_close(t3);
     kernels_backend_close(nw);

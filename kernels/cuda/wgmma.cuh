@@ -1,0 +1,146 @@
+/* wgmma.cuh: Hopper's warpgroup matrix multiply (wgmma.mma_async), as the
+ * prompt attention kernel uses it. Private to kernels/cuda/.
+ *
+ * A warpgroup (4 warps, 128 threads) multiplies a 64 x 16 A by a 16 x N B
+ * into a 64 x N f32 accumulator held across its threads: warp w of the
+ * group holds rows 16w .. 16w + 15, in the layout of mma.sync's m16n8 C
+ * fragment repeated N / 8 times (d[i] is the fragment of columns 8i ..
+ * 8i + 7), so the flash-attention softmax of attention_mma.cuh runs on it
+ * unchanged. A comes from shared memory or from registers (the m16n8k16 A
+ * fragment, per warp); B from shared memory.
+ *
+ * Shared-memory operands here are tiles of 128-byte rows in the 128-byte
+ * swizzle: 16-byte chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4) from
+ * a 1024-byte-aligned base, which is what the hardware's swizzle mode 1
+ * reads (address bits 4-6 XOR bits 7-9). A tile of 128-element bf16 rows
+ * is two such tiles, one per 64-column half (sw128_at).
+ *
+ * The instructions need sm_90a: compiled for anything else, the wrappers
+ * are empty and cuda_wgmma_usable() says no (attention_prompt.cu). */
+#ifndef SHOAL_KERNELS_CUDA_WGMMA_CUH
+#define SHOAL_KERNELS_CUDA_WGMMA_CUH
+
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SHOAL_WGMMA 1
+#endif
+
+namespace wg {
+
+/* Byte offset of 16-byte chunk c (of HD * 2 / 16) of row `row` in a tile of
+ * ROWS rows of bf16 elements, stored as 64-column halves of ROWS x 128
+ * bytes each, 128-byte swizzled. */
+template <int ROWS>
+static __device__ __forceinline__ uint32_t sw128_at(int row, int c)
+{
+    return (uint32_t)((c >> 3) * (ROWS * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+}
+
+/* A shared-memory matrix descriptor, 128-byte swizzle: start address, the
+ * leading and stride byte offsets (PTX ISA, "Matrix Descriptor Format";
+ * all in 16-byte units). K-major tiles: stride = 1024 (8 rows of 128
+ * bytes), leading unused. MN-major: leading = bytes from one 64-element
+ * half to the next, stride = 1024 (8 rows along K). */
+static __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lead, uint32_t stride)
+{
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)((lead & 0x3ffff) >> 4) << 16 |
+           (uint64_t)((stride & 0x3ffff) >> 4) << 32 | 1ull << 62;
+}
+
+static __device__ __forceinline__ void fence()
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void commit()
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int N> static __device__ __forceinline__ void wait()
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* Shared memory written by threads (cp.async, st.shared) made visible to
+ * the tensor cores' reads, which go through the async proxy. */
+static __device__ __forceinline__ void fence_smem()
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* The compiler sees an accumulator as written when the mma is issued; it
+ * is written when the group is waited on. This pins each register's reads
+ * after the wait (and its writes before the next issue). */
+template <int N> static __device__ __forceinline__ void keep(float (&d)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+#define SHOAL_WG_D64                                                                          \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),   \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]),              \
+        "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),              \
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),              \
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]),              \
+        "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]),              \
+        "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),              \
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),             \
+        "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),         \
+        "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),         \
+        "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),         \
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),         \
+        "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define SHOAL_WG_R64                                                                          \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "   \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+    "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
+    "%55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+/* d (+)= A B, m64n128k16, bf16 in, f32 accumulate; A and B K-major in
+ * shared memory. accumulate = 0 overwrites d. */
+static __device__ __forceinline__ void mma_ss(float (&d)[16][4], uint64_t a, uint64_t b,
+                                              int accumulate)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SHOAL_WG_R64
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : SHOAL_WG_D64
+                 : "l"(a), "l"(b), "r"(accumulate));
+#endif
+}
+
+/* d += A B, m64n128k16: A from registers (each warp's m16n8k16 A fragment
+ * of its 16 rows), B N-major in shared memory (rows of K, N contiguous). */
+static __device__ __forceinline__ void mma_rs_nmajor(float (&d)[16][4], const uint32_t (&a)[4],
+                                                     uint64_t b)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SHOAL_WG_R64
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : SHOAL_WG_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+#endif
+}
+
+#undef SHOAL_WG_D64
+#undef SHOAL_WG_R64
+
+} // namespace wg
+
+#endif
