@@ -287,15 +287,16 @@ static __device__ __forceinline__ float ex2_ftz(float x)
 /* Online softmax over one tile of scores for the lane's two rows: s holds
  * raw scores, `scale` times which are log2 units (the softmax scale and
  * log2(e), and an fp8 K scale), masked entries -inf; the scale is folded
- * into one FMA before each exp (flash attention 2's form). Updates the running max m
- * (log2 units) and the lane's partial sum l, turns s into p, and rescales
- * o. A row that has seen only -inf keeps m = -inf, l = 0, o = 0 (no NaN).
- * exp is ex2.approx with flush to zero: a p under 2^-126 is 0, which no
- * bf16 sum of these rows can tell apart. */
-template <int HD, int NT>
-static __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float scale,
-                                                    float (&o)[HD / 8][4], float (&m)[2],
-                                                    float (&l)[2])
+ * into one FMA before each exp (flash attention 2's form). Updates the
+ * running max m (log2 units) and the lane's partial sum l, turns s into p,
+ * and gives the factor corr[h] by which the rows' o must be rescaled. A
+ * row that has seen only -inf keeps m = -inf, l = 0 (no NaN). exp is
+ * ex2.approx with flush to zero: a p under 2^-126 is 0, which no bf16 sum
+ * of these rows can tell apart. */
+template <int NT>
+static __device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float scale,
+                                                      float (&m)[2], float (&l)[2],
+                                                      float (&corr)[2])
 {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -307,7 +308,7 @@ static __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float sca
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         mx = fmaxf(m[h], mx * scale);
         const float base = mx == -INFINITY ? 0.0f : mx;
-        const float corr = ex2_ftz(m[h] - base);
+        corr[h] = ex2_ftz(m[h] - base);
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -315,14 +316,33 @@ static __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float sca
             s[nt][2 * h + 1] = ex2_ftz(fmaf(s[nt][2 * h + 1], scale, -base));
             sum += s[nt][2 * h] + s[nt][2 * h + 1];
         }
-        l[h] = l[h] * corr + sum;
+        l[h] = l[h] * corr[h] + sum;
         m[h] = mx;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++) {
-            o[dt][2 * h] *= corr;
-            o[dt][2 * h + 1] *= corr;
-        }
     }
+}
+
+/* o's rows (C fragments) times corr (softmax_scores). */
+template <int HD>
+static __device__ __forceinline__ void rescale(float (&o)[HD / 8][4], const float (&corr)[2])
+{
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) {
+        o[dt][0] *= corr[0];
+        o[dt][1] *= corr[0];
+        o[dt][2] *= corr[1];
+        o[dt][3] *= corr[1];
+    }
+}
+
+/* softmax_scores, then o rescaled at once. */
+template <int HD, int NT>
+static __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float scale,
+                                                    float (&o)[HD / 8][4], float (&m)[2],
+                                                    float (&l)[2])
+{
+    float corr[2];
+    softmax_scores<NT>(s, scale, m, l, corr);
+    rescale<HD>(o, corr);
 }
 
 /* Loads 16 rows of Q (bf16, rows at q_rows[i] or zeros where NULL is

@@ -158,28 +158,57 @@ template <int HD, int THREADS, typename KV, int BN = PR_BN, typename L = rows_sw
 struct prompt_kv;
 
 template <int HD, int THREADS, int BN, typename L> struct prompt_kv<HD, THREADS, bf16, BN, L> {
-    static __device__ __forceinline__ void load(uint32_t kdst, uint32_t vdst,
-                                                const unsigned char *arena, size_t page_bytes,
-                                                const int32_t *pages, int pt_shift, size_t k_off,
-                                                size_t v_off, int t0, int t_end)
+    static constexpr int CH = HD / 8, RPP = THREADS / CH; /* rows a pass */
+    static_assert(THREADS % CH == 0 && BN % RPP == 0, "prompt_kv: tile shape");
+
+    /* The page of each of the thread's rows of tokens [t0, t0 + BN) (-1
+     * at or past t_end): split from load() so that a kernel can look up
+     * the pages of a tile ahead and not wait on the page table's latency
+     * when it stages the tile. */
+    struct pages_of {
+        int32_t id[BN / RPP];
+    };
+    static __device__ __forceinline__ void lookup(pages_of &pg, const int32_t *pages,
+                                                  int pt_shift, int t0, int t_end)
     {
-        constexpr int CH = HD / 8, RPP = THREADS / CH; /* rows a pass */
-        static_assert(THREADS % CH == 0 && BN % RPP == 0, "prompt_kv: tile shape");
+        const int r0 = threadIdx.x / CH;
+#pragma unroll
+        for (int k = 0; k < BN / RPP; k++) {
+            const int tok = t0 + r0 + k * RPP;
+            pg.id[k] = tok < t_end ? pages[tok >> pt_shift] : -1;
+        }
+    }
+
+    static __device__ __forceinline__ void issue(uint32_t kdst, uint32_t vdst,
+                                                 const unsigned char *arena, size_t page_bytes,
+                                                 const pages_of &pg, int pt_shift, size_t k_off,
+                                                 size_t v_off, int t0)
+    {
         const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
         const int pt_mask = (1 << pt_shift) - 1;
         const size_t gap = (v_off - k_off) * sizeof(bf16);
 #pragma unroll
         for (int k = 0; k < BN / RPP; k++) {
             const int row = r0 + k * RPP, tok = t0 + row;
-            const bool valid = tok < t_end;
+            const bool valid = pg.id[k] >= 0;
             const unsigned char *src = arena;
             if (valid)
-                src = arena + (size_t)pages[tok >> pt_shift] * page_bytes +
+                src = arena + (size_t)pg.id[k] * page_bytes +
                       (k_off + (size_t)(tok & pt_mask) * HD) * sizeof(bf16) + (size_t)c * 16;
             const uint32_t at = L::at(row, c);
             mma::cp_async16(kdst + at, src, valid);
             mma::cp_async16(vdst + at, valid ? src + gap : src, valid);
         }
+    }
+
+    static __device__ __forceinline__ void load(uint32_t kdst, uint32_t vdst,
+                                                const unsigned char *arena, size_t page_bytes,
+                                                const int32_t *pages, int pt_shift, size_t k_off,
+                                                size_t v_off, int t0, int t_end)
+    {
+        pages_of pg;
+        lookup(pg, pages, pt_shift, t0, t_end);
+        issue(kdst, vdst, arena, page_bytes, pg, pt_shift, k_off, v_off, t0);
     }
 };
 
@@ -434,21 +463,49 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
 /* The sm_90a kernel (SHOAL_CUDA_PROMPT_TILE=4, the default where it runs:
  * head dim 128, bf16 pages): the same flash attention on Hopper's
  * warpgroup MMA (wgmma.cuh). A block of 128 rows is two warpgroups of 64;
- * key tiles of 128 tokens, double-buffered by cp.async through the page
- * table as above, in the 128-byte swizzle the tensor cores read from shared
- * memory. Per tile and warpgroup: S = Q K^T as 8 wgmma of k16 (Q and K
- * from shared memory), the mask and online softmax in registers (the
- * accumulator is laid out as mma.sync's C fragments), then O += P V as 8
- * wgmma with P from registers and V read N-major. A warpgroup skips tiles
- * past all its rows; the two warpgroups' softmax and MMAs overlap on their
- * own (the scheduler runs one while the other waits). */
-enum { WG_BM = 128, WG_BN = 128, WG_THREADS = 256, WG_HD = 128 };
+ * key tiles of 128 tokens go through the page table by cp.async, a tile
+ * ahead, into three stages in the 128-byte swizzle the tensor cores read
+ * from shared memory. Per tile j and warpgroup: S_j = Q K_j^T as 8 wgmma
+ * of k16 (Q and K from shared memory) and O += P_{j-1} V_{j-1} as 8 wgmma
+ * (P from registers, V read N-major) are issued together; the mask and
+ * online softmax of S_j run while the second group is still on the tensor
+ * cores (flash attention 3's overlap within a warpgroup; the accumulator is
+ * laid out as mma.sync's C fragments, so attention_mma.cuh's softmax
+ * serves), then O is rescaled. Three stages because V_{j-1} is still read
+ * while tile j + 1 lands. A warpgroup skips tiles past all its rows. */
+enum { WG_BM = 128, WG_BN = 128, WG_THREADS = 256, WG_HD = 128, WG_STAGES = 3 };
 
 static constexpr size_t wgmma_smem_bytes()
 {
     return 1024 /* alignment to the swizzle's repeat */ + (size_t)WG_BM * WG_HD * 2 +
-           4 * (size_t)WG_BN * WG_HD * 2;
+           2 * WG_STAGES * (size_t)WG_BN * WG_HD * 2;
 }
+
+#ifdef SHOAL_WGMMA
+/* O += P V for one staged V tile at vb (the group's wgmma, issued; the
+ * caller commits and waits). */
+static __device__ __forceinline__ void wgmma_pv(float (&o)[WG_HD / 8][4],
+                                                const uint32_t (&p)[WG_BN / 16][4], uint32_t vb)
+{
+#pragma unroll
+    for (int kk = 0; kk < WG_BN / 16; kk++) /* 16 keys a step: 2 rows of 8 x 128 B */
+        wg::mma_rs_nmajor(o, p[kk], wg::desc(vb + kk * 16 * 128, WG_BN * 128, 1024));
+}
+
+/* S = Q K^T for one staged K tile at kb and the group's Q rows at qg (K-major
+ * both, one descriptor a k16 step; issued, the caller commits and waits). */
+static __device__ __forceinline__ void wgmma_qk(float (&sc)[WG_BN / 8][4], uint32_t qg,
+                                                uint32_t kb)
+{
+    wg::mma_ss_first(sc, wg::desc(qg, 16, 1024), wg::desc(kb, 16, 1024));
+#pragma unroll
+    for (int kk = 1; kk < WG_HD / 16; kk++) {
+        const uint32_t at = (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32;
+        const uint32_t bt = (kk >> 2) * (WG_BN * 128) + (kk & 3) * 32;
+        wg::mma_ss(sc, wg::desc(qg + at, 16, 1024), wg::desc(kb + bt, 16, 1024));
+    }
+}
+#endif
 
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     attn_prompt_wgmma(prompt_args a, const bf16 *q, bf16 *out, const int32_t *row_stream,
@@ -460,8 +517,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     __shared__ int row_s[BM], row_p[BM];
     const uint32_t qs = (mma::smem_addr(smem) + 1023u) & ~1023u;
     const uint32_t ks0 = qs + BM * HD * 2;
-    const uint32_t vs0 = ks0 + 2 * BN * HD * 2;
     const uint32_t tile_bytes = BN * HD * 2;
+    const uint32_t vs0 = ks0 + WG_STAGES * tile_bytes;
 
     const int tile = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y, kvh = h / a.group;
@@ -472,26 +529,23 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     prompt_stage_q<HD, BM, THREADS, rows_sw128<BM>>(qs, row_s, row_p, q, row_stream, positions,
                                                     a.rows, a.heads, h, r0);
     mma::cp_async_commit();
-    mma::cp_async_wait<0>();
-    wg::fence_smem();
-    __syncthreads();
 
     const size_t k_off = a.k_off + (size_t)kvh * a.head_stride;
     const size_t v_off = a.v_off + (size_t)kvh * a.head_stride;
     /* the group's 64 rows of Q: K-major, one descriptor a k16 step */
     const uint32_t qg = qs + grp * 64 * 128;
 
-    float o[HD / 8][4], sc[NT][4];
+    float o[HD / 8][4];
 #pragma unroll
     for (int i = 0; i < HD / 8; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NT; i++)
-        sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    uint32_t p[NT / 2][4]; /* P of the tile whose O += P V is pending */
 
     unsigned long long done[(BM + 63) / 64] = {};
     int maxp, s;
+    mma::cp_async_wait<0>();
+    __syncthreads(); /* row_s, row_p */
     while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
         int last[1][2];
         const prompt_warp_rows w = prompt_rows_of<1>(row_s, row_p, s, wrow0, last);
@@ -504,55 +558,98 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         const int ntiles = (kv_end + BN - 1) / BN;
         using KVL = prompt_kv<HD, THREADS, bf16, BN, rows_sw128<BN>>;
 
-        KVL::load(ks0, vs0, a.arena, a.page_bytes, pages, a.pt_shift, k_off, v_off, 0, kv_end);
+        /* the group's tiles: 0 .. ng - 1 (keys up to its last row) */
+        const int ng = g_max < 0 ? 0 : min(ntiles, g_max / BN + 1);
+
+        __syncthreads(); /* every group is done with the stages of the last stream */
+        typename KVL::pages_of pg; /* of the tile staged next */
+        KVL::lookup(pg, pages, a.pt_shift, 0, kv_end);
+        KVL::issue(ks0, vs0, a.arena, a.page_bytes, pg, a.pt_shift, k_off, v_off, 0);
         mma::cp_async_commit();
-        for (int j = 0; j < ntiles; j++) {
-            const uint32_t kb = ks0 + (j & 1) * tile_bytes, vb = vs0 + (j & 1) * tile_bytes;
-            if (j + 1 < ntiles) {
-                const uint32_t nb = ((j + 1) & 1) * tile_bytes;
-                KVL::load(ks0 + nb, vs0 + nb, a.arena, a.page_bytes, pages, a.pt_shift, k_off,
-                          v_off, (j + 1) * BN, kv_end);
-                mma::cp_async_commit();
-                mma::cp_async_wait<1>();
-            } else {
-                mma::cp_async_wait<0>();
-            }
+        KVL::lookup(pg, pages, a.pt_shift, BN, kv_end);
+        /* tile j landed and is everyone's; every group is past tile j - 1,
+         * so waited on O += P_{j-2} V_{j-2}, whose stage takes tile j + 1.
+         * Its pages were looked up a tile ago; tile j + 2's are looked up
+         * now, their latency under this tile's work. */
+        auto next_tile = [&](int j) {
+            mma::cp_async_wait<0>();
             wg::fence_smem();
             __syncthreads();
-
+            if (j + 1 < ntiles) {
+                const uint32_t nb = ((j + 1) % WG_STAGES) * tile_bytes;
+                KVL::issue(ks0 + nb, vs0 + nb, a.arena, a.page_bytes, pg, a.pt_shift, k_off,
+                           v_off, (j + 1) * BN);
+                mma::cp_async_commit();
+                KVL::lookup(pg, pages, a.pt_shift, (j + 2) * BN, kv_end);
+            }
+        };
+        /* the mask and softmax of tile j's scores; corr for o */
+        auto soft = [&](float (&sc)[NT][4], int j, float (&corr)[2]) {
             const int key0 = j * BN;
-            if (key0 <= g_max) { /* else every key is past the group's rows */
-                wg::fence();
+            if (w.other || key0 + BN - 1 > w.w_min)
+                prompt_mask<NT>(sc, last[0], key0);
+            mma::softmax_scores<NT>(sc, a.scale_log2, m, l, corr);
+        };
+        /* p, the A registers of O += P V: written only once the last
+         * O += P V that reads them is waited on */
+        auto pack = [&](const float (&sc)[NT][4]) {
 #pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const uint32_t at = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-                    const uint32_t bt = (kk >> 2) * (BN * 128) + (kk & 3) * 32;
-                    wg::mma_ss(sc, wg::desc(qg + at, 16, 1024), wg::desc(kb + bt, 16, 1024), kk);
-                }
+            for (int kk = 0; kk < NT / 2; kk++) {
+                p[kk][0] = mma::pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
+                p[kk][1] = mma::pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
+                p[kk][2] = mma::pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+                p[kk][3] = mma::pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            }
+            wg::keep_regs(p); /* packed here, not sunk past the next wgmma.fence */
+        };
+
+        next_tile(0);
+        if (ng > 0) {
+            float sc[NT][4], corr[2];
+            wg::keep(o); /* rescaled before the fence, not sunk past it */
+                wg::fence();
+            wgmma_qk(sc, qg, ks0);
+            wg::commit();
+            wg::wait<0>();
+            wg::keep(sc);
+            soft(sc, 0, corr);
+            pack(sc);
+            mma::rescale<HD>(o, corr);
+        }
+        for (int j = 1; j < ntiles; j++) {
+            next_tile(j);
+            const uint32_t vprev = vs0 + ((j - 1) % WG_STAGES) * tile_bytes;
+            if (j < ng) {
+                float sc[NT][4], corr[2];
+                wg::keep(o); /* rescaled before the fence, not sunk past it */
+                wg::fence();
+                wgmma_qk(sc, qg, ks0 + (j % WG_STAGES) * tile_bytes);
                 wg::commit();
-                wg::wait<0>();
+                wgmma_pv(o, p, vprev);
+                wg::commit();
+                wg::wait<1>(); /* S_j; O += P_{j-1} V_{j-1} still running */
                 wg::keep(sc);
-                if (w.other || key0 + BN - 1 > w.w_min)
-                    prompt_mask<NT>(sc, last[0], key0);
-                mma::softmax_step<HD, NT>(sc, a.scale_log2, o, m, l);
-                uint32_t p[NT / 2][4];
-#pragma unroll
-                for (int kk = 0; kk < NT / 2; kk++) {
-                    p[kk][0] = mma::pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
-                    p[kk][1] = mma::pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
-                    p[kk][2] = mma::pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-                    p[kk][3] = mma::pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-                }
+                soft(sc, j, corr);
+                wg::wait<0>();
                 wg::keep(o);
+                pack(sc);
+                mma::rescale<HD>(o, corr);
+            } else if (j == ng) {
+                wg::keep(o); /* rescaled before the fence, not sunk past it */
                 wg::fence();
-#pragma unroll
-                for (int kk = 0; kk < NT / 2; kk++) /* 16 keys a step, 8 rows of 128 B each half */
-                    wg::mma_rs_nmajor(o, p[kk], wg::desc(vb + kk * 16 * 128, BN * 128, 1024));
+                wgmma_pv(o, p, vprev);
                 wg::commit();
                 wg::wait<0>();
                 wg::keep(o);
             }
-            __syncthreads(); /* the buffer is refilled two tiles on */
+        }
+        if (ng == ntiles && ng > 0) {
+            wg::keep(o); /* rescaled before the fence, not sunk past it */
+                wg::fence();
+            wgmma_pv(o, p, vs0 + ((ng - 1) % WG_STAGES) * tile_bytes);
+            wg::commit();
+            wg::wait<0>();
+            wg::keep(o);
         }
     }
     prompt_store<HD>(o, l, r0 + wrow0, a.rows, 1.0f, out, (size_t)a.heads * HD, h);

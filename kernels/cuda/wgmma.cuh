@@ -90,37 +90,57 @@ template <int N> static __device__ __forceinline__ void keep(float (&d)[N][4])
             asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
-#define SHOAL_WG_D64                                                                          \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),   \
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]),              \
-        "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),              \
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),              \
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]),              \
-        "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]),              \
-        "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),              \
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),             \
-        "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),         \
-        "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),         \
-        "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),         \
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),         \
-        "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+template <int N> static __device__ __forceinline__ void keep_regs(uint32_t (&r)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+#define SHOAL_WG_D64(c)                                                                       \
+    c(d[0][0]), c(d[0][1]), c(d[0][2]), c(d[0][3]), c(d[1][0]), c(d[1][1]),   \
+        c(d[1][2]), c(d[1][3]), c(d[2][0]), c(d[2][1]), c(d[2][2]),              \
+        c(d[2][3]), c(d[3][0]), c(d[3][1]), c(d[3][2]), c(d[3][3]),              \
+        c(d[4][0]), c(d[4][1]), c(d[4][2]), c(d[4][3]), c(d[5][0]),              \
+        c(d[5][1]), c(d[5][2]), c(d[5][3]), c(d[6][0]), c(d[6][1]),              \
+        c(d[6][2]), c(d[6][3]), c(d[7][0]), c(d[7][1]), c(d[7][2]),              \
+        c(d[7][3]), c(d[8][0]), c(d[8][1]), c(d[8][2]), c(d[8][3]),              \
+        c(d[9][0]), c(d[9][1]), c(d[9][2]), c(d[9][3]), c(d[10][0]),             \
+        c(d[10][1]), c(d[10][2]), c(d[10][3]), c(d[11][0]), c(d[11][1]),         \
+        c(d[11][2]), c(d[11][3]), c(d[12][0]), c(d[12][1]), c(d[12][2]),         \
+        c(d[12][3]), c(d[13][0]), c(d[13][1]), c(d[13][2]), c(d[13][3]),         \
+        c(d[14][0]), c(d[14][1]), c(d[14][2]), c(d[14][3]), c(d[15][0]),         \
+        c(d[15][1]), c(d[15][2]), c(d[15][3])
 #define SHOAL_WG_R64                                                                          \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "   \
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
     "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
     "%55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
-/* d (+)= A B, m64n128k16, bf16 in, f32 accumulate; A and B K-major in
- * shared memory. accumulate = 0 overwrites d. */
-static __device__ __forceinline__ void mma_ss(float (&d)[16][4], uint64_t a, uint64_t b,
-                                              int accumulate)
+/* d += A B, m64n128k16, bf16 in, f32 accumulate; A and B K-major in
+ * shared memory. */
+static __device__ __forceinline__ void mma_ss(float (&d)[16][4], uint64_t a, uint64_t b)
 {
 #ifdef SHOAL_WGMMA
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SHOAL_WG_R64
                  ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : SHOAL_WG_D64
-                 : "l"(a), "l"(b), "r"(accumulate));
+                 : SHOAL_WG_D64("+f")
+                 : "l"(a), "l"(b), "r"(1));
+#endif
+}
+
+/* d = A B, as mma_ss: d's old values are neither read nor kept alive. */
+static __device__ __forceinline__ void mma_ss_first(float (&d)[16][4], uint64_t a, uint64_t b)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SHOAL_WG_R64
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : SHOAL_WG_D64("=f")
+                 : "l"(a), "l"(b), "r"(0));
 #endif
 }
 
@@ -133,7 +153,7 @@ static __device__ __forceinline__ void mma_rs_nmajor(float (&d)[16][4], const ui
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " SHOAL_WG_R64
                  ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : SHOAL_WG_D64
+                 : SHOAL_WG_D64("+f")
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 #endif
 }
