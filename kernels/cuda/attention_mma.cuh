@@ -298,24 +298,42 @@ static __device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float s
                                                       float (&m)[2], float (&l)[2],
                                                       float (&corr)[2])
 {
+    /* the max and the sum in A independent chains, not one chain of NT
+     * dependent steps: with two warps a scheduler there is little else to
+     * hide an FMNMX's or FADD's latency behind */
+    constexpr int A = NT < 4 ? NT : 4;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        float mx = -INFINITY;
+        float mxa[A];
+#pragma unroll
+        for (int i = 0; i < A; i++)
+            mxa[i] = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+            mxa[nt % A] = fmaxf(mxa[nt % A], fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+        float mx = mxa[0];
+#pragma unroll
+        for (int i = 1; i < A; i++)
+            mx = fmaxf(mx, mxa[i]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         mx = fmaxf(m[h], mx * scale);
         const float base = mx == -INFINITY ? 0.0f : mx;
         corr[h] = ex2_ftz(m[h] - base);
-        float sum = 0.0f;
+        float suma[A];
+#pragma unroll
+        for (int i = 0; i < A; i++)
+            suma[i] = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             s[nt][2 * h] = ex2_ftz(fmaf(s[nt][2 * h], scale, -base));
             s[nt][2 * h + 1] = ex2_ftz(fmaf(s[nt][2 * h + 1], scale, -base));
-            sum += s[nt][2 * h] + s[nt][2 * h + 1];
+            suma[nt % A] += s[nt][2 * h] + s[nt][2 * h + 1];
         }
+        float sum = suma[0];
+#pragma unroll
+        for (int i = 1; i < A; i++)
+            sum += suma[i];
         l[h] = l[h] * corr[h] + sum;
         m[h] = mx;
     }

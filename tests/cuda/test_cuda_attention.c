@@ -255,6 +255,29 @@ static void two_streams_whose_slices_cross(shoal_dtype kvdt)
     }
 }
 
+/* Prompt rows at an 8B layer's shape (head dim 128, groups of 4 query
+ * heads): the shape the wgmma kernel takes, whose blocks hold 32 tokens of
+ * the 4 query heads of one KV head, so a block's tokens straddle streams
+ * and tile edges at 31, 32, 33 and 129. */
+static void prompt_rows_at_the_8b_shape(shoal_dtype kvdt)
+{
+    static const int cases[][6] = {
+        /* streams, rows0, rows1, rows2, past0, past1 (past2 = 1000) */
+        {1, 1, 0, 0, 0, 0},   {1, 31, 0, 0, 0, 0},     {1, 33, 0, 0, 40, 0},
+        {1, 129, 0, 0, 0, 0}, {1, 600, 0, 0, 130, 0}, {2, 31, 33, 0, 0, 500},
+        {2, 100, 27, 0, 0, 37}, {3, 5, 300, 40, 0, 12},
+    };
+    int n = test_sanitize ? 2 : 8;
+    for (int i = 0; i < n; i++) {
+        const int *c = cases[test_sanitize ? 3 + 2 * i : i];
+        int rows[3] = {c[1], c[2], c[3]}, past[3] = {c[4], c[5], 1000};
+        char label[64];
+        snprintf(label, sizeof label, "8B shape, %d stream(s), %d + %d + %d rows", c[0], rows[0],
+                 c[0] > 1 ? rows[1] : 0, c[0] > 2 ? rows[2] : 0);
+        run_case(label, wide_shape, kvdt, c[0], rows, past);
+    }
+}
+
 static void a_decode_round_of_more_streams_than_scratch_rows(shoal_dtype kvdt)
 {
     int streams = test_sanitize ? 130 : 300;
@@ -272,6 +295,7 @@ static void bf16_pages(void)
 {
     one_stream_at_every_slice_edge(SHOAL_DTYPE_BF16);
     two_streams_whose_slices_cross(SHOAL_DTYPE_BF16);
+    prompt_rows_at_the_8b_shape(SHOAL_DTYPE_BF16);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_BF16);
     decode_rows_at_long_context(SHOAL_DTYPE_BF16);
     one_decode_row_in_short_segments(SHOAL_DTYPE_BF16);
@@ -281,6 +305,7 @@ static void fp8_pages_with_scales(void)
 {
     one_stream_at_every_slice_edge(SHOAL_DTYPE_F8_E4M3);
     two_streams_whose_slices_cross(SHOAL_DTYPE_F8_E4M3);
+    prompt_rows_at_the_8b_shape(SHOAL_DTYPE_F8_E4M3);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_F8_E4M3);
     decode_rows_at_long_context(SHOAL_DTYPE_F8_E4M3);
     one_decode_row_in_short_segments(SHOAL_DTYPE_F8_E4M3);
