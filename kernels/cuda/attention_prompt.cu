@@ -271,26 +271,33 @@ static __device__ __forceinline__ void prompt_stage_q(uint32_t qs, int *row_s, i
 
 /* The next stream among the tile's rows not yet done (-1: none left): its
  * rows are marked done and *maxp is the last position among them. A tile
- * holds one stream in the usual case (the model sends runs of one). */
+ * holds one stream in the usual case (the model sends runs of one). Each
+ * warp works it out on its own, a lane a row (BM a multiple of 32), with
+ * the same result in every lane. */
 template <int BM>
 static __device__ __forceinline__ int prompt_next_stream(const int *row_s, const int *row_p,
-                                                         unsigned long long (&done)[(BM + 63) / 64],
-                                                         int *maxp)
+                                                         unsigned (&done)[BM / 32], int *maxp)
 {
-    int s = -1;
-    for (int i = 0; i < BM; i++)
-        if (!((done[i >> 6] >> (i & 63)) & 1) && row_s[i] >= 0) {
-            s = row_s[i];
-            break;
-        }
+    const int lane = threadIdx.x & 31;
+    int first = -INT_MAX; /* minus the first row not done */
+#pragma unroll
+    for (int k = BM / 32 - 1; k >= 0; k--)
+        if (!((done[k] >> lane) & 1) && row_s[32 * k + lane] >= 0)
+            first = -(32 * k + lane);
+    first = -warp_max(first);
     *maxp = -1;
-    if (s < 0)
+    if (first == INT_MAX)
         return -1;
-    for (int i = 0; i < BM; i++)
-        if (row_s[i] == s) {
-            done[i >> 6] |= 1ull << (i & 63);
-            *maxp = max(*maxp, row_p[i]);
-        }
+    const int s = row_s[first];
+    int mp = -1;
+#pragma unroll
+    for (int k = 0; k < BM / 32; k++) {
+        const bool mine = row_s[32 * k + lane] == s;
+        done[k] |= __ballot_sync(0xffffffffu, mine);
+        if (mine)
+            mp = max(mp, row_p[32 * k + lane]);
+    }
+    *maxp = warp_max(mp);
     return s;
 }
 
@@ -422,7 +429,7 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
     for (int mt = 0; mt < MT; mt++)
         m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
-    unsigned long long done[(BM + 63) / 64] = {};
+    unsigned done[BM / 32] = {};
     int maxp, s;
     while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
         int last[MT][2];
@@ -473,31 +480,22 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
 
 /* The sm_90a kernel (SHOAL_CUDA_PROMPT_TILE=4, the default where it runs:
  * head dim 128, bf16 pages): the same flash attention on Hopper's
- * warpgroup MMA (wgmma.cuh), warp-specialized as flash attention 3 is. A
- * block of 128 rows has three warpgroups: a producer that stages key tiles
- * of 128 tokens through the page table by cp.async into three stages (in
- * the 128-byte swizzle the tensor cores read from shared memory), and two
- * consumers of 64 rows each that only multiply and take the softmax. They
- * meet at mbarriers, two a stage: `full` (the producer: the tile has
- * landed) and `empty` (both consumers: done with it), so neither waits on
- * the other's unrelated work, where one barrier a tile for the whole block
- * held every warp to the slowest. Per tile j a consumer issues S_j = Q
- * K_j^T (8 wgmma of k16, Q and K from shared memory) and O += P_{j-1}
- * V_{j-1} (8 wgmma, P from registers, V read N-major) together and runs
- * the mask and online softmax of S_j while the second is on the tensor
- * cores; the accumulator is laid out as mma.sync's C fragments, so
- * attention_mma.cuh's softmax serves. A consumer skips the multiplies of
- * tiles past all its rows but still takes and frees them in order. */
-enum {
-    WG_BM = 128,
-    WG_BN = 128,
-    WG_HD = 128,
-    WG_STAGES = 3,
-    WG_CONSUMERS = 2 * 128, /* threads */
-    WG_THREADS = 128 + WG_CONSUMERS,
-    WG_PRODUCER_REGS = 72, /* setmaxnreg: 128 x 72 + 256 x 216 <= 65,536 (fewer spill) */
-    WG_CONSUMER_REGS = 216,
-};
+ * warpgroup MMA (wgmma.cuh). A block of 128 rows (32 tokens of the query
+ * heads of one KV head at Qwen3's grouping: prompt_rows_map) is two
+ * warpgroups of 64; key tiles of 128 tokens go through the page table by
+ * cp.async, a tile ahead (their pages looked up two ahead), into three
+ * stages in the 128-byte swizzle the tensor cores read from shared memory.
+ * Per tile j and warpgroup: S_j = Q K_j^T (8 wgmma of k16, Q and K from
+ * shared memory) and O += P_{j-1} V_{j-1} (8 wgmma, P from registers, V
+ * read N-major) are issued together, and the mask and online softmax of
+ * S_j run while the second is still on the tensor cores (flash attention
+ * 3's overlap within a warpgroup; the accumulator is laid out as mma.sync's
+ * C fragments, so attention_mma.cuh's softmax serves); then O is rescaled.
+ * Three stages because V_{j-1} is still read while tile j + 1 lands. A
+ * warpgroup skips tiles past all its rows. kernels/lab/README.md (rows 14)
+ * has the variants tried: warp specialization with a cp.async producer
+ * was slower. */
+enum { WG_BM = 128, WG_BN = 128, WG_HD = 128, WG_STAGES = 3, WG_THREADS = 256 };
 
 static constexpr size_t wgmma_smem_bytes()
 {
@@ -531,186 +529,12 @@ static __device__ __forceinline__ void wgmma_qk(float (&sc)[WG_BN / 8][4], uint3
 }
 #endif
 
-template <int LAB> /* LAB: 1 = no loads, 2 = no loads and no softmax */
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     attn_prompt_wgmma(prompt_args a, const bf16 *q, bf16 *out, const int32_t *row_stream,
                       const int32_t *positions, const int32_t *page_table)
 {
 #ifdef SHOAL_WGMMA
-    constexpr int HD = WG_HD, BM = WG_BM, BN = WG_BN, NT = BN / 8;
-    extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ int row_s[BM], row_p[BM];
-    __shared__ __align__(8) uint64_t bars[2 * WG_STAGES]; /* full, then empty */
-    const uint32_t qs = (mma::smem_addr(smem) + 1023u) & ~1023u;
-    const uint32_t ks0 = qs + BM * HD * 2;
-    const uint32_t tile_bytes = BN * HD * 2;
-    const uint32_t vs0 = ks0 + WG_STAGES * tile_bytes;
-    const uint32_t full0 = mma::smem_addr(&bars[0]), empty0 = mma::smem_addr(&bars[WG_STAGES]);
-
-    const int tile = gridDim.x - 1 - blockIdx.x;
-    const prompt_rows_map map = {tile * (BM / a.pack), BM / a.pack, (int)blockIdx.y * a.pack};
-    const int kvh = map.h0 / a.group;
-    const int grp = (int)threadIdx.x / 128; /* 0: the producer; 1, 2: consumers */
-
-    prompt_stage_q<HD, BM, WG_THREADS, rows_sw128<BM>>(qs, row_s, row_p, q, row_stream,
-                                                       positions, a.rows, a.heads, map);
-    mma::cp_async_commit();
-    if (threadIdx.x == 0)
-        for (int i = 0; i < WG_STAGES; i++) {
-            wg::bar_init(full0 + 8 * i, 128);
-            wg::bar_init(empty0 + 8 * i, WG_CONSUMERS);
-        }
-    mma::cp_async_wait<0>();
-    wg::fence_smem();
-    __syncthreads(); /* Q, row_s, row_p and the barriers are everyone's */
-
-    const size_t k_off = a.k_off + (size_t)kvh * a.head_stride;
-    const size_t v_off = a.v_off + (size_t)kvh * a.head_stride;
-    unsigned long long done[(BM + 63) / 64] = {};
-    int maxp, s;
-    /* tiles taken so far, over all streams: stage it % 3, its use it / 3 */
-    int it = 0;
-
-    if (grp == 0) { /* the producer */
-        wg::regs_dec<WG_PRODUCER_REGS>();
-        using KVL = prompt_kv<HD, 128, bf16, BN, rows_sw128<BN>>;
-        while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
-            const int32_t *pages = page_table + (size_t)s * (size_t)a.page_table_stride;
-            const int kv_end = maxp + 1, ntiles = (kv_end + BN - 1) / BN;
-            typename KVL::pages_of pg; /* of the tile staged next */
-            KVL::lookup(pg, pages, a.pt_shift, 0, kv_end);
-            for (int j = 0; j < ntiles; j++, it++) {
-                const int st = it % WG_STAGES, use = it / WG_STAGES;
-                if (use > 0) /* the consumers are done with the tile three back */
-                    wg::bar_wait(empty0 + 8 * st, (use - 1) & 1);
-                if (LAB == 0) KVL::issue(ks0 + st * tile_bytes, vs0 + st * tile_bytes, a.arena, a.page_bytes,
-                           pg, a.pt_shift, k_off, v_off, j * BN);
-                mma::cp_async_commit();
-                KVL::lookup(pg, pages, a.pt_shift, (j + 1) * BN, kv_end);
-                if (j > 0) { /* the tile before has landed: hand it over */
-                    mma::cp_async_wait<1>();
-                    wg::fence_smem();
-                    wg::bar_arrive(full0 + 8 * ((it - 1) % WG_STAGES));
-                }
-            }
-            mma::cp_async_wait<0>();
-            wg::fence_smem();
-            wg::bar_arrive(full0 + 8 * ((it - 1) % WG_STAGES));
-        }
-        return;
-    }
-
-    wg::regs_inc<WG_CONSUMER_REGS>();
-    const int warp = threadIdx.x >> 5;
-    const int wrow0 = (warp - 4) * 16; /* the warp's first row in the tile */
-    const int g0 = (grp - 1) * 64;     /* the group's */
-    const uint32_t qg = qs + g0 * 128; /* its rows of Q: K-major */
-    float o[HD / 8][4];
-#pragma unroll
-    for (int i = 0; i < HD / 8; i++)
-        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    uint32_t p[NT / 2][4]; /* P of the tile whose O += P V is pending */
-
-    while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
-        int last[1][2];
-        const prompt_warp_rows w = prompt_rows_of<1>(row_s, row_p, s, wrow0, last);
-        int g_max = -1; /* the group's last row of s: wgmma is the group's */
-        for (int i = g0; i < g0 + 64; i++)
-            if (row_s[i] == s)
-                g_max = max(g_max, row_p[i]);
-        const int ntiles = (maxp + 1 + BN - 1) / BN;
-        /* the group's tiles: 0 .. ng - 1 (keys up to its last row) */
-        const int ng = g_max < 0 ? 0 : min(ntiles, g_max / BN + 1);
-
-        /* the mask and softmax of tile j's scores; corr for o */
-        auto soft = [&](float (&sc)[NT][4], int j, float (&corr)[2]) {
-            const int key0 = j * BN;
-            if (w.other || key0 + BN - 1 > w.w_min)
-                prompt_mask<NT>(sc, last[0], key0);
-            mma::softmax_scores<NT>(sc, a.scale_log2, m, l, corr);
-        };
-        /* p, the A registers of O += P V: written only once the last
-         * O += P V that reads them is waited on */
-        auto pack = [&](const float (&sc)[NT][4]) {
-#pragma unroll
-            for (int kk = 0; kk < NT / 2; kk++) {
-                p[kk][0] = mma::pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
-                p[kk][1] = mma::pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
-                p[kk][2] = mma::pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-                p[kk][3] = mma::pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-            }
-            wg::keep_regs(p); /* packed here, not sunk past the next wgmma.fence */
-        };
-        /* the pending O += P V of the tile before (stage `prev`), alone */
-        auto flush = [&](int prev) {
-            wg::keep(o);
-            wg::fence();
-            wgmma_pv(o, p, vs0 + prev * tile_bytes);
-            wg::commit();
-            wg::wait<0>();
-            wg::keep(o);
-            wg::bar_arrive(empty0 + 8 * prev);
-        };
-
-        /* tile 0 apart: no O += P V pending before it */
-        if (ntiles > 0) {
-            wg::bar_wait(full0 + 8 * (it % WG_STAGES), (it / WG_STAGES) & 1);
-            if (ng > 0) {
-                float sc[NT][4], corr[2];
-                wg::keep(o);
-                wg::fence();
-                wgmma_qk(sc, qg, ks0 + (it % WG_STAGES) * tile_bytes);
-                wg::commit();
-                wg::wait<0>();
-                wg::keep(sc);
-                if (LAB < 2) soft(sc, 0, corr); else corr[0] = corr[1] = 1.0f;
-                pack(sc);
-                mma::rescale<HD>(o, corr);
-            } else {
-                wg::bar_arrive(empty0 + 8 * (it % WG_STAGES));
-            }
-            it++;
-        }
-        for (int j = 1; j < ntiles; j++, it++) {
-            const int st = it % WG_STAGES, prev = (it + WG_STAGES - 1) % WG_STAGES;
-            wg::bar_wait(full0 + 8 * st, (it / WG_STAGES) & 1);
-            if (j < ng) {
-                float sc[NT][4], corr[2];
-                wg::keep(o); /* rescaled before the fence, not sunk past it */
-                wg::fence();
-                wgmma_qk(sc, qg, ks0 + st * tile_bytes);
-                wg::commit();
-                wgmma_pv(o, p, vs0 + prev * tile_bytes);
-                wg::commit();
-                wg::wait<1>(); /* S_j; O += P_{j-1} V_{j-1} still running */
-                wg::keep(sc);
-                if (LAB < 2) soft(sc, j, corr); else corr[0] = corr[1] = 1.0f;
-                wg::wait<0>();
-                wg::keep(o);
-                wg::bar_arrive(empty0 + 8 * prev);
-                pack(sc);
-                mma::rescale<HD>(o, corr);
-            } else {
-                if (j == ng)
-                    flush(prev);
-                wg::bar_arrive(empty0 + 8 * st); /* not read by this group */
-            }
-        }
-        if (ng == ntiles && ng > 0)
-            flush((it + WG_STAGES - 1) % WG_STAGES);
-    }
-    prompt_store<HD>(o, l, wrow0, map, a.rows, 1.0f, out, (size_t)a.heads * HD);
-#endif
-}
-
-/* LAB: the all-threads kernel of 0846b3c, for comparison (tile 5) */
-static __global__ void __launch_bounds__(256, 1)
-    attn_prompt_wgmma_sync(prompt_args a, const bf16 *q, bf16 *out, const int32_t *row_stream,
-                      const int32_t *positions, const int32_t *page_table)
-{
-#ifdef SHOAL_WGMMA
-    constexpr int HD = WG_HD, BM = WG_BM, BN = WG_BN, THREADS = 256, NT = BN / 8;
+    constexpr int HD = WG_HD, BM = WG_BM, BN = WG_BN, THREADS = WG_THREADS, NT = BN / 8;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int row_s[BM], row_p[BM];
     const uint32_t qs = (mma::smem_addr(smem) + 1023u) & ~1023u;
@@ -740,7 +564,7 @@ static __global__ void __launch_bounds__(256, 1)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     uint32_t p[NT / 2][4]; /* P of the tile whose O += P V is pending */
 
-    unsigned long long done[(BM + 63) / 64] = {};
+    unsigned done[BM / 32] = {};
     int maxp, s;
     mma::cp_async_wait<0>();
     __syncthreads(); /* row_s, row_p */
@@ -748,9 +572,10 @@ static __global__ void __launch_bounds__(256, 1)
         int last[1][2];
         const prompt_warp_rows w = prompt_rows_of<1>(row_s, row_p, s, wrow0, last);
         int g_max = -1; /* the group's last row of s: wgmma is the group's */
-        for (int i = grp * 64; i < grp * 64 + 64; i++)
+        for (int i = grp * 64 + (threadIdx.x & 31); i < grp * 64 + 64; i += 32)
             if (row_s[i] == s)
                 g_max = max(g_max, row_p[i]);
+        g_max = warp_max(g_max);
         const int32_t *pages = page_table + (size_t)s * (size_t)a.page_table_stride;
         const int kv_end = maxp + 1;
         const int ntiles = (kv_end + BN - 1) / BN;
@@ -801,11 +626,21 @@ static __global__ void __launch_bounds__(256, 1)
             wg::keep_regs(p); /* packed here, not sunk past the next wgmma.fence */
         };
 
-        next_tile(0);
+        /* the pending O += P V of the tile at stage `st`, alone */
+        auto flush = [&](int st) {
+            wg::keep(o); /* rescaled before the fence, not sunk past it */
+            wg::fence();
+            wgmma_pv(o, p, vs0 + st * tile_bytes);
+            wg::commit();
+            wg::wait<0>();
+            wg::keep(o);
+        };
+
+        next_tile(0); /* tile 0 apart: no O += P V pending before it */
         if (ng > 0) {
             float sc[NT][4], corr[2];
-            wg::keep(o); /* rescaled before the fence, not sunk past it */
-                wg::fence();
+            wg::keep(o);
+            wg::fence();
             wgmma_qk(sc, qg, ks0);
             wg::commit();
             wg::wait<0>();
@@ -816,14 +651,14 @@ static __global__ void __launch_bounds__(256, 1)
         }
         for (int j = 1; j < ntiles; j++) {
             next_tile(j);
-            const uint32_t vprev = vs0 + ((j - 1) % WG_STAGES) * tile_bytes;
+            const int prev = (j - 1) % WG_STAGES;
             if (j < ng) {
                 float sc[NT][4], corr[2];
-                wg::keep(o); /* rescaled before the fence, not sunk past it */
+                wg::keep(o);
                 wg::fence();
                 wgmma_qk(sc, qg, ks0 + (j % WG_STAGES) * tile_bytes);
                 wg::commit();
-                wgmma_pv(o, p, vprev);
+                wgmma_pv(o, p, vs0 + prev * tile_bytes);
                 wg::commit();
                 wg::wait<1>(); /* S_j; O += P_{j-1} V_{j-1} still running */
                 wg::keep(sc);
@@ -833,22 +668,11 @@ static __global__ void __launch_bounds__(256, 1)
                 pack(sc);
                 mma::rescale<HD>(o, corr);
             } else if (j == ng) {
-                wg::keep(o); /* rescaled before the fence, not sunk past it */
-                wg::fence();
-                wgmma_pv(o, p, vprev);
-                wg::commit();
-                wg::wait<0>();
-                wg::keep(o);
+                flush(prev);
             }
         }
-        if (ng == ntiles && ng > 0) {
-            wg::keep(o); /* rescaled before the fence, not sunk past it */
-                wg::fence();
-            wgmma_pv(o, p, vs0 + ((ng - 1) % WG_STAGES) * tile_bytes);
-            wg::commit();
-            wg::wait<0>();
-            wg::keep(o);
-        }
+        if (ng == ntiles && ng > 0)
+            flush((ng - 1) % WG_STAGES);
     }
     prompt_store<HD>(o, l, wrow0, map, a.rows, 1.0f, out, (size_t)a.heads * HD);
 #endif
@@ -881,19 +705,7 @@ template <int HD, typename F>
 static void prompt_tile_dispatch(int tile, bool wgmma, bool fp8, F f)
 {
     if (tile == 4 && wgmma && HD == WG_HD && !fp8) {
-        f(attn_prompt_wgmma<0>, wgmma_smem_bytes(), (int)WG_THREADS, (int)WG_BM, true);
-        return;
-    }
-    if (tile == 6 && wgmma && HD == WG_HD && !fp8) {
-        f(attn_prompt_wgmma<1>, wgmma_smem_bytes(), (int)WG_THREADS, (int)WG_BM, true);
-        return;
-    }
-    if (tile == 7 && wgmma && HD == WG_HD && !fp8) {
-        f(attn_prompt_wgmma<2>, wgmma_smem_bytes(), (int)WG_THREADS, (int)WG_BM, true);
-        return;
-    }
-    if (tile == 5 && wgmma && HD == WG_HD && !fp8) {
-        f(attn_prompt_wgmma_sync, wgmma_smem_bytes(), 256, (int)WG_BM, true);
+        f(attn_prompt_wgmma, wgmma_smem_bytes(), (int)WG_THREADS, (int)WG_BM, true);
         return;
     }
     switch (tile) {
@@ -938,7 +750,7 @@ static bool wgmma_usable(kernels_backend *be)
 shoal_err cuda_attention_prompt_init(kernels_backend *be)
 {
     cuda_state *st = cuda_of(be);
-    st->prompt_wgmma = st->prompt_tile >= 4 && wgmma_usable(be);
+    st->prompt_wgmma = st->prompt_tile == 4 && wgmma_usable(be);
     cudaError_t e = cudaSuccess;
     for (int hd : {32, 64, 128})
         for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})

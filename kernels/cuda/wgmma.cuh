@@ -78,51 +78,6 @@ static __device__ __forceinline__ void fence_smem()
 #endif
 }
 
-/* Shared-memory barriers (mbarrier) between warps of a block: one thread
- * initializes with the arrivals a phase takes (then the block syncs);
- * arrive() counts one; wait(parity) returns once the phase of that parity
- * (0 for a barrier's first use, 1 for its second, ...) has completed. */
-static __device__ __forceinline__ void bar_init(uint32_t bar, int count)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void bar_arrive(uint32_t bar)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void bar_wait(uint32_t bar, int parity)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("{\n.reg .pred done;\nretry:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra retry;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-#endif
-}
-
-/* The registers a warpgroup's threads may hold from here on (warp
- * specialization: a loading group gives registers to the computing ones). */
-template <int N> static __device__ __forceinline__ void regs_dec()
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-
-template <int N> static __device__ __forceinline__ void regs_inc()
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-
 /* The compiler sees an accumulator as written when the mma is issued; it
  * is written when the group is waited on. This pins each register's reads
  * after the wait (and its writes before the next issue). */
