@@ -15,7 +15,11 @@
  * the other rows masked), only slower: the model sends runs of one stream.
  * Heavier tiles (later rows see more keys) start first.
  *
- * bf16 activations and head dims 32, 64 and 128 take this kernel; other
+ * On sm_90a (H100/H200) head dim 128 with bf16 pages takes the wgmma
+ * kernel further down instead: the same algorithm on warpgroup MMA, a
+ * block holding the query heads of one KV head (prompt_rows_map).
+ *
+ * bf16 activations and head dims 32, 64 and 128 take these kernels; other
  * shapes, and f32 activations (the exact mode), go to the partial path. */
 #include "attention_mma.cuh"
 #include "wgmma.cuh"
@@ -566,8 +570,9 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 
     unsigned done[BM / 32] = {};
     int maxp, s;
-    mma::cp_async_wait<0>();
-    __syncthreads(); /* row_s, row_p */
+    /* row_s, row_p; Q is waited on with the first K/V tile (next_tile),
+     * its latency under the stream scan and that tile's staging */
+    __syncthreads();
     while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
         int last[1][2];
         const prompt_warp_rows w = prompt_rows_of<1>(row_s, row_p, s, wrow0, last);
@@ -623,7 +628,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                 p[kk][2] = mma::pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
                 p[kk][3] = mma::pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
             }
-            wg::keep_regs(p); /* packed here, not sunk past the next wgmma.fence */
+            wg::keep(p); /* packed here, not sunk past the next wgmma.fence */
         };
 
         /* the pending O += P V of the tile at stage `st`, alone */

@@ -79,24 +79,26 @@ static __device__ __forceinline__ void fence_smem()
 }
 
 /* The compiler sees an accumulator as written when the mma is issued; it
- * is written when the group is waited on. This pins each register's reads
- * after the wait (and its writes before the next issue). */
-template <int N> static __device__ __forceinline__ void keep(float (&d)[N][4])
+ * is written when the group is waited on. keep() pins each register's
+ * reads after the wait, and its writes (a rescale, P's packing) before
+ * the next wgmma.fence. */
+static __device__ __forceinline__ void pin(float &x)
 {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            asm volatile("" : "+f"(d[i][e])::"memory");
+    asm volatile("" : "+f"(x)::"memory");
 }
 
-template <int N> static __device__ __forceinline__ void keep_regs(uint32_t (&r)[N][4])
+static __device__ __forceinline__ void pin(uint32_t &x)
+{
+    asm volatile("" : "+r"(x)::"memory");
+}
+
+template <typename T, int N> static __device__ __forceinline__ void keep(T (&d)[N][4])
 {
 #pragma unroll
     for (int i = 0; i < N; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            asm volatile("" : "+r"(r[i][e])::"memory");
+            pin(d[i][e]);
 }
 
 #define SHOAL_WG_D64(c)                                                                       \
