@@ -360,9 +360,10 @@ static __device__ __forceinline__ void prompt_mask(float (&sc)[NT][4], const int
  * prompt_rows_map): o over the lane's partial sums l, summed over the quad,
  * times the fp8 V scale (1 for bf16). */
 template <int HD>
-static __device__ __forceinline__ void prompt_store(const float (&o)[HD / 8][4], const float (&l)[2],
-                                                    int row0, prompt_rows_map map, int rows,
-                                                    float v_scale, bf16 *out, size_t q_stride)
+static __device__ __forceinline__ void prompt_store(const float (&o)[HD / 8][4],
+                                                    const float (&l)[2], int row0,
+                                                    prompt_rows_map map, int rows, float v_scale,
+                                                    bf16 *out, size_t q_stride)
 {
     const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -696,9 +697,10 @@ static __global__ void wgmma_probe(int *ok)
 }
 
 /* The instances this file provides: f(kernel, shared-memory bytes, threads,
- * rows a block, whether it packs query heads: prompt_rows_map) for head dim hd, KV dtype kv and tile variant `tile`
- * (SHOAL_CUDA_PROMPT_TILE); tile 4 is the wgmma kernel where `wgmma` says
- * it runs and the shape is its own (head dim 128, bf16 pages), else 1. */
+ * rows a block, whether it packs query heads: prompt_rows_map) for head
+ * dim hd, KV dtype kv and tile variant `tile` (SHOAL_CUDA_PROMPT_TILE);
+ * tile 4 is the wgmma kernel where `wgmma` says it runs and the shape is
+ * its own (head dim 128, bf16 pages), else 1. */
 template <int HD, typename S, typename F> static void prompt_instance(bool fp8, F f)
 {
     constexpr size_t bytes = prompt_smem_bytes<HD, S::BM>();
