@@ -77,6 +77,17 @@ static shoal_err attach_when_up(const char *cluster, shm_segment **out, shoal_di
     }
 }
 
+shoal_err worker_cluster_segment_pages(const char *cluster, int *pages, shoal_diag *diag)
+{
+    shm_segment *seg = NULL;
+    shoal_err err = attach_when_up(cluster, &seg, diag);
+    if (err)
+        return err;
+    *pages = shm_segment_header_of(seg)->pages_max;
+    shm_segment_close(seg);
+    return SHOAL_OK;
+}
+
 shoal_err worker_cluster_join(const char *cluster, int index, const char *device, worker_model *m,
                               worker_cluster **out, shoal_diag *diag)
 {

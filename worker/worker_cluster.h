@@ -20,6 +20,11 @@
 
 typedef struct worker_cluster worker_cluster;
 
+/* The KV page rows the segment of `cluster` holds for each worker: what a
+ * worker that sizes its arena from free memory may register. Waits for
+ * the coordinator to make the segment, as worker_cluster_join does. */
+shoal_err worker_cluster_segment_pages(const char *cluster, int *pages, shoal_diag *diag);
+
 /* Attaches to the segment of `cluster`, registers slot `index` for the
  * model's KV pages on `device` ("cpu" or a GPU index) and serves its arena. */
 shoal_err worker_cluster_join(const char *cluster, int index, const char *device, worker_model *m,

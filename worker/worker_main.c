@@ -225,7 +225,12 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
     worker_cluster *cl = NULL;
     worker_states *states = NULL;
     int rc = 1;
-    if (worker_model_open(mo, &m, &diag) ||
+    /* an arena sized from free memory fits the segment's rows: a small
+     * model on a large machine would otherwise ask for more pages than the
+     * coordinator made rows for, and the worker would refuse to start */
+    if ((cluster && !kv_pages &&
+         worker_cluster_segment_pages(cluster, &mo->kv_pages_max, &diag)) ||
+        worker_model_open(mo, &m, &diag) ||
         (cluster && worker_cluster_join(cluster, index, mo->device, m, &cl, &diag))) {
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         goto out;

@@ -384,6 +384,8 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
                                                         : 0.9;
         double pages = (double)free_bytes * fraction / (double)m->kv.page_bytes;
         double most = (double)m->opt.max_streams * m->opt.max_pages_per_stream;
+        if (m->opt.kv_pages_max > 0 && most > m->opt.kv_pages_max)
+            most = m->opt.kv_pages_max;
         pages = pages > most ? most : pages;
         if (pages < 1.0)
             return shoal_diag_set(diag, SHOAL_ERR_NOMEM,

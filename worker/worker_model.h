@@ -28,6 +28,8 @@ typedef struct worker_model_options {
     int page_tokens;     /* tokens per KV page */
     int kv_pages;        /* pages in the arena; 0: sized from free memory after the
                             weights and buffers are placed (kv_memory_fraction) */
+    int kv_pages_max;    /* with kv_pages 0: the most it is sized to (a cluster's
+                            segment rows for a worker); 0: no bound but the streams' */
     double kv_memory_fraction; /* of the memory free then; 0: 0.9 on a GPU (as vLLM's
                                   --gpu-memory-utilization), 0.25 on the CPU */
     int max_rows;        /* rows of one forward pass */

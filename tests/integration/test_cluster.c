@@ -346,6 +346,44 @@ static void fake_workers_stream_tokens(void)
     coordinator_cluster_close(c);
 }
 
+/* A worker given no --kv-pages sizes its arena from free memory; it stays
+ * within the rows the segment holds for it, where it used to ask for more
+ * (a small model on a machine with memory to spare: up to its streams'
+ * 1,024 pages here) and refuse to start. */
+static void workers_sized_from_free_memory_fit_the_segment(void)
+{
+    enum { ROWS = 40 };
+    coordinator_cluster_options o;
+    coordinator_cluster_options_default(&o);
+    o.model_dir = MODEL;
+    o.workers = "cpu";
+    o.runtime_dir = runtime_dir;
+    o.worker_path = SHOAL_WORKER_BIN;
+    o.threads = 1;
+    o.parallel = 16;
+    o.kv_pages = 0; /* not passed: the worker sizes it */
+    o.segment_pages = ROWS;
+    o.max_model_len = 1024;
+    o.max_batch_tokens = 256;
+    o.heartbeat_ms = 50;
+    o.start_timeout_ms = 60000;
+    coordinator_cluster *c = NULL;
+    shoal_diag diag = {{0}};
+    CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
+    if (!c)
+        return;
+    init_results(got, 1);
+    coordinator_stream_request r = request(0, 8);
+    uint64_t id;
+    CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[0], &id, &diag) == SHOAL_OK);
+    CHECK(wait_done(got, 1, 30000));
+    CHECK_EQ_INT(got[0].n, 8);
+    coordinator_cluster_stats st;
+    coordinator_cluster_stats_get(c, &st);
+    CHECK_EQ_INT(st.worker[0].load.pages_total, ROWS);
+    coordinator_cluster_close(c);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -364,6 +402,7 @@ int main(void)
     TEST_RUN(cancel_and_reject);
     TEST_RUN(prefix_routing_follows_the_cache);
     TEST_RUN(fake_workers_stream_tokens);
+    TEST_RUN(workers_sized_from_free_memory_fit_the_segment);
     rmdir(runtime_dir);
     return TEST_EXIT();
 }
