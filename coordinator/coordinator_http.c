@@ -1109,6 +1109,25 @@ static void set_early(http_req *r, int status, const char *type, const char *cod
  * and answered once the body is read (answering before would close the
  * connection with the body unread, which resets it before the client
  * reads the answer), but for a body too large, which is not read. */
+/* The request's Content-Length headers: whether two of them disagree. */
+typedef struct length_seen {
+    const char *first;
+    bool conflict;
+} length_seen;
+
+static enum MHD_Result see_length(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  const char *value)
+{
+    length_seen *ls = cls;
+    if (key && value && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (ls->first && strcmp(ls->first, value) != 0)
+            ls->conflict = true;
+        if (!ls->first)
+            ls->first = value;
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_headers(http_req *r, const char *url, const char *method)
 {
     coordinator_http *h = r->h;
@@ -1146,6 +1165,17 @@ static enum MHD_Result on_headers(http_req *r, const char *url, const char *meth
                      te);
             set_early(r, 501, "invalid_request_error", "not_implemented", msg);
         }
+        return send_error(r, &r->early);
+    }
+    /* Two lengths that differ leave the body's end in doubt: libmicrohttpd
+     * reads by the first, a proxy in front may have used the other (request
+     * smuggling). Refused, as RFC 9112 says; the same value twice is one. */
+    length_seen ls = {NULL, false};
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, see_length, &ls);
+    if (ls.conflict) {
+        if (!r->has_early)
+            set_early(r, 400, "invalid_request_error", "invalid_content_length",
+                      "Content-Length is given twice with different values: send one");
         return send_error(r, &r->early);
     }
     const char *cl =

@@ -177,6 +177,22 @@ const tests = [
     await stillServes(s);
   }],
 
+  ['two_content_lengths_that_differ_are_a_400_at_once', async (s) => {
+    const head = (lengths) => 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: ' +
+      `Bearer ${KEY}\r\nContent-Type: application/json\r\n` +
+      lengths.map((n) => `Content-Length: ${n}\r\n`).join('') + 'Connection: close\r\n\r\n{}';
+    const t0 = Date.now();
+    const answer = await s.raw(head([2, 5]), 5000);
+    assert(/^HTTP\/1\.1 400 /.test(answer), `2 and 5: ${answer.slice(0, 100)}`);
+    assert(answer.includes('"invalid_content_length"'), `2 and 5: the error body ${answer}`);
+    assert(Date.now() - t0 < 4000, 'answered at once');
+    // the same length twice is one length: the body is read and judged
+    const same = await s.raw(head([2, 2]), 5000);
+    assert(/^HTTP\/1\.1 400 /.test(same) && same.includes("'prompt' is required"),
+      `2 and 2: ${same.slice(0, 300)}`);
+    await stillServes(s);
+  }],
+
   ['a_body_in_a_coding_other_than_chunked_is_a_501_at_once', async (s) => {
     // libmicrohttpd alone would wait for the body until its timeout (60 s)
     const body = chat({ max_tokens: 2 });
