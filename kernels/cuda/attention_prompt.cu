@@ -24,10 +24,7 @@
 #include "attention_mma.cuh"
 #include "wgmma.cuh"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <limits.h>
-#include <string.h>
 
 enum { PR_BN = 64 };
 
@@ -45,10 +42,6 @@ struct prompt_args {
     int page_table_stride;
     int rows;
     int pack; /* query heads a block takes together (of one KV head): prompt_rows_map */
-    int tma;  /* the wgmma kernel stages K and V by kv_map, else by cp.async */
-    /* The arena as rows of 128 bf16 (a token's K or V of one KV head),
-     * boxes of 64 columns by a page's tokens, 128-byte swizzle. */
-    CUtensorMap kv_map;
 };
 
 /* Where a block's tile rows come from: row i is the query row of token t0
@@ -542,26 +535,17 @@ static __device__ __forceinline__ void wgmma_qk(float (&sc)[WG_BN / 8][4], uint3
 #endif
 
 static __global__ void __launch_bounds__(WG_THREADS, 1)
-    attn_prompt_wgmma(const __grid_constant__ prompt_args a, const bf16 *q, bf16 *out,
-                      const int32_t *row_stream, const int32_t *positions,
-                      const int32_t *page_table)
+    attn_prompt_wgmma(prompt_args a, const bf16 *q, bf16 *out, const int32_t *row_stream,
+                      const int32_t *positions, const int32_t *page_table)
 {
 #ifdef SHOAL_WGMMA
     constexpr int HD = WG_HD, BM = WG_BM, BN = WG_BN, THREADS = WG_THREADS, NT = BN / 8;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int row_s[BM], row_p[BM];
-    __shared__ __align__(8) uint64_t landed[WG_STAGES]; /* a.tma: a stage's copies are in */
     const uint32_t qs = (mma::smem_addr(smem) + 1023u) & ~1023u;
     const uint32_t ks0 = qs + BM * HD * 2;
     const uint32_t tile_bytes = BN * HD * 2;
     const uint32_t vs0 = ks0 + WG_STAGES * tile_bytes;
-    const uint32_t bar0 = mma::smem_addr(&landed[0]);
-    if (a.tma && threadIdx.x == 0) {
-        for (int i = 0; i < WG_STAGES; i++)
-            wg::bar_init(bar0 + 8 * i, 1);
-        wg::bar_init_fence();
-    }
-    unsigned phases = 0; /* a.tma: bit st = the parity of stage st's next wait */
 
     const int tile = gridDim.x - 1 - blockIdx.x;
     const prompt_rows_map map = {tile * (BM / a.pack), BM / a.pack, (int)blockIdx.y * a.pack};
@@ -607,89 +591,25 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         const int ng = g_max < 0 ? 0 : min(ntiles, g_max / BN + 1);
 
         __syncthreads(); /* every group is done with the stages of the last stream */
-        /* By the tensor map (a.tma): warp 0 stages a tile, a lane a copy of
-         * one page's 16 (R) rows of one 64-column half of K or V (32
-         * copies a tile at R = 16), the bytes counted on the stage's
-         * barrier; rows at or past kv_end are zeroed once it lands (the
-         * tail of the last page is stale, later pages are not copied). */
-        const int R = 1 << a.pt_shift, copies = BN / R * 4;
-        const int lane = threadIdx.x & 31;
-        int32_t tpage[2]; /* the page of copies lane and lane + 32 of the tile staged next */
-        auto tma_lookup = [&](int t0) {
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const int c = lane + 32 * k, tok = t0 + (c >> 2) * R;
-                tpage[k] = c < copies && tok < kv_end ? pages[tok >> a.pt_shift] : -1;
-            }
-        };
-        auto tma_issue = [&](int j) {
-            const int st = j % WG_STAGES, t0 = j * BN;
-            const int np = min(BN / R, (kv_end - t0 + R - 1) / R);
-            if (lane == 0)
-                wg::bar_arrive_expect(bar0 + 8 * st, (uint32_t)(np * 4 * R * 128));
-            __syncwarp();
-            const int page_rows = (int)(a.page_bytes / 256);
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const int c = lane + 32 * k;
-                if (c >= np * 4)
-                    continue;
-                const int half = (c >> 1) & 1, kv = c & 1;
-                const uint32_t dst = (kv ? vs0 : ks0) + st * tile_bytes + half * (BN * 128) +
-                                     (c >> 2) * R * 128;
-                const int row = tpage[k] * page_rows + (int)((kv ? v_off : k_off) / HD);
-                wg::tma_load_2d(dst, &a.kv_map, half * 64, row, bar0 + 8 * st);
-            }
-        };
-        auto tma_landed = [&](int j) {
-            const int st = j % WG_STAGES, valid = kv_end - j * BN;
-            wg::bar_wait(bar0 + 8 * st, (phases >> st) & 1);
-            phases ^= 1u << st;
-            for (int i = threadIdx.x; i < (BN - max(valid, 0)) * 32; i += THREADS) {
-                const int row = valid + i / 32, c = i & 15;
-                const uint32_t at = ((i & 16) ? vs0 : ks0) + st * tile_bytes +
-                                    wg::sw128_at<BN>(row, c);
-                asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0)
-                             : "memory");
-            }
-        };
-
         typename KVL::pages_of pg; /* of the tile staged next */
-        if (a.tma) {
-            if (warp == 0) {
-                tma_lookup(0);
-                tma_issue(0);
-                tma_lookup(BN);
-            }
-        } else {
-            KVL::lookup(pg, pages, a.pt_shift, 0, kv_end);
-            KVL::issue(ks0, vs0, a.arena, a.page_bytes, pg, a.pt_shift, k_off, v_off, 0);
-            mma::cp_async_commit();
-            KVL::lookup(pg, pages, a.pt_shift, BN, kv_end);
-        }
+        KVL::lookup(pg, pages, a.pt_shift, 0, kv_end);
+        KVL::issue(ks0, vs0, a.arena, a.page_bytes, pg, a.pt_shift, k_off, v_off, 0);
+        mma::cp_async_commit();
+        KVL::lookup(pg, pages, a.pt_shift, BN, kv_end);
         /* tile j landed and is everyone's; every group is past tile j - 1,
          * so waited on O += P_{j-2} V_{j-2}, whose stage takes tile j + 1.
          * Its pages were looked up a tile ago; tile j + 2's are looked up
          * now, their latency under this tile's work. */
         auto next_tile = [&](int j) {
-            if (a.tma)
-                tma_landed(j);
-            mma::cp_async_wait<0>(); /* the cp.async tile, and Q */
+            mma::cp_async_wait<0>();
             wg::fence_smem();
             __syncthreads();
             if (j + 1 < ntiles) {
-                if (a.tma) {
-                    if (warp == 0) {
-                        tma_issue(j + 1);
-                        tma_lookup((j + 2) * BN);
-                    }
-                } else {
-                    const uint32_t nb = ((j + 1) % WG_STAGES) * tile_bytes;
-                    KVL::issue(ks0 + nb, vs0 + nb, a.arena, a.page_bytes, pg, a.pt_shift,
-                               k_off, v_off, (j + 1) * BN);
-                    mma::cp_async_commit();
-                    KVL::lookup(pg, pages, a.pt_shift, (j + 2) * BN, kv_end);
-                }
+                const uint32_t nb = ((j + 1) % WG_STAGES) * tile_bytes;
+                KVL::issue(ks0 + nb, vs0 + nb, a.arena, a.page_bytes, pg, a.pt_shift, k_off,
+                           v_off, (j + 1) * BN);
+                mma::cp_async_commit();
+                KVL::lookup(pg, pages, a.pt_shift, (j + 2) * BN, kv_end);
             }
         };
         /* the mask and softmax of tile j's scores; corr for o */
@@ -834,54 +754,10 @@ static bool wgmma_usable(kernels_backend *be)
     return ok == 1;
 }
 
-/* The tensor map of the arena for the wgmma kernel's K and V copies
- * (prompt_args.kv_map), made once an arena and page size (a map is a 128-
- * byte descriptor the copies read from the kernel's arguments). False
- * where the copies cannot take the layout: pages of fewer than 8 tokens
- * (a box's rows must start at the 1,024-byte repeat of the swizzle) or
- * more than a tile's 128, or no encoder in the driver. */
-static bool kv_map_of(kernels_backend *be, const void *arena, const kernels_kv_layout *L,
-                      CUtensorMap *out)
-{
-    cuda_state *st = cuda_of(be);
-    const int pt = L->page_tokens;
-    if (!st->tmap_encode || pt < 8 || pt > WG_BN || L->page_bytes % 256 != 0 ||
-        (uintptr_t)arena % 16 != 0)
-        return false;
-    if (st->tmap_arena != arena || st->tmap_page_tokens != pt) {
-        /* rows of 256 bytes: as many as int coordinates reach (512 GiB of
-         * arena, more than a GPU holds); the copies never pass the arena */
-        const cuuint64_t dims[2] = {(cuuint64_t)WG_HD, (cuuint64_t)INT_MAX};
-        const cuuint64_t strides[1] = {(cuuint64_t)WG_HD * 2};
-        const cuuint32_t box[2] = {64, (cuuint32_t)pt}, unit[2] = {1, 1};
-        CUtensorMap m;
-        CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)st->tmap_encode)(
-            &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)arena, dims, strides, box, unit,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (r != CUDA_SUCCESS)
-            return false;
-        static_assert(sizeof m == sizeof st->tmap, "cuda_state.tmap holds a CUtensorMap");
-        memcpy(st->tmap, &m, sizeof m);
-        st->tmap_arena = arena;
-        st->tmap_page_tokens = pt;
-    }
-    memcpy(out, st->tmap, sizeof *out);
-    return true;
-}
-
 shoal_err cuda_attention_prompt_init(kernels_backend *be)
 {
     cuda_state *st = cuda_of(be);
     st->prompt_wgmma = st->prompt_tile == 4 && wgmma_usable(be);
-    if (st->prompt_wgmma && st->prompt_tma) {
-        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &st->tmap_encode, 12000,
-                                             cudaEnableDefault, &found) != cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
-            st->tmap_encode = NULL; /* the kernel stages by cp.async */
-        (void)cudaGetLastError();
-    }
     cudaError_t e = cudaSuccess;
     for (int hd : {32, 64, 128})
         for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
@@ -939,7 +815,6 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
     a.scale_log2 = scale * 1.4426950408889634f;
     a.page_table_stride = batch->page_table_stride;
     a.rows = batch->rows;
-    a.tma = cuda_of(be)->prompt_wgmma && hd == WG_HD && !fp8 && kv_map_of(be, arena, L, &a.kv_map);
     cudaStream_t stream = cuda_of(be)->stream;
     prompt_dispatch(hd, L->dtype, cuda_of(be)->prompt_tile, cuda_of(be)->prompt_wgmma,
                     [&](auto kernel, size_t bytes, int threads, int bm, bool packs) {

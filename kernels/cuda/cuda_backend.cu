@@ -302,7 +302,6 @@ static void pick_kernels(cuda_state *st)
         st->attn_blocks = 4;
     st->attn_wave = env_int("SHOAL_CUDA_ATTN_WAVE", legacy ? 0 : 1) != 0;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 4);
-    st->prompt_tma = env_int("SHOAL_CUDA_PROMPT_TMA", 1) != 0;
     if (st->prompt_tile < 1 || st->prompt_tile > 4)
         st->prompt_tile = 4;
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;

@@ -108,14 +108,6 @@ typedef struct cuda_state {
     int attn_blocks; /* partial blocks a multiprocessor the segment rule aims at */
     int prompt_tile;   /* 1 to 4: attention_prompt.cu's prompt_shape, or 4 = wgmma */
     bool prompt_wgmma; /* tile 4 asked for, and this build and GPU run it */
-    /* The wgmma kernel's K and V tiles by the tensor memory accelerator
-     * (SHOAL_CUDA_PROMPT_TMA, default 1; else cp.async): the driver's map
-     * encoder, and the map of the last arena (attention_prompt.cu). */
-    bool prompt_tma;
-    void *tmap_encode;
-    const void *tmap_arena;
-    int tmap_page_tokens;
-    unsigned char tmap[128]; /* a CUtensorMap, copied into the kernel's arguments */
     bool attn_wave;  /* decode segments raised to fill their last wave */
     int gemv_rows_max;
     bool graphs;

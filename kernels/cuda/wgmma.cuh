@@ -78,62 +78,6 @@ static __device__ __forceinline__ void fence_smem()
 #endif
 }
 
-/* Shared-memory barriers (mbarrier) for the tensor memory accelerator's
- * copies: one thread initializes a barrier with one arrival (then the
- * block syncs); arrive_expect() is that arrival, with the bytes the copies
- * will bring; wait(parity) returns once the phase of that parity (0 for a
- * barrier's first use, 1 for its second, ...) has completed: the arrival
- * made and every byte landed. */
-static __device__ __forceinline__ void bar_init(uint32_t bar, int count)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-
-/* The barriers' initialization made visible to the copies' completions. */
-static __device__ __forceinline__ void bar_init_fence()
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-static __device__ __forceinline__ void bar_arrive_expect(uint32_t bar, uint32_t bytes)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                 "r"(bytes)
-                 : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void bar_wait(uint32_t bar, int parity)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("{\n.reg .pred done;\nretry:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra retry;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-#endif
-}
-
-/* One box of a 2-D tensor map (a kernel parameter: __grid_constant__) at
- * column `col`, row `row` into shared memory at dst, the bytes counted on
- * barrier bar. The map's swizzle applies: dst is where the box's first row
- * goes, 128-byte rows swizzled by the address as sw128_at's are. */
-static __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, int col, int row,
-                                                   uint32_t bar)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-                 "l"(map), "r"(col), "r"(row), "r"(bar)
-                 : "memory");
-#endif
-}
-
 /* The compiler sees an accumulator as written when the mma is issued; it
  * is written when the group is waited on. keep() pins each register's
  * reads after the wait, and its writes (a rescale, P's packing) before

@@ -19,9 +19,7 @@
  * (SHOAL_CUDA_ATTN_STAGES=3: three K/V tile stages, as before), "nowave"
  * (SHOAL_CUDA_ATTN_WAVE=0: the segment rule without raising the count to
  * fill the last wave), "blocks8" (SHOAL_CUDA_ATTN_BLOCKS=8: segments for 8
- * blocks a multiprocessor instead of 4), for the prompt kernel "cpasync"
- * (SHOAL_CUDA_PROMPT_TMA=0: the wgmma kernel's tiles staged by cp.async
- * instead of the tensor memory accelerator), "mma64",
+ * blocks a multiprocessor instead of 4), for the prompt kernel "mma64",
  * "rows32" and "warps8" (SHOAL_CUDA_PROMPT_TILE=1, 2 and 3: mma.sync on
  * 64-row tiles of 4 warps, 128-row tiles of 4 warps of 32 rows and of 8
  * warps of 16, where the default is the wgmma kernel), and for the
@@ -612,7 +610,6 @@ int main(int argc, char **argv)
     static const char *const tile3_env[] = {"SHOAL_CUDA_PROMPT_TILE=3", NULL};
     static const char *const tile2_env[] = {"SHOAL_CUDA_PROMPT_TILE=2", NULL};
     static const char *const tile1_env[] = {"SHOAL_CUDA_PROMPT_TILE=1", NULL};
-    static const char *const notma_env[] = {"SHOAL_CUDA_PROMPT_TMA=0", NULL};
     static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", "SHOAL_CUDA_ROPE_KV=0",
                                            NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
@@ -627,7 +624,6 @@ int main(int argc, char **argv)
     kernels_backend *t3 = open_variant(device, false, 0, tile3_env);
     kernels_backend *t2 = open_variant(device, false, 0, tile2_env);
     kernels_backend *t1 = open_variant(device, false, 0, tile1_env);
-    kernels_backend *nt = open_variant(device, false, 0, notma_env);
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
@@ -649,10 +645,9 @@ int main(int argc, char **argv)
     sample_sweep(nb, pb, &b, reps);
     kernels_backend *attn_bes[] = {nb, nw, b8, tb, mb, pb, vb};
     const char *attn_names[] = {"new", "nowave", "blocks8", "stages3", "merge", "prev", "v1"};
-    kernels_backend *prompt_bes[] = {nb, nt, t1, t2, t3};
-    const char *prompt_names[] = {"new", "cpasync", "mma64", "rows32", "warps8"};
-    attention_sweep(attn_bes, attn_names, 7, prompt_bes, prompt_names, 5, &b, reps, quick);
-    kernels_backend_close(nt);
+    kernels_backend *prompt_bes[] = {nb, t1, t2, t3};
+    const char *prompt_names[] = {"new", "mma64", "rows32", "warps8"};
+    attention_sweep(attn_bes, attn_names, 7, prompt_bes, prompt_names, 4, &b, reps, quick);
     kernels_backend_close(t1);
     kernels_backend_close(t2);
     kernels_backend_close(t3);
