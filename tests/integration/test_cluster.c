@@ -22,7 +22,8 @@ enum { STREAMS = 16, OUT = 48, VOCAB = 353 };
 typedef ts_stream result;
 
 static char runtime_dir[64];
-static int kv_pages = 128;
+static int kv_pages = 128;   /* 0: not passed; the workers size their arenas */
+static int segment_pages = 0; /* 0: the coordinator's default */
 
 static coordinator_cluster *start(const char *workers, coordinator_route route)
 {
@@ -36,6 +37,7 @@ static coordinator_cluster *start(const char *workers, coordinator_route route)
     o.threads = 1;
     o.parallel = 16;
     o.kv_pages = kv_pages;
+    o.segment_pages = segment_pages;
     o.max_model_len = 1024;
     o.max_batch_tokens = 256;
     o.heartbeat_ms = 50;
@@ -323,6 +325,17 @@ static void prefix_routing_follows_the_cache(void)
     coordinator_cluster_close(c);
 }
 
+/* One stream of max_tokens on c, run to its end into got[0]. */
+static void run_one(coordinator_cluster *c, int max_tokens, int timeout_ms)
+{
+    init_results(got, 1);
+    coordinator_stream_request r = request(0, max_tokens);
+    uint64_t id;
+    shoal_diag diag = {{0}};
+    CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[0], &id, &diag) == SHOAL_OK);
+    CHECK(wait_done(got, 1, timeout_ms));
+}
+
 static void fake_workers_stream_tokens(void)
 {
     coordinator_cluster_options o;
@@ -336,11 +349,7 @@ static void fake_workers_stream_tokens(void)
     CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
     if (!c)
         return;
-    init_results(got, 1);
-    coordinator_stream_request r = request(0, 30);
-    uint64_t id;
-    CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[0], &id, &diag) == SHOAL_OK);
-    CHECK(wait_done(got, 1, 10000));
+    run_one(c, 30, 10000);
     CHECK_EQ_INT(got[0].n, 30);
     CHECK_EQ_INT(got[0].finish, 2);
     coordinator_cluster_close(c);
@@ -353,30 +362,14 @@ static void fake_workers_stream_tokens(void)
 static void workers_sized_from_free_memory_fit_the_segment(void)
 {
     enum { ROWS = 40 };
-    coordinator_cluster_options o;
-    coordinator_cluster_options_default(&o);
-    o.model_dir = MODEL;
-    o.workers = "cpu";
-    o.runtime_dir = runtime_dir;
-    o.worker_path = SHOAL_WORKER_BIN;
-    o.threads = 1;
-    o.parallel = 16;
-    o.kv_pages = 0; /* not passed: the worker sizes it */
-    o.segment_pages = ROWS;
-    o.max_model_len = 1024;
-    o.max_batch_tokens = 256;
-    o.heartbeat_ms = 50;
-    o.start_timeout_ms = 60000;
-    coordinator_cluster *c = NULL;
-    shoal_diag diag = {{0}};
-    CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
+    kv_pages = 0;
+    segment_pages = ROWS;
+    coordinator_cluster *c = start("cpu", COORDINATOR_ROUTE_LEAST_LOADED);
+    kv_pages = 128;
+    segment_pages = 0;
     if (!c)
         return;
-    init_results(got, 1);
-    coordinator_stream_request r = request(0, 8);
-    uint64_t id;
-    CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[0], &id, &diag) == SHOAL_OK);
-    CHECK(wait_done(got, 1, 30000));
+    run_one(c, 8, 30000);
     CHECK_EQ_INT(got[0].n, 8);
     coordinator_cluster_stats st;
     coordinator_cluster_stats_get(c, &st);
