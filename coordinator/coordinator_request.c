@@ -601,6 +601,52 @@ static shoal_err parse_prompt(const cJSON *root, const coordinator_request_limit
                    &r->prompt_id_count, err);
 }
 
+/* A key given twice in one object: the last value is the one read, as
+ * Python's json (vLLM) and llama.cpp's server read it, where cJSON's lookup
+ * finds the first. Every object of the tree loses its earlier duplicates;
+ * keys are sorted, not compared pairwise, so a body of many keys costs
+ * n log n (prescan bounds the values and the nesting). */
+typedef struct keyed {
+    cJSON *item;
+    size_t order;
+} keyed;
+
+static int by_key_then_order(const void *a, const void *b)
+{
+    const keyed *x = a, *y = b;
+    int c = strcmp(x->item->string, y->item->string);
+    return c ? c : x->order < y->order ? -1 : x->order > y->order;
+}
+
+static shoal_err keep_last_keys(cJSON *node, coordinator_api_error *err)
+{
+    if (!cJSON_IsObject(node) && !cJSON_IsArray(node))
+        return SHOAL_OK;
+    size_t n = 0;
+    for (cJSON *c = node->child; c; c = c->next) {
+        shoal_err e = keep_last_keys(c, err);
+        if (e)
+            return e;
+        n++;
+    }
+    if (!cJSON_IsObject(node) || n < 2)
+        return SHOAL_OK;
+    keyed *keys = malloc(n * sizeof *keys);
+    if (!keys) {
+        coordinator_api_error_set(err, 500, "server_error", NULL, "no memory for the request");
+        return SHOAL_ERR_NOMEM;
+    }
+    size_t i = 0;
+    for (cJSON *c = node->child; c; c = c->next, i++)
+        keys[i] = (keyed){c, i};
+    qsort(keys, n, sizeof *keys, by_key_then_order);
+    for (i = 0; i + 1 < n; i++)
+        if (strcmp(keys[i].item->string, keys[i + 1].item->string) == 0)
+            cJSON_Delete(cJSON_DetachItemViaPointer(node, keys[i].item));
+    free(keys);
+    return SHOAL_OK;
+}
+
 static shoal_err check_model(const cJSON *root, const coordinator_request_limits *limits,
                              coordinator_api_error *err)
 {
@@ -654,7 +700,7 @@ shoal_err coordinator_request_parse(coordinator_request_kind kind, const char *b
         e = bad(err, NULL, "the request body must be a JSON object, not %s", type_name(root));
         goto out_fail;
     }
-    if ((e = check_model(root, limits, err)))
+    if ((e = keep_last_keys(root, err)) || (e = check_model(root, limits, err)))
         goto out_fail;
 
     switch (kind) {

@@ -223,6 +223,33 @@ static void max_tokens_and_its_newer_name(void)
     coordinator_request_fini(&r);
 }
 
+/* A key given twice: the last value is read (Python's json, vLLM), in the
+ * body and in nested objects, and a refused last value is refused. */
+static void a_repeated_key_reads_its_last_value(void)
+{
+    coordinator_request r;
+    coordinator_api_error e;
+    CHECK_EQ_INT(parse(CHAT, CHAT_PREFIX "\"max_tokens\":5,\"seed\":1,\"max_tokens\":7}", &r, &e),
+                 200);
+    CHECK_EQ_INT(r.max_tokens, 7);
+    coordinator_request_fini(&r);
+    CHECK_EQ_INT(parse(CMPL,
+                       "{\"prompt\":\"a\",\"max_tokens\":2,\"max_tokens\":3,\"prompt\":\"b\","
+                       "\"max_tokens\":4}",
+                       &r, &e),
+                 200);
+    CHECK_EQ_INT(r.max_tokens, 4);
+    CHECK(r.prompt_text && r.prompt_text_bytes == 1 && r.prompt_text[0] == 'b');
+    coordinator_request_fini(&r);
+    refused(CHAT, CHAT_PREFIX "\"max_tokens\":5,\"max_tokens\":0}", "max_tokens");
+    accepted(CHAT, CHAT_PREFIX "\"max_tokens\":0,\"max_tokens\":5}");
+    /* in a message: its last content is the one sent */
+    refused(CHAT,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"content\":7}]}",
+            "messages[0].content");
+    accepted(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":7,\"content\":\"hi\"}]}");
+}
+
 static void n_and_best_of_are_bounded(void)
 {
     char json[256];
@@ -698,6 +725,7 @@ int main(void)
     TEST_RUN(a_nul_character_is_refused_not_cut_at);
     TEST_RUN(integers_refuse_fractions_huge_numbers_and_other_types);
     TEST_RUN(max_tokens_and_its_newer_name);
+    TEST_RUN(a_repeated_key_reads_its_last_value);
     TEST_RUN(n_and_best_of_are_bounded);
     TEST_RUN(stop_strings_and_stop_ids_are_read_and_bounded);
     TEST_RUN(logprobs_take_chat_and_completion_shapes);
