@@ -596,10 +596,40 @@ static int take_prefix(worker_engine *e, stream *s, int budget, int *imported, i
     return hits;
 }
 
+/* Whether s shares a block with a running stream that computes it now:
+ * r's first unpublished block b, whose hash (a chain: the whole prefix up
+ * to it) is s's block b too. Admitted now, s would take r's published
+ * blocks and compute b and on as r does (streams admitted together with
+ * one new system prompt each computed all of it); a pass or a few later
+ * they are s's cache hits. Only blocks s could take from the cache count.
+ * Looks at no page: a stream put off holds none and counts no lookup. */
+static bool computing_elsewhere(worker_engine *e, stream *s)
+{
+    const int cacheable = (s->len - 1) / e->pt;
+    for (int i = 0; i < e->n_running; i++) {
+        stream *r = e->running[i];
+        const int b = r->published;
+        if (b < cacheable && (b + 1) * e->pt <= r->len &&
+            common_hash_equal(block_hash(e, r, b), block_hash(e, s, b)))
+            return true;
+    }
+    return false;
+}
+
 static void admit(worker_engine *e, batch_build *b)
 {
-    while (e->n_waiting > 0 && e->n_running < e->o.parallel && b->budget > 0) {
+    /* each waiting stream is looked at once a step: one that would compute
+     * a block another computes now goes to the back, the rest keep order */
+    for (int looked = e->n_waiting;
+         looked > 0 && e->n_waiting > 0 && e->n_running < e->o.parallel && b->budget > 0;
+         looked--) {
         stream *s = e->waiting[e->wait_head];
+        if (computing_elsewhere(e, s)) {
+            wait_pop(e);
+            wait_push_back(e, s);
+            e->stats.deferred++;
+            continue;
+        }
         int imported, job_blocks;
         int hits = take_prefix(e, s, b->budget, &imported, &job_blocks);
         int need = (s->len + e->pt - 1) / e->pt - hits - job_blocks;

@@ -153,6 +153,7 @@ typedef struct worker_engine_stats {
     uint64_t restore_tokens;  /* of which read back from the state store */
     uint64_t generated_tokens;
     uint64_t preemptions;
+    uint64_t deferred; /* admissions put off: the next block was another stream's work */
     worker_pages_stats pages;
 } worker_engine_stats;
 

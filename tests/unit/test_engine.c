@@ -324,6 +324,53 @@ static void shared_thousand_token_prefix_prefills_only_the_tail(void)
     worker_model_close(m);
 }
 
+/* Four streams with one new 1,000-token prefix, submitted together into a
+ * pass that has room for all of them: the first computes the prefix, the
+ * others wait a pass for it (its blocks are being computed) and then take
+ * its 62 full pages from the cache, where all four used to compute them. */
+static void streams_admitted_together_compute_a_new_prefix_once(void)
+{
+    static req r[5];
+    int32_t prefix[1000];
+    for (int i = 0; i < 1000; i++)
+        prefix[i] = (int32_t)(common_rng_next(&rng) % VOCAB);
+    int total = 0;
+    for (int i = 0; i < 4; i++) {
+        random_prompt(&r[i], 1010 + 10 * i, prefix, 1000);
+        r[i].max_tokens = 4;
+        r[i].sp = greedy();
+        total += r[i].prompt_len;
+    }
+    r[4] = r[3];
+    setup st = {4, 4096, 400, 2048};
+    worker_model *m = open_model(&st);
+    worker_engine *e = open_engine(m, &st);
+    for (int i = 0; i < 4; i++)
+        submit(e, &r[i], (uint64_t)i);
+    drain(e, r, -1, 0);
+    worker_engine_stats stats;
+    worker_engine_stats_get(e, &stats);
+    printf("  cached %d %d %d %d; %llu rows computed, %llu admissions put off\n", r[0].cached,
+           r[1].cached, r[2].cached, r[3].cached, (unsigned long long)stats.computed_tokens,
+           (unsigned long long)stats.deferred);
+    CHECK_EQ_INT(r[0].cached, 0);
+    for (int i = 1; i < 4; i++)
+        CHECK_EQ_INT(r[i].cached, 992);
+    CHECK_EQ_INT(stats.computed_tokens, total - 3 * 992 + 4 * 3);
+    CHECK(stats.deferred >= 3);
+    CHECK(all_pages_returned(e));
+    worker_engine_close(e);
+    /* the same output as alone on a cold engine */
+    e = open_engine(m, &st);
+    submit(e, &r[4], 4);
+    drain(e, r, -1, 0);
+    CHECK_EQ_INT(r[4].cached, 0);
+    CHECK(r[3].out_len == 4 && r[4].out_len == 4);
+    CHECK(!exact || memcmp(r[3].out, r[4].out, sizeof r[3].out) == 0);
+    worker_engine_close(e);
+    worker_model_close(m);
+}
+
 static void cancelled_stream_returns_its_pages(void)
 {
     static req r[4];
@@ -544,6 +591,7 @@ int main(void)
     TEST_RUN(outputs_equal_alone_and_among_sixteen_others);
     TEST_RUN(outputs_equal_through_preemption);
     TEST_RUN(shared_thousand_token_prefix_prefills_only_the_tail);
+    TEST_RUN(streams_admitted_together_compute_a_new_prefix_once);
     TEST_RUN(cancelled_stream_returns_its_pages);
     TEST_RUN(admission_refuses_what_can_never_fit);
     TEST_RUN(eos_and_stop_ids_end_a_stream);
