@@ -253,6 +253,19 @@ static __device__ __forceinline__ void scores(float (&s)[NT][4], const uint32_t 
     }
 }
 
+/* The A fragment (m16n8k16) of keys 16 kk .. 16 kk + 15 of p, C fragments
+ * of 8 keys each (mma.sync's and wgmma's accumulators alike), rounded to
+ * bf16: what O += P V multiplies by. */
+template <int NT>
+static __device__ __forceinline__ void p_fragment(uint32_t (&a)[4], const float (&p)[NT][4],
+                                                  int kk)
+{
+    a[0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+}
+
 /* o += p v over NT * 8 staged values from tile row key0 (NT even); p is the
  * C fragment of the scores, rounded to bf16 A fragments here. */
 template <int HD, int NT>
@@ -262,10 +275,8 @@ static __device__ __forceinline__ void accumulate(float (&o)[HD / 8][4], const f
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
-        uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]),
-                         pack_bf16(p[2 * kk][2], p[2 * kk][3]),
-                         pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                         pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        uint32_t a[4];
+        p_fragment<NT>(a, p, kk);
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
             uint32_t b[4];

@@ -131,12 +131,8 @@ static __device__ __forceinline__ void prompt_accumulate(float (&o)[MT][HD / 8][
     for (int kk = 0; kk < NT / 2; kk++) {
         uint32_t a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            a[mt][0] = mma::pack_bf16(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-            a[mt][1] = mma::pack_bf16(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-            a[mt][2] = mma::pack_bf16(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-            a[mt][3] = mma::pack_bf16(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
-        }
+        for (int mt = 0; mt < MT; mt++)
+            mma::p_fragment<NT>(a[mt], p[mt], kk);
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
             uint32_t b[4];
@@ -623,12 +619,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
          * O += P V that reads them is waited on */
         auto pack = [&](const float (&sc)[NT][4]) {
 #pragma unroll
-            for (int kk = 0; kk < NT / 2; kk++) {
-                p[kk][0] = mma::pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
-                p[kk][1] = mma::pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
-                p[kk][2] = mma::pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-                p[kk][3] = mma::pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-            }
+            for (int kk = 0; kk < NT / 2; kk++)
+                mma::p_fragment<NT>(p[kk], sc, kk);
             wg::keep(p); /* packed here, not sunk past the next wgmma.fence */
         };
 

@@ -159,11 +159,19 @@ static bool all_pages_returned(worker_engine *e)
 
 static uint64_t rng = 99;
 
+static void random_tokens(int32_t *out, int n)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = (int32_t)(common_rng_next(&rng) % VOCAB);
+}
+
 static void random_prompt(req *r, int len, const int32_t *prefix, int prefix_len)
 {
+    int kept = prefix_len < len ? prefix_len : len;
     r->prompt_len = len;
-    for (int i = 0; i < len; i++)
-        r->prompt[i] = i < prefix_len ? prefix[i] : (int32_t)(common_rng_next(&rng) % VOCAB);
+    if (kept > 0)
+        memcpy(r->prompt, prefix, (size_t)kept * sizeof *prefix);
+    random_tokens(r->prompt + kept, len - kept);
 }
 
 /* Each request alone, in a fresh engine: the reference. */
@@ -287,8 +295,7 @@ static void shared_thousand_token_prefix_prefills_only_the_tail(void)
 {
     static req r[3];
     int32_t prefix[1000];
-    for (int i = 0; i < 1000; i++)
-        prefix[i] = (int32_t)(common_rng_next(&rng) % VOCAB);
+    random_tokens(prefix, 1000);
     random_prompt(&r[0], 1040, prefix, 1000);
     random_prompt(&r[1], 1030, prefix, 1000);
     r[0].max_tokens = r[1].max_tokens = 6;
@@ -332,8 +339,7 @@ static void streams_admitted_together_compute_a_new_prefix_once(void)
 {
     static req r[5];
     int32_t prefix[1000];
-    for (int i = 0; i < 1000; i++)
-        prefix[i] = (int32_t)(common_rng_next(&rng) % VOCAB);
+    random_tokens(prefix, 1000);
     int total = 0;
     for (int i = 0; i < 4; i++) {
         random_prompt(&r[i], 1010 + 10 * i, prefix, 1000);
