@@ -216,6 +216,150 @@ static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 
     }
 }
 
+/* One row, weights by bulk copies (SHOAL_CUDA_GEMV_BULK, sm_90): the
+ * warp-per-row GEMV keeps a lane's 8 loads in registers, so the bytes in
+ * flight are bound by the registers of the warps a wave holds, and a
+ * weight matrix of 32 MB streams in two rounds a warp with the DRAM idle
+ * at the start and the end (the o projection: 10.3 us against 7.5 at the
+ * copy bandwidth). Here one block a multiprocessor (persistent over the
+ * row groups) stages tiles of BULK_WARPS weight rows by BULK_COLS columns
+ * in shared memory by cp.async.bulk, up to BULK_STAGES_MAX tiles in
+ * flight (192 KB), so the bytes in flight are bound by shared memory
+ * alone; the input row sits in shared memory. Warp w takes row w of each
+ * tile and each lane the row's 16-byte chunks lane, lane + 32, ... in
+ * ascending order across the tiles, so a row's sum is the warp-per-row
+ * GEMV's to the bit. The first tiles are issued before the PDL wait. */
+enum { BULK_WARPS = 8, BULK_COLS = 2048, BULK_STAGES_MAX = 6 };
+
+static __host__ __device__ int bulk_cols(int k)
+{
+    return k < BULK_COLS ? k : BULK_COLS;
+}
+
+/* Bytes of shared memory the input row takes (its tiles follow). */
+static __host__ __device__ size_t bulk_x_bytes(int k)
+{
+    return ((size_t)k * 2 + 127) & ~(size_t)127;
+}
+
+template <typename O>
+static __global__ void __launch_bounds__(BULK_WARPS * 32, 1)
+    matmul_gemv_bulk(O *out, const bf16 *in, const bf16 *w, int n, int k, int stages)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(8) uint64_t bars[BULK_STAGES_MAX];
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int groups = (n + BULK_WARPS - 1) / BULK_WARPS;
+    const int cols = bulk_cols(k), slices = (k + cols - 1) / cols;
+    const int mine = (int)blockIdx.x < groups ? (groups - 1 - (int)blockIdx.x) / gridDim.x + 1 : 0;
+    const int tiles = mine * slices;
+    const uint32_t tile_bytes = (uint32_t)BULK_WARPS * cols * 2;
+    const uint32_t xs = smem_u32(smem), ws0 = xs + (uint32_t)bulk_x_bytes(k);
+    const uint32_t bar0 = smem_u32(bars);
+    /* tile t: row group blockIdx.x + (t / slices) * gridDim.x, columns of
+     * slice t % slices, into stage t % stages (thread 0) */
+    auto issue = [&](int t) {
+        const int g = (int)blockIdx.x + (t / slices) * (int)gridDim.x, c0 = (t % slices) * cols;
+        const int cn = min(cols, k - c0), r0 = g * BULK_WARPS, rn = min(BULK_WARPS, n - r0);
+        const uint32_t bar = bar0 + 8 * (t % stages), dst = ws0 + (t % stages) * tile_bytes;
+        mbar_arrive_expect(bar, (uint32_t)(rn * cn * 2));
+        for (int i = 0; i < rn; i++)
+            bulk_load(dst + i * cols * 2, w + (size_t)(r0 + i) * k + c0, (uint32_t)cn * 2, bar);
+    };
+    if (tid == 0) {
+        for (int i = 0; i < stages; i++)
+            mbar_init(bar0 + 8 * i, 1);
+        for (int t = 0; t < stages && t < tiles; t++)
+            issue(t);
+    }
+    pdl_wait();
+    const uint4 *xg = (const uint4 *)in;
+    uint4 *xv = (uint4 *)smem;
+    for (int i = tid; i < k / 8; i += blockDim.x)
+        xv[i] = __ldg(xg + i);
+    __syncthreads(); /* the barriers' init and the input row */
+    float acc = 0.0f;
+    for (int t = 0; t < tiles; t++) {
+        const int st = t % stages, sl = t % slices;
+        const int row = ((int)blockIdx.x + (t / slices) * (int)gridDim.x) * BULK_WARPS + warp;
+        const int c0 = sl * cols / 8, cn = min(cols, k - sl * cols) / 8; /* in chunks */
+        mbar_wait(bar0 + 8 * st, (t / stages) & 1);
+        const uint4 *wr = (const uint4 *)(smem + (ws0 - xs) + st * tile_bytes) + warp * (cols / 8);
+        if (row < n)
+            for (int c = lane; c < cn; c += 32)
+                acc += dot8_bf16(wr[c], xv[c0 + c]);
+        if (sl == slices - 1) {
+            float v = warp_reduce(acc, op_add());
+            if (lane == 0 && row < n)
+                out[row] = from_f32<O>(v);
+            acc = 0.0f;
+        }
+        __syncthreads(); /* every warp is done with the stage */
+        if (tid == 0 && t + stages < tiles)
+            issue(t + stages);
+    }
+#endif
+}
+
+static __global__ void gemv_bulk_probe(int *ok)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    *ok = 1;
+#else
+    *ok = 0;
+#endif
+}
+
+/* Tile stages the bulk GEMV takes at k (0: it does not fit). */
+static int bulk_stages(const cuda_state *st, int k)
+{
+    size_t tile = (size_t)BULK_WARPS * bulk_cols(k) * 2, x = bulk_x_bytes(k);
+    size_t room = (size_t)st->gemv_bulk_smem > x ? (size_t)st->gemv_bulk_smem - x : 0;
+    size_t n = room / tile;
+    return n < 2 ? 0 : n > BULK_STAGES_MAX ? BULK_STAGES_MAX : (int)n;
+}
+
+template <typename O>
+static void launch_gemv_bulk(cuda_state *st, O *out, const bf16 *in, const bf16 *w, int n, int k,
+                             int stages)
+{
+    int groups = (n + BULK_WARPS - 1) / BULK_WARPS;
+    unsigned blocks = (unsigned)(groups < st->sm_count ? groups : st->sm_count);
+    size_t bytes = bulk_x_bytes(k) + (size_t)stages * BULK_WARPS * bulk_cols(k) * 2;
+    cuda_launch_pdl_smem(st->stream, blocks, BULK_WARPS * 32, bytes, matmul_gemv_bulk<O>, out, in,
+                         w, n, k, stages);
+}
+
+/* The dynamic shared memory a bulk GEMV block may take: what a block may
+ * opt into less the kernel's own (its barriers). */
+template <typename O> static cudaError_t bulk_allow(cuda_state *st)
+{
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, matmul_gemv_bulk<O>);
+    int bytes = st->smem_optin - (int)fa.sharedSizeBytes;
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(matmul_gemv_bulk<O>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 bytes);
+    if (e == cudaSuccess && (st->gemv_bulk_smem == 0 || bytes < st->gemv_bulk_smem))
+        st->gemv_bulk_smem = bytes;
+    return e;
+}
+
+shoal_err cuda_matmul_init(kernels_backend *be)
+{
+    cuda_state *st = cuda_of(be);
+    if (!st->gemv_bulk || !(st->gemv_bulk = cuda_probe(be, gemv_bulk_probe)))
+        return SHOAL_OK;
+    cudaError_t e = bulk_allow<bf16>(st);
+    if (e == cudaSuccess)
+        e = bulk_allow<float>(st);
+    if (e != cudaSuccess)
+        cuda_fail(be, "matmul: raise the bulk GEMV's shared-memory limit", e);
+    return st->err;
+}
+
 /* Whether a matmul of these operands takes our GEMV. */
 static bool gemv_takes(kernels_backend *be, shoal_dtype wdtype, int rows, int k, const void *in,
                        const void *w)
@@ -249,7 +393,14 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
         return;
     cuda_state *st = cuda_of(be);
     if (gemv_takes(be, wdtype, rows, k, in, w)) {
-        if (out_dtype == SHOAL_DTYPE_F32)
+        int stages = rows == 1 && st->gemv_bulk ? bulk_stages(st, k) : 0;
+        if (stages && out_dtype == SHOAL_DTYPE_F32)
+            launch_gemv_bulk<float>(st, (float *)out, (const bf16 *)in, (const bf16 *)w, n, k,
+                                    stages);
+        else if (stages)
+            launch_gemv_bulk<bf16>(st, (bf16 *)out, (const bf16 *)in, (const bf16 *)w, n, k,
+                                   stages);
+        else if (out_dtype == SHOAL_DTYPE_F32)
             launch_gemv<float, false>(st->stream, (float *)out, (const bf16 *)in,
                                       (const bf16 *)w, NULL, rows, n, k);
         else
