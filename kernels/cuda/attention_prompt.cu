@@ -676,9 +676,9 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 #endif
 }
 
-/* Whether this build runs attn_prompt_wgmma on the current device
- * (cuda_probe): its code exists only in sm_90a machine code (the PTX for
- * newer cards leaves it empty). */
+/* Whether this build runs attn_prompt_wgmma on the current device: its
+ * code exists only in sm_90a machine code (the PTX for newer cards
+ * leaves it empty). */
 static __global__ void wgmma_probe(int *ok)
 {
 #ifdef SHOAL_WGMMA
@@ -726,10 +726,30 @@ static bool prompt_dispatch(int hd, shoal_dtype kv, int tile, bool wgmma, F f)
     }
 }
 
+/* Runs wgmma_probe once: false where the build holds no sm_90a code for
+ * this device (the launch fails, or the kernel it runs is the empty one). */
+static bool wgmma_usable(kernels_backend *be)
+{
+    cudaStream_t stream = cuda_of(be)->stream;
+    int *dev = NULL, ok = 0;
+    if (cudaMalloc(&dev, sizeof *dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    wgmma_probe<<<1, 1, 0, stream>>>(dev);
+    if (cudaGetLastError() != cudaSuccess ||
+        cudaMemcpyAsync(&ok, dev, sizeof ok, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess)
+        ok = 0;
+    (void)cudaGetLastError();
+    cudaFree(dev);
+    return ok == 1;
+}
+
 shoal_err cuda_attention_prompt_init(kernels_backend *be)
 {
     cuda_state *st = cuda_of(be);
-    st->prompt_wgmma = st->prompt_tile == 4 && cuda_probe(be, wgmma_probe);
+    st->prompt_wgmma = st->prompt_tile == 4 && wgmma_usable(be);
     cudaError_t e = cudaSuccess;
     for (int hd : {32, 64, 128})
         for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})

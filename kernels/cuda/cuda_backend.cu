@@ -287,24 +287,6 @@ static int env_int(const char *name, int fallback)
     return *end == '\0' && x >= 0 && x <= 1 << 20 ? (int)x : fallback;
 }
 
-bool cuda_probe(kernels_backend *be, void (*probe)(int *))
-{
-    cudaStream_t stream = cuda_of(be)->stream;
-    int *dev = NULL, ok = 0;
-    if (cudaMalloc(&dev, sizeof *dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    probe<<<1, 1, 0, stream>>>(dev);
-    if (cudaGetLastError() != cudaSuccess ||
-        cudaMemcpyAsync(&ok, dev, sizeof ok, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
-        cudaStreamSynchronize(stream) != cudaSuccess)
-        ok = 0;
-    (void)cudaGetLastError();
-    cudaFree(dev);
-    return ok == 1;
-}
-
 static void pick_kernels(cuda_state *st)
 {
     bool legacy = env_int("SHOAL_CUDA_LEGACY", 0) != 0;
@@ -325,7 +307,6 @@ static void pick_kernels(cuda_state *st)
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;
-    st->gemv_bulk = env_int("SHOAL_CUDA_GEMV_BULK", legacy ? 0 : 1) != 0;
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
@@ -385,9 +366,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
         goto out_close;
     }
     if ((e = cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, device)) !=
-            cudaSuccess ||
-        (e = cudaDeviceGetAttribute(&st->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                    device)) != cudaSuccess) {
+        cudaSuccess) {
         err = shoal_diag_set(diag, SHOAL_ERR_DEVICE, "cuda: GPU %d: %s", device,
                              cudaGetErrorString(e));
         goto out_close;
@@ -416,8 +395,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
         goto out_close;
     }
     if ((err = alloc_attn_scratch(be, KERNELS_ATTN_SLICE_ROWS, diag)) ||
-        (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be)) ||
-        (err = cuda_matmul_init(be))) {
+        (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be))) {
         if (err == SHOAL_ERR_DEVICE)
             shoal_diag_set(diag, err, "%s", st->err_msg);
         goto out_close;

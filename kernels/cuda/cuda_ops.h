@@ -100,10 +100,7 @@ typedef struct cuda_state {
      * in 4 warps of 16; 2 = 128 rows in 4 warps of 32; 3 = 128 rows in 8
      * warps of 16),
      * and decode segments raised to fill the partials' last wave
-     * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap),
-     * and one-row GEMVs fed by bulk copies into shared memory, one block
-     * a multiprocessor (SHOAL_CUDA_GEMV_BULK, default 1; 0 = a warp a
-     * weight row streaming through registers; matmul.cu). */
+     * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap). */
     int sm_count;
     bool attn_tc;
     int attn_fill;
@@ -117,9 +114,6 @@ typedef struct cuda_state {
     bool sample_split;
     bool gemv_swiglu;
     bool rope_kv_fused;
-    bool gemv_bulk;     /* SHOAL_CUDA_GEMV_BULK, and the build runs it here */
-    int smem_optin;     /* shared memory a block may opt into, bytes */
-    int gemv_bulk_smem; /* of which the bulk GEMV's dynamic part may take */
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
@@ -231,18 +225,17 @@ static __device__ __forceinline__ void pdl_trigger()
 #endif
 }
 
-/* Launches kernel<<<blocks, threads, smem, stream>>>(args...) with the
+/* Launches kernel<<<blocks, threads, 0, stream>>>(args...) with the
  * programmatic-serialization attribute: it must pdl_wait() before it
  * touches what the kernel before it writes. Errors surface at the
  * backend's next check, as for <<<>>> launches. */
 template <typename... Params, typename... Args>
-static void cuda_launch_pdl_smem(cudaStream_t stream, unsigned blocks, unsigned threads,
-                                 size_t smem, void (*kernel)(Params...), Args... args)
+static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
+                            void (*kernel)(Params...), Args... args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -251,70 +244,6 @@ static void cuda_launch_pdl_smem(cudaStream_t stream, unsigned blocks, unsigned 
     cfg.numAttrs = 1;
     cudaLaunchKernelEx(&cfg, kernel, args...);
 }
-
-template <typename... Params, typename... Args>
-static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
-                            void (*kernel)(Params...), Args... args)
-{
-    cuda_launch_pdl_smem(stream, blocks, threads, 0, kernel, args...);
-}
-
-/* ---- Hopper's bulk copies (sm_90: cp.async.bulk, mbarrier) ----
- * A shared-memory barrier counts one arrival and the bytes of the copies
- * it waits for: arrive_expect() is that arrival with the byte count,
- * bulk_load() a copy of global bytes into shared memory counted on it,
- * and wait(parity) returns once the phase of that parity (0 for a
- * barrier's first use, 1 for its second, ...) has completed. Addresses
- * are shared-window ones (cvta); sizes and both ends 16-byte aligned.
- * Empty below sm_90: a kernel using them runs only where cuda_probe says
- * the build holds sm_90 code. */
-static __device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-static __device__ __forceinline__ void mbar_init(uint32_t bar, int count)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-static __device__ __forceinline__ void mbar_arrive_expect(uint32_t bar, uint32_t bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n.reg .pred done;\nretry:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra retry;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
-                                                 uint32_t bar)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-#endif
-}
-
-/* Runs a one-thread kernel that writes 1 where its code is what the
- * caller needs (its #if) and 0 elsewhere: false where it wrote 0 or could
- * not run. Once, at open. */
-bool cuda_probe(kernels_backend *be, void (*probe)(int *));
 
 /* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
 
@@ -422,8 +351,6 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
                     float scale);
 void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                  int dim);
-/* matmul.cu: probes the bulk GEMV and raises its shared-memory limit. */
-shoal_err cuda_matmul_init(kernels_backend *be);
 void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
                         const void *wu, shoal_dtype wdtype, int rows, int n, int k);
 void cuda_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,

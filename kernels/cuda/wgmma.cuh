@@ -16,7 +16,7 @@
  * is two such tiles, one per 64-column half (sw128_at).
  *
  * The instructions need sm_90a: compiled for anything else, the wrappers
- * are empty and cuda_probe(wgmma_probe) says no (attention_prompt.cu). */
+ * are empty and cuda_wgmma_usable() says no (attention_prompt.cu). */
 #ifndef SHOAL_KERNELS_CUDA_WGMMA_CUH
 #define SHOAL_KERNELS_CUDA_WGMMA_CUH
 

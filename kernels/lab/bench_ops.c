@@ -488,32 +488,22 @@ static double step_ops(kernels_backend *nb, kernels_backend *vb, kernels_backend
     return layer[0] * LAYERS + head[0];
 }
 
-/* nb: our GEMV up to 8 rows (bulk copies at one row), wb: the same with
- * SHOAL_CUDA_GEMV_BULK=0 (a warp a weight row), timed at one row; vb:
- * cuBLAS */
-static void gemv_vs_cublas(kernels_backend *nb, kernels_backend *wb, kernels_backend *vb, bufs *b,
-                           int reps)
+static void gemv_vs_cublas(kernels_backend *nb, kernels_backend *vb, bufs *b, int reps)
 {
-    static const int shapes[][2] = {{HEADS * HD, HID},           {KVH * HD, HID},
-                                    {(HEADS + 2 * KVH) * HD, HID}, {INTER, HID},
-                                    {HID, INTER},                {VOCAB, HID}};
+    static const int shapes[][2] = {
+        {HEADS * HD, HID}, {KVH * HD, HID}, {INTER, HID}, {HID, INTER}, {VOCAB, HID}};
     static const int rowss[] = {1, 2, 4, 8};
-    printf("\nGEMV (new; warp: a warp a weight row) vs cuBLAS (v1), bf16 weights, GB/s of "
-           "weights + activations\n");
+    printf("\nGEMV (new) vs cuBLAS (v1), bf16 weights, GB/s of weights + activations\n");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
             int rows = rowss[ri], n = shapes[s][0], k = shapes[s][1];
             char what[64];
             snprintf(what, sizeof what, "matmul %dx%d", n, k);
-            kernels_backend *bes[] = {nb, wb, vb};
-            const char *names[] = {"new", "warp", "v1"};
-            for (int vi = 0; vi < 3; vi++) {
-                if (vi == 1 && rows > 1)
-                    continue;
-                op o = {.kind = OP_MATMUL, .be = bes[vi], .b = b, .rows = rows, .n = n,
+            for (int vi = 0; vi < 2; vi++) {
+                op o = {.kind = OP_MATMUL, .be = vi ? vb : nb, .b = b, .rows = rows, .n = n,
                         .k = k, .logits_out = n == VOCAB};
                 double w = (double)n * k * 2 + (double)rows * (n + k) * 2;
-                row(what, names[vi], rows, time_op(&o, n == VOCAB ? 8 : 32, reps), w,
+                row(what, vi ? "v1" : "new", rows, time_op(&o, n == VOCAB ? 8 : 32, reps), w,
                     2.0 * rows * n * k, 0, NULL);
             }
         }
@@ -625,8 +615,6 @@ int main(int argc, char **argv)
     kernels_backend *nb = open_variant(device, false, 0, NULL);
     kernels_backend *vb = open_variant(device, true, 0, NULL);
     kernels_backend *gb = open_variant(device, false, 8, NULL); /* our GEMV up to 8 rows */
-    static const char *const warp_env[] = {"SHOAL_CUDA_GEMV_BULK=0", NULL};
-    kernels_backend *wb = open_variant(device, false, 8, warp_env);
     kernels_backend *pb = open_variant(device, false, 0, prev_env);
     kernels_backend *mb = open_variant(device, false, 0, merge_env);
     kernels_backend *sb = open_variant(device, false, 0, pass_env);
@@ -653,7 +641,7 @@ int main(int argc, char **argv)
     printf("  => new: %.1f tokens/s if the step were its ops' GPU time alone\n", 64.0 / dec64);
     printf("\nprefill ops, 2048 tokens of one stream (per call)\n");
     step_ops(nb, vb, sb, &b, 1, 2048, 2048, 3, 5);
-    gemv_vs_cublas(gb, wb, vb, &b, reps);
+    gemv_vs_cublas(gb, vb, &b, reps);
     sample_sweep(nb, pb, &b, reps);
     kernels_backend *attn_bes[] = {nb, nw, b8, tb, mb, pb, vb};
     const char *attn_names[] = {"new", "nowave", "blocks8", "stages3", "merge", "prev", "v1"};
@@ -670,7 +658,6 @@ int main(int argc, char **argv)
     kernels_backend_close(mb);
     kernels_backend_close(pb);
     kernels_backend_close(gb);
-    kernels_backend_close(wb);
     kernels_backend_close(vb);
     kernels_backend_close(nb);
     return 0;

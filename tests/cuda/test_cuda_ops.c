@@ -360,63 +360,6 @@ static kernels_backend *open_gpu_with(const char *name, const char *value)
     return be;
 }
 
-/* The one-row GEMV fed by bulk copies (SHOAL_CUDA_GEMV_BULK, the default
- * where the build has sm_90 code) against the warp-per-row GEMV bit for
- * bit, bf16 and f32 outputs, and against the CPU within the tolerance:
- * fewer rows than a tile, a last tile short in rows or in columns (k past
- * a multiple of 2,048), several column tiles a row, and more row groups
- * than a block's stages (the stages' barriers reused in later phases). */
-static void matmul_one_row_bulk_equals_the_warp_gemv(void)
-{
-    static const int nk[][2] = {{1, 8},      {7, 2056},   {129, 4096},
-                                {1000, 12288}, {20000, 64}, {4096, 4104}};
-    kernels_backend *warp = open_gpu_with("SHOAL_CUDA_GEMV_BULK", "0");
-    int shapes = test_sanitize ? 3 : 6;
-    for (int s = 0; s < shapes; s++)
-        for (int logits = 0; logits < 2; logits++) {
-            int n = nk[s][0], k = nk[s][1];
-            shoal_dtype out_dt = logits ? SHOAL_DTYPE_F32 : act;
-            size_t wn = (size_t)n * k, ob = (size_t)n * shoal_dtype_bytes(out_dt);
-            float *in = xmalloc((size_t)k * 4), *wt = xmalloc(wn * 4);
-            uint16_t *hw = xmalloc(wn * 2);
-            fill_uniform(in, (size_t)k, 1.0f, act);
-            fill_uniform(wt, wn, 0.1f, SHOAL_DTYPE_BF16);
-            for (size_t i = 0; i < wn; i++)
-                hw[i] = shoal_f32_to_bf16(wt[i]);
-            float *ref = xmalloc((size_t)n * 4), *got = xmalloc((size_t)n * 4);
-            float *wgot = xmalloc((size_t)n * 4);
-            cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, in, hw, SHOAL_DTYPE_BF16, 1, n, k);
-            if (out_dt != SHOAL_DTYPE_F32)
-                for (int i = 0; i < n; i++)
-                    ref[i] = round_to(ref[i], out_dt);
-            void *din = dev_from_f32(gpu, in, (size_t)k, act), *dw = dev_copy(gpu, hw, wn * 2);
-            void *dout = dev_alloc(gpu, ob);
-            dev_poison(gpu, dout, ob);
-            gpu->matmul(gpu, dout, out_dt, din, dw, SHOAL_DTYPE_BF16, 1, n, k);
-            f32_from_dev(gpu, got, dout, (size_t)n, out_dt);
-            dev_poison(gpu, dout, ob);
-            warp->matmul(warp, dout, out_dt, din, dw, SHOAL_DTYPE_BF16, 1, n, k);
-            CHECK(warp->sync(warp) == SHOAL_OK);
-            f32_from_dev(gpu, wgot, dout, (size_t)n, out_dt);
-            char shape[64];
-            snprintf(shape, sizeof shape, "n %d k %d out %s", n, k, shoal_dtype_name(out_dt));
-            report("matmul one row", shape, rel_err(got, ref, (size_t)n), tol_for(act));
-            size_t bad = count_differing(got, wgot, (size_t)n);
-            CHECK_MSG(bad == 0, "matmul one row %s (%s): %zu outputs differ from the warp GEMV",
-                      shape, act_name(act), bad);
-            gpu->free(gpu, din);
-            gpu->free(gpu, dw);
-            gpu->free(gpu, dout);
-            free(in);
-            free(wt);
-            free(hw);
-            free(ref);
-            free(got);
-            free(wgot);
-        }
-    kernels_backend_close(warp);
-}
-
 /* gate and up projections and their product on `be`, both ways: the op,
  * and matmul, matmul, swiglu; the op's result into got, the composition's
  * into ref (f32). Weights wg and wu (device) may be one allocation. */
@@ -1031,7 +974,6 @@ int main(int argc, char **argv)
         }
         TEST_RUN(matmul_every_weight_dtype_matches_cpu);
         TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
-        TEST_RUN(matmul_one_row_bulk_equals_the_warp_gemv);
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
