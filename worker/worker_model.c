@@ -360,8 +360,8 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
               (m->q = dev_alloc(m, rows * q_w * a)) && (m->k = dev_alloc(m, rows * kv_w * a)) &&
               (m->v = dev_alloc(m, rows * kv_w * a)) && (m->att = dev_alloc(m, rows * q_w * a)) &&
               (m->pend = dev_alloc(m, rows * wide * a)) &&
-              (m->gate = dev_alloc(m, rows * inter * a)) &&
-              (m->up = dev_alloc(m, rows * inter * a)) &&
+              /* up right after gate: one batched GEMM of both (CUDA) */
+              (m->gate = dev_alloc(m, 2 * rows * inter * a)) &&
               (m->sel = dev_alloc(m, (size_t)m->opt.max_logit_rows * hid * a)) &&
               (m->logits = dev_alloc(m, (size_t)m->opt.max_logit_rows * (size_t)c->vocab * 4)) &&
               (m->results = dev_alloc(m, (size_t)m->opt.max_logit_rows * sizeof *m->results)) &&
@@ -372,6 +372,7 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
                               "no memory for activations of %d rows; lower the batch size",
                               m->opt.max_rows);
+    m->up = (unsigned char *)m->gate + rows * inter * a;
     /* The arena comes last: with kv_pages 0 it takes a share of what the
      * weights and buffers left, as vLLM sizes its KV cache. */
     if (m->opt.kv_pages == 0) {

@@ -307,6 +307,7 @@ static void pick_kernels(cuda_state *st)
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;
+    st->gate_up_batched = env_int("SHOAL_CUDA_GATE_UP_BATCHED", legacy ? 0 : 1) != 0;
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)

@@ -43,6 +43,12 @@ extern "C" {
 #define CUDA_GEMV_ROWS_MAX 8
 #define CUDA_GEMV_ROWS_DEFAULT 1
 
+/* q's and k's norm and rotation with the KV write run as one kernel
+ * (rope.cu) up to this many rows: a decode round's (at 64 rows on the
+ * H200 3 us where the three kernels take 7.4); a prompt's rows take the
+ * three, whose KV write moves 16 bytes a thread. */
+#define CUDA_ROPE_KV_ROWS_MAX 256
+
 /* Sampling (sample.cu): a row is read in at most this many chunks by as
  * many blocks, whose summaries (24 bytes each) the row's block merges;
  * the scratch holds SHOAL_BATCH_ROWS_MAX rows' worth plus the chunks that
@@ -88,9 +94,12 @@ typedef struct cuda_state {
      * walking contiguous runs), and SwiGLU formed in the gate/up GEMV's
      * last step where matmul_swiglu takes the GEMV (SHOAL_CUDA_GEMV_SWIGLU,
      * default 1; 0 = the projections written, then the swiglu kernel), and
-     * q's and k's norm and rotation with the KV write as one kernel where
-     * the GEMV takes the rows (SHOAL_CUDA_ROPE_KV, default 1; 0 = the
-     * qk_norm_rope kernel twice, then kv_write), and the tensor-core
+     * q's and k's norm and rotation with the KV write as one kernel up to
+     * CUDA_ROPE_KV_ROWS_MAX rows (SHOAL_CUDA_ROPE_KV, default 1; 0 = the
+     * qk_norm_rope kernel twice, then kv_write), and gate and up as one
+     * strided-batched GEMM past the GEMV's rows where their weights are
+     * joined (SHOAL_CUDA_GATE_UP_BATCHED, default 1; 0 = two GEMMs), and
+     * the tensor-core
      * attention partials' K/V tile stages (SHOAL_CUDA_ATTN_STAGES, default
      * 2; 3 = the third session's, two blocks a multiprocessor instead of
      * three), and the blocks a multiprocessor the segment rule aims at
@@ -114,6 +123,7 @@ typedef struct cuda_state {
     bool sample_split;
     bool gemv_swiglu;
     bool rope_kv_fused;
+    bool gate_up_batched;
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */

@@ -315,10 +315,27 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
         cuda_launched(be, "matmul_swiglu (gemv)");
         return;
     }
-    bool joined = rows == 1 && (const char *)wu == (const char *)wg + (size_t)n * k * wb &&
-                  (char *)up == (char *)out + (size_t)n * ab;
+    bool joined_w = (const char *)wu == (const char *)wg + (size_t)n * k * wb;
+    bool joined = rows == 1 && joined_w && (char *)up == (char *)out + (size_t)n * ab;
     if (joined) {
         cuda_matmul(be, out, act, in, wg, wdtype, 1, 2 * n, k);
+    } else if (rows > 1 && joined_w && wdtype == act && act == SHOAL_DTYPE_BF16 &&
+               st->gate_up_batched && (char *)up > (char *)out &&
+               (size_t)((char *)up - (char *)out) % ab == 0) {
+        /* one launch for both: a batch of two GEMMs, the weights n * k
+         * apart, the input shared, the outputs as far apart as up is
+         * from out (at 64 rows on the H200 51.9 us against 2 x 29) */
+        const float alpha = 1.0f, beta = 0.0f;
+        long long c_stride = (long long)(((char *)up - (char *)out) / ab);
+        cublasStatus_t s = cublasGemmStridedBatchedEx(
+            st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, wg, CUDA_R_16BF, k,
+            (long long)n * k, in, CUDA_R_16BF, k, 0, &beta, out, CUDA_R_16BF, n, c_stride, 2,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            cuda_fail_cublas(be, "matmul_swiglu", s);
+            return;
+        }
+        cuda_launched(be, "matmul_swiglu (batched)");
     } else {
         cuda_matmul(be, out, act, in, wg, wdtype, rows, n, k);
         cuda_matmul(be, up, act, in, wu, wdtype, rows, n, k);

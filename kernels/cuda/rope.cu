@@ -197,8 +197,8 @@ void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q,
     int rows = batch->rows, kvh = layout->kv_heads, hd = layout->head_dim;
     int q_stride = stride ? stride : heads * hd, k_stride = stride ? stride : kvh * hd;
     SHOAL_ASSERT(stride == 0 || (stride >= (heads + 2 * kvh) * hd && q_out != q));
-    if (!st->rope_kv_fused || rows > st->gemv_rows_max) {
-        /* many rows: the plain kernels (kv_write's 16-byte moves) */
+    if (!st->rope_kv_fused || rows > CUDA_ROPE_KV_ROWS_MAX) {
+        /* a prompt's many rows: the plain kernels (kv_write's 16-byte moves) */
         cuda_qk_norm_rope_to(be, q_out, heads * hd, q, rows, heads, hd, q_stride, q_norm, eps,
                              batch->positions, inv_freq);
         cuda_qk_norm_rope(be, k, rows, kvh, hd, k_stride, k_norm, eps, batch->positions,

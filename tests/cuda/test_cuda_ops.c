@@ -388,7 +388,9 @@ static void swiglu_both_ways(kernels_backend *be, const void *din, const void *d
  * the plain GEMV does and rounds it as the stored projection is rounded.
  * Odd sizes, joined and separate weights, the 8B model's gate/up shape
  * (12288 x 4096) at one row, rows 1 to 8 on a backend whose GEMV takes 8
- * rows, and the switch off (SHOAL_CUDA_GEMV_SWIGLU=0) bit for bit too. */
+ * rows, and the switch off (SHOAL_CUDA_GEMV_SWIGLU=0) bit for bit too;
+ * joined weights past the GEMV's rows (one strided-batched GEMM) within
+ * the tolerance of the composition. */
 static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
 {
     static const int nk[][2] = {{48, 96}, {129, 256}, {100, 257}, {12288, 4096}};
@@ -441,11 +443,21 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
                                  shoal_dtype_name(wdt[w]), rows, n, k,
                                  joined ? "joined" : "apart", be_names[b]);
                         report("matmul_swiglu", shape, rel_err(got, ref, on), tol_for(act));
+                        /* past the GEMV's rows joined weights take one
+                         * batched GEMM, whose kernel cuBLAS picks apart
+                         * from the single GEMM's: within the tolerance
+                         * (separate allocations may lie end to end) */
+                        bool batched = dwu == dw + wbytes && rows > (b == 1 ? 8 : 1) &&
+                                       act == SHOAL_DTYPE_BF16 && wdt[w] == SHOAL_DTYPE_BF16;
                         size_t bad = count_differing(got, gref, on);
-                        CHECK_MSG(bad == 0,
-                                  "matmul_swiglu %s (%s): %zu elements differ from matmul, "
-                                  "matmul, swiglu",
-                                  shape, act_name(act), bad);
+                        if (batched)
+                            report("matmul_swiglu (batched) vs matmul, matmul, swiglu", shape,
+                                   rel_err(got, gref, on), tol_for(act));
+                        else
+                            CHECK_MSG(bad == 0,
+                                      "matmul_swiglu %s (%s): %zu elements differ from matmul, "
+                                      "matmul, swiglu",
+                                      shape, act_name(act), bad);
                         be->free(be, din);
                         be->free(be, dw);
                         if (!joined)
