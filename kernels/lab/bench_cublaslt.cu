@@ -1,0 +1,200 @@
+/* shoal-lab-cublaslt: the decode matmuls at 16 to 128 rows (the 8B
+ * shape's q/k/v, o, gate/up and down) by cuBLAS as the backend calls it
+ * (cublasGemmEx, CUBLAS_GEMM_DEFAULT) against every algorithm cublasLt's
+ * heuristic offers for the same problem, each timed on weights rotating
+ * through 3 GiB (nothing served from L2) as graph replays. It says whether
+ * choosing the algorithm per shape would pay (kernels/lab/README.md).
+ *
+ *   shoal-lab-cublaslt [--device N] [--algos N]
+ */
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#define CK(x)                                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "shoal-lab-cublaslt: %s: %s\n", #x, cudaGetErrorString(e_));         \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+#define CB(x)                                                                                    \
+    do {                                                                                         \
+        cublasStatus_t s_ = (x);                                                                 \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                       \
+            fprintf(stderr, "shoal-lab-cublaslt: %s: status %d\n", #x, (int)s_);                 \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+static const size_t POOL_BYTES = 3ull << 30, WS_BYTES = 32u << 20;
+enum { CALLS = 20, REPS = 5 };
+
+struct bench {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    void *pool, *ws, *x, *out;
+};
+
+/* weights for call i: consecutive calls read different parts of the pool */
+static const void *weight_at(const bench &b, size_t bytes, int i)
+{
+    size_t span = POOL_BYTES - bytes, step = (bytes + 4095) & ~(size_t)4095;
+    return (const char *)b.pool + (((size_t)i * step) % span & ~(size_t)255);
+}
+
+/* Microseconds a call: CALLS calls recorded as a graph, replayed REPS
+ * times, the median replay. run(i) issues call i. */
+template <typename F> static double time_calls(bench &b, F run)
+{
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(b.stream, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < CALLS; i++)
+        if (!run(i)) {
+            cudaStreamEndCapture(b.stream, &g);
+            cudaGetLastError();
+            if (g)
+                cudaGraphDestroy(g);
+            return -1.0;
+        }
+    CK(cudaStreamEndCapture(b.stream, &g));
+    if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+        cudaGetLastError();
+        cudaGraphDestroy(g);
+        return -1.0;
+    }
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(ge, b.stream)); /* warm */
+    std::vector<float> t;
+    for (int r = 0; r < REPS; r++) {
+        CK(cudaEventRecord(e0, b.stream));
+        CK(cudaGraphLaunch(ge, b.stream));
+        CK(cudaEventRecord(e1, b.stream));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return t[REPS / 2] * 1e3 / CALLS;
+}
+
+int main(int argc, char **argv)
+{
+    int device = 0, algos_max = 32;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--device") == 0)
+            device = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--algos") == 0)
+            algos_max = atoi(argv[i + 1]);
+    }
+    bench b;
+    CK(cudaSetDevice(device));
+    CK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
+    CB(cublasCreate(&b.blas));
+    CB(cublasSetStream(b.blas, b.stream));
+    CB(cublasLtCreate(&b.lt));
+    CK(cudaMalloc(&b.pool, POOL_BYTES));
+    CK(cudaMalloc(&b.ws, WS_BYTES));
+    CK(cudaMalloc(&b.x, 256 * 12288 * 2));
+    CK(cudaMalloc(&b.out, 256 * 24576 * 2));
+    CK(cudaMemset(b.pool, 0x3c, POOL_BYTES)); /* small bf16 values */
+    CK(cudaMemset(b.x, 0x3c, 256 * 12288 * 2));
+    CB(cublasSetWorkspace(b.blas, b.ws, WS_BYTES));
+    static const struct {
+        const char *what;
+        int n, k;
+    } shapes[] = {{"q+k+v 6144x4096", 6144, 4096},
+                  {"o 4096x4096", 4096, 4096},
+                  {"gate+up 24576x4096", 24576, 4096},
+                  {"down 4096x12288", 4096, 12288}};
+    static const int rowss[] = {16, 32, 64, 128};
+    printf("decode matmuls, bf16, cublasGemmEx default against cublasLt's heuristic "
+           "algorithms (us a call, GB/s of weights)\n");
+    for (const auto &s : shapes)
+        for (int rows : rowss) {
+            const size_t wbytes = (size_t)s.n * s.k * 2;
+            const float alpha = 1.0f, beta = 0.0f;
+            double dflt = time_calls(b, [&](int i) {
+                return cublasGemmEx(b.blas, CUBLAS_OP_T, CUBLAS_OP_N, s.n, rows, s.k, &alpha,
+                                    weight_at(b, wbytes, i), CUDA_R_16BF, s.k, b.x, CUDA_R_16BF,
+                                    s.k, &beta, b.out, CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+            });
+            /* the same problem for cublasLt: column-major out^T (n x rows)
+             * = W^T (op T of k x n) x X^T (k x rows) */
+            cublasLtMatmulDesc_t op;
+            cublasLtMatrixLayout_t la, lb, lc;
+            cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+            CB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+            CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+            CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+            CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.k, s.n, s.k));
+            CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, rows, s.k));
+            CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, s.n, rows, s.n));
+            cublasLtMatmulPreference_t pref;
+            CB(cublasLtMatmulPreferenceCreate(&pref));
+            size_t ws = WS_BYTES;
+            CB(cublasLtMatmulPreferenceSetAttribute(
+                pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+            std::vector<cublasLtMatmulHeuristicResult_t> res(algos_max);
+            int found = 0;
+            CB(cublasLtMatmulAlgoGetHeuristic(b.lt, op, la, lb, lc, lc, pref, algos_max,
+                                              res.data(), &found));
+            double best = -1, first = -1;
+            int best_i = -1;
+            for (int a = 0; a < found; a++) {
+                double t = time_calls(b, [&](int i) {
+                    return cublasLtMatmul(b.lt, op, &alpha, weight_at(b, wbytes, i), la, b.x, lb,
+                                          &beta, b.out, lc, b.out, lc, &res[a].algo, b.ws,
+                                          WS_BYTES, b.stream) == CUBLAS_STATUS_SUCCESS;
+                });
+                if (a == 0)
+                    first = t;
+                if (t > 0 && (best < 0 || t < best)) {
+                    best = t;
+                    best_i = a;
+                }
+            }
+            int tile = -1, splitk = -1, stages = -1;
+            if (best_i >= 0) {
+                size_t got;
+                cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo,
+                                                     CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                                     sizeof tile, &got);
+                cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo,
+                                                     CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                                     sizeof splitk, &got);
+                cublasLtMatmulAlgoConfigGetAttribute(&res[best_i].algo,
+                                                     CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                                     sizeof stages, &got);
+            }
+            printf("  %-20s %4d rows: default %7.2f us (%5.0f GB/s); lt first %7.2f; best of "
+                   "%2d %7.2f us (%5.0f GB/s, #%d tile %d split-k %d stages %d): %.2fx\n",
+                   s.what, rows, dflt, wbytes / dflt / 1e3, first, found, best,
+                   wbytes / best / 1e3, best_i, tile, splitk, stages, dflt / best);
+            fflush(stdout);
+            cublasLtMatmulPreferenceDestroy(pref);
+            cublasLtMatrixLayoutDestroy(la);
+            cublasLtMatrixLayoutDestroy(lb);
+            cublasLtMatrixLayoutDestroy(lc);
+            cublasLtMatmulDescDestroy(op);
+        }
+    return 0;
+}
