@@ -66,10 +66,49 @@ static const char *type_name(const cJSON *it)
 
 /* ---- the body before parsing ---- */
 
-/* Checks nesting depth, counts values outside strings and finds NUL
- * characters, in one pass over UTF-8 that is already known valid.
- * Malformed JSON is left to cJSON. A NUL is refused rather than cut at:
- * cJSON's strings end at one, so "a\u0000b" would silently become "a". */
+/* Bytes of the JSON number at s (n bytes of [0-9+-.eE] follow), or 0
+ * where RFC 8259's grammar refuses it: -?(0|[1-9][0-9]*)(.[0-9]+)?
+ * ([eE][+-]?[0-9]+)?. cJSON reads numbers by strtod, which also takes a
+ * leading zero (01) and a bare point (1., 1.e5); Python's json (vLLM)
+ * refuses both. */
+static size_t json_number_length(const char *s, size_t n)
+{
+    size_t i = 0;
+#define DIGIT(k) ((k) < n && s[k] >= '0' && s[k] <= '9')
+    if (i < n && s[i] == '-')
+        i++;
+    if (i < n && s[i] == '0')
+        i++;
+    else if (DIGIT(i))
+        while (DIGIT(i))
+            i++;
+    else
+        return 0;
+    if (i < n && s[i] == '.') {
+        i++;
+        if (!DIGIT(i))
+            return 0;
+        while (DIGIT(i))
+            i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-'))
+            i++;
+        if (!DIGIT(i))
+            return 0;
+        while (DIGIT(i))
+            i++;
+    }
+#undef DIGIT
+    return i == n ? i : 0;
+}
+
+/* Checks nesting depth, counts values outside strings, checks numbers
+ * against JSON's grammar and finds NUL characters, in one pass over UTF-8
+ * that is already known valid. Other malformed JSON is left to cJSON. A
+ * NUL is refused rather than cut at: cJSON's strings end at one, so
+ * "a\u0000b" would silently become "a". */
 static shoal_err prescan(const char *body, size_t bytes, size_t values_max,
                          coordinator_api_error *err)
 {
@@ -115,6 +154,17 @@ static shoal_err prescan(const char *body, size_t bytes, size_t values_max,
                            values_max);
             break;
         default:
+            if (c == '-' || (c >= '0' && c <= '9')) {
+                size_t n = strspn(body + i, "0123456789+-.eE");
+                if (i + n > bytes)
+                    n = bytes - i;
+                if (json_number_length(body + i, n) == 0)
+                    return bad(err, NULL,
+                               "the request body is not valid JSON: '%.*s' (at byte %zu) is "
+                               "not a JSON number (no leading zeros, a digit after the point)",
+                               (int)(n < 32 ? n : 32), body + i, i);
+                i += n - 1;
+            }
             break;
         }
     }

@@ -511,6 +511,25 @@ static void malformed_bodies_are_refused_before_parsing(void)
     refused(CHAT, CHAT_PREFIX "\"n\":NaN}", "");
     refused(CHAT, CHAT_PREFIX "\"n\":Infinity}", "");
     refused(CHAT, "{'messages':[]}", "");
+    /* numbers by JSON's grammar, where cJSON's strtod takes more */
+    static const char *const bad_numbers[] = {"01", "-01", "00", "1.", "1.e5", "-", "1e", "1e+",
+                                              "--1", "1-2", "0x10", "1.5.2"};
+    static const char *const good_numbers[] = {"0", "-0", "1", "10", "1.0", "-1.25", "1e3",
+                                               "1E+3", "2e-0", "0.5e1"};
+    char num[128];
+    for (size_t i = 0; i < sizeof bad_numbers / sizeof bad_numbers[0]; i++) {
+        snprintf(num, sizeof num, CHAT_PREFIX "\"x\":%s}", bad_numbers[i]);
+        refused(CHAT, num, "");
+        snprintf(num, sizeof num, "{\"prompt\":[5,%s,7]}", bad_numbers[i]);
+        refused(CMPL, num, "");
+    }
+    for (size_t i = 0; i < sizeof good_numbers / sizeof good_numbers[0]; i++) {
+        snprintf(num, sizeof num, CHAT_PREFIX "\"x\":[%s,{\"y\":%s}]}", good_numbers[i],
+                 good_numbers[i]);
+        accepted(CHAT, num);
+    }
+    /* digits in strings and keys are text */
+    accepted(CHAT, CHAT_PREFIX "\"01\":\"1.e5 007\"}");
     accepted(CHAT, CHAT_PREFIX "\"n\":1}\n \t\r");
     /* invalid UTF-8: a lone continuation byte, an overlong form, a
      * surrogate, a truncated sequence */
