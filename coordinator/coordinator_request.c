@@ -155,9 +155,9 @@ static shoal_err prescan(const char *body, size_t bytes, size_t values_max,
             break;
         default:
             if (c == '-' || (c >= '0' && c <= '9')) {
-                size_t n = strspn(body + i, "0123456789+-.eE");
-                if (i + n > bytes)
-                    n = bytes - i;
+                size_t n = 0; /* the body need not end in a NUL: no strspn */
+                while (i + n < bytes && memchr("0123456789+-.eE", body[i + n], 15))
+                    n++;
                 if (json_number_length(body + i, n) == 0)
                     return bad(err, NULL,
                                "the request body is not valid JSON: '%.*s' (at byte %zu) is "
