@@ -66,42 +66,37 @@ static const char *type_name(const cJSON *it)
 
 /* ---- the body before parsing ---- */
 
-/* Bytes of the JSON number at s (n bytes of [0-9+-.eE] follow), or 0
- * where RFC 8259's grammar refuses it: -?(0|[1-9][0-9]*)(.[0-9]+)?
- * ([eE][+-]?[0-9]+)?. cJSON reads numbers by strtod, which also takes a
- * leading zero (01) and a bare point (1., 1.e5); Python's json (vLLM)
- * refuses both. */
-static size_t json_number_length(const char *s, size_t n)
+/* Whether the n bytes at s (a run of [0-9+-.eE]) are one number by RFC
+ * 8259's grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?. cJSON
+ * reads numbers by strtod, which also takes a leading zero (01) and a
+ * bare point (1., 1.e5); Python's json (vLLM) refuses both. */
+/* Decimal digits at s[i ..], within n. */
+static size_t digits_at(const char *s, size_t n, size_t i)
 {
-    size_t i = 0;
-#define DIGIT(k) ((k) < n && s[k] >= '0' && s[k] <= '9')
-    if (i < n && s[i] == '-')
-        i++;
-    if (i < n && s[i] == '0')
-        i++;
-    else if (DIGIT(i))
-        while (DIGIT(i))
-            i++;
-    else
-        return 0;
+    size_t j = i;
+    while (j < n && s[j] >= '0' && s[j] <= '9')
+        j++;
+    return j - i;
+}
+
+static bool json_number_valid(const char *s, size_t n)
+{
+    size_t i = s[0] == '-', d = digits_at(s, n, i);
+    if (d == 0 || (d > 1 && s[i] == '0')) /* an integer part, no leading zero */
+        return false;
+    i += d;
     if (i < n && s[i] == '.') {
-        i++;
-        if (!DIGIT(i))
-            return 0;
-        while (DIGIT(i))
-            i++;
+        if ((d = digits_at(s, n, ++i)) == 0)
+            return false;
+        i += d;
     }
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
-        i++;
-        if (i < n && (s[i] == '+' || s[i] == '-'))
-            i++;
-        if (!DIGIT(i))
-            return 0;
-        while (DIGIT(i))
-            i++;
+        i += i + 1 < n && (s[i + 1] == '+' || s[i + 1] == '-') ? 2 : 1;
+        if ((d = digits_at(s, n, i)) == 0)
+            return false;
+        i += d;
     }
-#undef DIGIT
-    return i == n ? i : 0;
+    return i == n;
 }
 
 /* Checks nesting depth, counts values outside strings, checks numbers
@@ -158,7 +153,7 @@ static shoal_err prescan(const char *body, size_t bytes, size_t values_max,
                 size_t n = 0; /* the body need not end in a NUL: no strspn */
                 while (i + n < bytes && memchr("0123456789+-.eE", body[i + n], 15))
                     n++;
-                if (json_number_length(body + i, n) == 0)
+                if (!json_number_valid(body + i, n))
                     return bad(err, NULL,
                                "the request body is not valid JSON: '%.*s' (at byte %zu) is "
                                "not a JSON number (no leading zeros, a digit after the point)",

@@ -56,7 +56,7 @@ static const void *weight_at(const bench &b, size_t bytes, int i)
  * times, the median replay. run(i) issues call i. */
 template <typename F> static double time_calls(bench &b, F run)
 {
-    cudaGraph_t g;
+    cudaGraph_t g = NULL;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(b.stream, cudaStreamCaptureModeGlobal));
     for (int i = 0; i < CALLS; i++)
