@@ -443,11 +443,14 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
                                  shoal_dtype_name(wdt[w]), rows, n, k,
                                  joined ? "joined" : "apart", be_names[b]);
                         report("matmul_swiglu", shape, rel_err(got, ref, on), tol_for(act));
-                        /* past the GEMV's rows joined weights take one
-                         * batched GEMM, whose kernel cuBLAS picks apart
-                         * from the single GEMM's: within the tolerance
-                         * (separate allocations may lie end to end) */
-                        bool batched = dwu == dw + wbytes && rows > (b == 1 ? 8 : 1) &&
+                        /* where the fused GEMV does not take them (past
+                         * its rows, or k not a multiple of 8), joined
+                         * weights at more than one row take one batched
+                         * GEMM, whose kernel cuBLAS picks apart from the
+                         * single GEMM's: within the tolerance (separate
+                         * allocations may lie end to end) */
+                        bool gemv = b != 2 && rows <= (b == 1 ? 8 : 1) && k % 8 == 0;
+                        bool batched = dwu == dw + wbytes && rows > 1 && !gemv &&
                                        act == SHOAL_DTYPE_BF16 && wdt[w] == SHOAL_DTYPE_BF16;
                         if (batched) {
                             report("matmul_swiglu (batched) vs matmul, matmul, swiglu", shape,
