@@ -16,15 +16,21 @@
  * Heavier tiles (later rows see more keys) start first.
  *
  * On sm_90a (H100/H200) head dim 128 with bf16 pages takes the wgmma
- * kernel further down instead: the same algorithm on warpgroup MMA, a
- * block holding the query heads of one KV head (prompt_rows_map).
+ * kernels further down instead: the same algorithm on warpgroup MMA, a
+ * block holding the query heads of one KV head (prompt_rows_map), in its
+ * warp-specialized form (attn_prompt_ws: tiles copied by the tensor memory
+ * accelerator) where a tensor map of the arena can be made, else with
+ * every thread copying (attn_prompt_wgmma).
  *
  * bf16 activations and head dims 32, 64 and 128 take these kernels; other
  * shapes, and f32 activations (the exact mode), go to the partial path. */
 #include "attention_mma.cuh"
 #include "wgmma.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <limits.h>
+#include <string.h>
 
 enum { PR_BN = 64 };
 
@@ -42,6 +48,9 @@ struct prompt_args {
     int page_table_stride;
     int rows;
     int pack; /* query heads a block takes together (of one KV head): prompt_rows_map */
+    /* attn_prompt_ws: the arena as rows of 128 bf16 (a token's K or V of one
+     * KV head), boxes of 64 columns by a page's tokens, 128-byte swizzle */
+    CUtensorMap kv_map;
 };
 
 /* Where a block's tile rows come from: row i is the query row of token t0
@@ -52,6 +61,20 @@ struct prompt_args {
 struct prompt_rows_map {
     int t0, tb, h0;
 };
+
+/* The block's rows (tb = a tile's tokens). The grid is (query heads /
+ * pack, tiles), the heaviest tiles (the last rows, which see the most
+ * keys) first, so the blocks of every head at one tile go out together and
+ * a causal prompt's longest blocks never start in its last wave. One
+ * head's tiles after another's (the grid before) left the last head's
+ * longest blocks to the end: on the H200, warp-specialized kernel, 1,024
+ * tokens 187 -> 243 TFLOP/s, 2,048 302 -> 342, 3,072 380 -> 391, 4,096
+ * 425 -> 423 (kernels/lab/README.md row 16.3). */
+static __device__ __forceinline__ prompt_rows_map prompt_block_map(int tb, int pack)
+{
+    const int tile = (int)(gridDim.y - 1 - blockIdx.y);
+    return {tile * tb, tb, (int)blockIdx.x * pack};
+}
 
 /* The block's tile of rows: WARPS warps of MT m-tiles (16 rows) each, a
  * warp's rows contiguous. SHOAL_CUDA_PROMPT_TILE picks one (cuda_ops.h):
@@ -250,16 +273,16 @@ template <int HD, int BM, int THREADS, typename L>
 static __device__ __forceinline__ void prompt_stage_q(uint32_t qs, int *row_s, int *row_p,
                                                       const bf16 *q, const int32_t *row_stream,
                                                       const int32_t *positions, int rows, int heads,
-                                                      prompt_rows_map map)
+                                                      prompt_rows_map map, int tid)
 {
     constexpr int CH = HD / 8;
     const size_t q_stride = (size_t)heads * HD;
-    for (int i = threadIdx.x; i < BM; i += THREADS) {
+    for (int i = tid; i < BM; i += THREADS) {
         int r = map.t0 + i % map.tb;
         row_s[i] = r < rows ? row_stream[r] : -1;
         row_p[i] = r < rows ? positions[r] : -1;
     }
-    for (int i = threadIdx.x; i < BM * CH; i += THREADS) {
+    for (int i = tid; i < BM * CH; i += THREADS) {
         int row = i / CH, c = i % CH, r = map.t0 + row % map.tb, h = map.h0 + row / map.tb;
         bool valid = r < rows;
         mma::cp_async16(qs + L::at(row, c),
@@ -395,14 +418,13 @@ static __global__ void __launch_bounds__(S::THREADS, S::MINB)
     const uint32_t vs0 = ks0 + 2 * PR_BN * HD * 2;
     const uint32_t tile_bytes = PR_BN * HD * 2;
 
-    const int tile = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y, kvh = h / a.group;
-    const prompt_rows_map map = {tile * BM, BM, h};
+    const prompt_rows_map map = prompt_block_map(BM, 1);
+    const int h = map.h0, kvh = h / a.group;
     const int warp = threadIdx.x >> 5;
     const int wrow0 = warp * 16 * MT; /* the warp's first row in the tile */
 
     prompt_stage_q<HD, BM, THREADS, rows_swz<HD>>(qs, row_s, row_p, q, row_stream, positions,
-                                                  a.rows, a.heads, map);
+                                                  a.rows, a.heads, map, threadIdx.x);
     mma::cp_async_commit();
     mma::cp_async_wait<0>();
     __syncthreads();
@@ -528,6 +550,121 @@ static __device__ __forceinline__ void wgmma_qk(float (&sc)[WG_BN / 8][4], uint3
         wg::mma_ss(sc, wg::desc(qg + at, 16, 1024), wg::desc(kb + bt, 16, 1024));
     }
 }
+
+/* A warpgroup's side of the wgmma kernels: its rows' online softmax (o, m,
+ * l, kept across the block's streams) and P of the tile whose O += P V is
+ * pending, written only once the last O += P V that reads it is waited on. */
+struct wg_rows {
+    float o[WG_HD / 8][4];
+    float m[2], l[2];
+    uint32_t p[WG_BN / 16][4];
+
+    __device__ __forceinline__ void start()
+    {
+#pragma unroll
+        for (int i = 0; i < WG_HD / 8; i++)
+            o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.0f;
+    }
+};
+
+/* The warp's rows of stream s (prompt_rows_of) and its group's tiles, 0 ..
+ * ng - 1: the keys up to the group's last row of s (wgmma is the group's). */
+struct wg_stream {
+    prompt_warp_rows w;
+    int last[1][2];
+    int ng;
+};
+
+static __device__ __forceinline__ wg_stream wg_stream_of(const int *row_s, const int *row_p,
+                                                         int s, int wrow0, int grp, int ntiles)
+{
+    wg_stream ws;
+    ws.w = prompt_rows_of<1>(row_s, row_p, s, wrow0, ws.last);
+    int g_max = -1;
+    for (int i = grp * 64 + (threadIdx.x & 31); i < grp * 64 + 64; i += 32)
+        if (row_s[i] == s)
+            g_max = max(g_max, row_p[i]);
+    g_max = warp_max(g_max);
+    ws.ng = g_max < 0 ? 0 : min(ntiles, g_max / WG_BN + 1);
+    return ws;
+}
+
+/* The mask and online softmax of tile j's scores (keys from j * WG_BN);
+ * corr: O's factor. */
+static __device__ __forceinline__ void wg_softmax(wg_rows &g, float (&sc)[WG_BN / 8][4],
+                                                  const wg_stream &ws, int j, float scale,
+                                                  float (&corr)[2])
+{
+    const int key0 = j * WG_BN;
+    if (ws.w.other || key0 + WG_BN - 1 > ws.w.w_min)
+        prompt_mask<WG_BN / 8>(sc, ws.last[0], key0);
+    mma::softmax_scores<WG_BN / 8>(sc, scale, g.m, g.l, corr);
+}
+
+/* P packed as the A registers of the next O += P V, then O rescaled. */
+static __device__ __forceinline__ void wg_pack_rescale(wg_rows &g, const float (&sc)[WG_BN / 8][4],
+                                                       const float (&corr)[2])
+{
+#pragma unroll
+    for (int kk = 0; kk < WG_BN / 16; kk++)
+        mma::p_fragment<WG_BN / 8>(g.p[kk], sc, kk);
+    wg::keep(g.p); /* packed here, not sunk past the next wgmma.fence */
+    mma::rescale<WG_HD>(g.o, corr);
+}
+
+/* Tile 0 of a stream (no O += P V pending): S_0 = Q K_0^T (Q's rows at qg,
+ * K's tile at kb), its mask and softmax, P_0 packed, O rescaled. */
+static __device__ __forceinline__ void wg_first_tile(wg_rows &g, const wg_stream &ws, uint32_t qg,
+                                                     uint32_t kb, float scale)
+{
+    float sc[WG_BN / 8][4], corr[2];
+    wg::keep(g.o);
+    wg::fence();
+    wgmma_qk(sc, qg, kb);
+    wg::commit();
+    wg::wait<0>();
+    wg::keep(sc);
+    wg_softmax(g, sc, ws, 0, scale, corr);
+    wg_pack_rescale(g, sc, corr);
+}
+
+/* Tile j > 0: S_j = Q K_j^T issued with O += P_{j-1} V_{j-1} (V's tile at
+ * vb_prev), the mask and softmax of S_j while the second runs; v_done()
+ * once it is waited on (V_{j-1}'s stage is free), then P_j packed and O
+ * rescaled (flash attention 3's overlap within a warpgroup). */
+template <typename F>
+static __device__ __forceinline__ void wg_tile(wg_rows &g, const wg_stream &ws, int j, uint32_t qg,
+                                               uint32_t kb, uint32_t vb_prev, float scale,
+                                               F v_done)
+{
+    float sc[WG_BN / 8][4], corr[2];
+    wg::keep(g.o);
+    wg::fence();
+    wgmma_qk(sc, qg, kb);
+    wg::commit();
+    wgmma_pv(g.o, g.p, vb_prev);
+    wg::commit();
+    wg::wait<1>(); /* S_j; O += P_{j-1} V_{j-1} still running */
+    wg::keep(sc);
+    wg_softmax(g, sc, ws, j, scale, corr);
+    wg::wait<0>();
+    wg::keep(g.o);
+    v_done();
+    wg_pack_rescale(g, sc, corr);
+}
+
+/* The pending O += P V alone (V's tile at vb). */
+static __device__ __forceinline__ void wg_flush(wg_rows &g, uint32_t vb)
+{
+    wg::keep(g.o); /* rescaled before the fence, not sunk past it */
+    wg::fence();
+    wgmma_pv(g.o, g.p, vb);
+    wg::commit();
+    wg::wait<0>();
+    wg::keep(g.o);
+}
 #endif
 
 static __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -535,7 +672,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                       const int32_t *positions, const int32_t *page_table)
 {
 #ifdef SHOAL_WGMMA
-    constexpr int HD = WG_HD, BM = WG_BM, BN = WG_BN, THREADS = WG_THREADS, NT = BN / 8;
+    constexpr int HD = WG_HD, BM = WG_BM, BN = WG_BN, THREADS = WG_THREADS;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int row_s[BM], row_p[BM];
     const uint32_t qs = (mma::smem_addr(smem) + 1023u) & ~1023u;
@@ -543,14 +680,13 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     const uint32_t tile_bytes = BN * HD * 2;
     const uint32_t vs0 = ks0 + WG_STAGES * tile_bytes;
 
-    const int tile = gridDim.x - 1 - blockIdx.x;
-    const prompt_rows_map map = {tile * (BM / a.pack), BM / a.pack, (int)blockIdx.y * a.pack};
+    const prompt_rows_map map = prompt_block_map(BM / a.pack, a.pack);
     const int kvh = map.h0 / a.group;
     const int warp = threadIdx.x >> 5, grp = warp >> 2;
     const int wrow0 = warp * 16;
 
     prompt_stage_q<HD, BM, THREADS, rows_sw128<BM>>(qs, row_s, row_p, q, row_stream, positions,
-                                                    a.rows, a.heads, map);
+                                                    a.rows, a.heads, map, threadIdx.x);
     mma::cp_async_commit();
 
     const size_t k_off = a.k_off + (size_t)kvh * a.head_stride;
@@ -558,12 +694,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     /* the group's 64 rows of Q: K-major, one descriptor a k16 step */
     const uint32_t qg = qs + grp * 64 * 128;
 
-    float o[HD / 8][4];
-#pragma unroll
-    for (int i = 0; i < HD / 8; i++)
-        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    uint32_t p[NT / 2][4]; /* P of the tile whose O += P V is pending */
+    wg_rows g;
+    g.start();
 
     unsigned done[BM / 32] = {};
     int maxp, s;
@@ -571,20 +703,12 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
      * its latency under the stream scan and that tile's staging */
     __syncthreads();
     while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
-        int last[1][2];
-        const prompt_warp_rows w = prompt_rows_of<1>(row_s, row_p, s, wrow0, last);
-        int g_max = -1; /* the group's last row of s: wgmma is the group's */
-        for (int i = grp * 64 + (threadIdx.x & 31); i < grp * 64 + 64; i += 32)
-            if (row_s[i] == s)
-                g_max = max(g_max, row_p[i]);
-        g_max = warp_max(g_max);
         const int32_t *pages = page_table + (size_t)s * (size_t)a.page_table_stride;
         const int kv_end = maxp + 1;
         const int ntiles = (kv_end + BN - 1) / BN;
+        const wg_stream ws = wg_stream_of(row_s, row_p, s, wrow0, grp, ntiles);
+        const int ng = ws.ng;
         using KVL = prompt_kv<HD, THREADS, bf16, BN, rows_sw128<BN>>;
-
-        /* the group's tiles: 0 .. ng - 1 (keys up to its last row) */
-        const int ng = g_max < 0 ? 0 : min(ntiles, g_max / BN + 1);
 
         __syncthreads(); /* every group is done with the stages of the last stream */
         typename KVL::pages_of pg; /* of the tile staged next */
@@ -608,71 +732,195 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                 KVL::lookup(pg, pages, a.pt_shift, (j + 2) * BN, kv_end);
             }
         };
-        /* the mask and softmax of tile j's scores; corr for o */
-        auto soft = [&](float (&sc)[NT][4], int j, float (&corr)[2]) {
-            const int key0 = j * BN;
-            if (w.other || key0 + BN - 1 > w.w_min)
-                prompt_mask<NT>(sc, last[0], key0);
-            mma::softmax_scores<NT>(sc, a.scale_log2, m, l, corr);
-        };
-        /* p, the A registers of O += P V: written only once the last
-         * O += P V that reads them is waited on */
-        auto pack = [&](const float (&sc)[NT][4]) {
-#pragma unroll
-            for (int kk = 0; kk < NT / 2; kk++)
-                mma::p_fragment<NT>(p[kk], sc, kk);
-            wg::keep(p); /* packed here, not sunk past the next wgmma.fence */
-        };
-
-        /* the pending O += P V of the tile at stage `st`, alone */
-        auto flush = [&](int st) {
-            wg::keep(o); /* rescaled before the fence, not sunk past it */
-            wg::fence();
-            wgmma_pv(o, p, vs0 + st * tile_bytes);
-            wg::commit();
-            wg::wait<0>();
-            wg::keep(o);
-        };
-
         next_tile(0); /* tile 0 apart: no O += P V pending before it */
-        if (ng > 0) {
-            float sc[NT][4], corr[2];
-            wg::keep(o);
-            wg::fence();
-            wgmma_qk(sc, qg, ks0);
-            wg::commit();
-            wg::wait<0>();
-            wg::keep(sc);
-            soft(sc, 0, corr);
-            pack(sc);
-            mma::rescale<HD>(o, corr);
-        }
+        if (ng > 0)
+            wg_first_tile(g, ws, qg, ks0, a.scale_log2);
         for (int j = 1; j < ntiles; j++) {
             next_tile(j);
-            const int prev = (j - 1) % WG_STAGES;
-            if (j < ng) {
-                float sc[NT][4], corr[2];
-                wg::keep(o);
-                wg::fence();
-                wgmma_qk(sc, qg, ks0 + (j % WG_STAGES) * tile_bytes);
-                wg::commit();
-                wgmma_pv(o, p, vs0 + prev * tile_bytes);
-                wg::commit();
-                wg::wait<1>(); /* S_j; O += P_{j-1} V_{j-1} still running */
-                wg::keep(sc);
-                soft(sc, j, corr);
-                wg::wait<0>();
-                wg::keep(o);
-                pack(sc);
-                mma::rescale<HD>(o, corr);
-            } else if (j == ng) {
-                flush(prev);
-            }
+            const uint32_t prev = (j - 1) % WG_STAGES * tile_bytes;
+            if (j < ng)
+                wg_tile(g, ws, j, qg, ks0 + (j % WG_STAGES) * tile_bytes, vs0 + prev,
+                        a.scale_log2, [] {});
+            else if (j == ng)
+                wg_flush(g, vs0 + prev);
         }
         if (ng == ntiles && ng > 0)
-            flush((ng - 1) % WG_STAGES);
+            wg_flush(g, vs0 + (ng - 1) % WG_STAGES * tile_bytes);
     }
-    prompt_store<HD>(o, l, wrow0, map, a.rows, 1.0f, out, (size_t)a.heads * HD);
+    prompt_store<HD>(g.o, g.l, wrow0, map, a.rows, 1.0f, out, (size_t)a.heads * HD);
+#endif
+}
+
+/* The warp-specialized sm_90a kernel (SHOAL_CUDA_PROMPT_TILE=5, the default
+ * where the driver encodes tensor maps and pages hold 8 to 256 tokens):
+ * the wgmma kernel's block of 128 rows and its per-tile work, split as
+ * flash attention 3 splits it. Warpgroup 0 only copies: one warp looks up
+ * a tile's pages and stages K and V by the tensor memory accelerator (a
+ * copy per page, or per tile of a larger page, and 64-column half;
+ * prompt_args.kv_map), counted on the stage's `full` barrier, once both
+ * computing warpgroups have freed the stage on its `empty` barrier.
+ * Warpgroups 1 and 2 only compute, each on its 64 rows, with no
+ * block-wide barrier per tile: each waits for its tile and issues S_j = Q
+ * K_j^T with O += P_{j-1} V_{j-1}, the softmax of S_j under the second,
+ * as the wgmma kernel does. The last tile of a stream lands on the `tail`
+ * barrier first: the copying warp zeroes V's rows past the stream (stale
+ * page tails, pages not copied) and then completes `full` itself.
+ * Registers go from the copying warpgroup to the computing ones
+ * (setmaxnreg). Against the wgmma kernel on the H200: 4,096 tokens 333 ->
+ * 420-432 TFLOP/s, 2,048 281 -> 336 (kernels/lab/README.md row 16.1;
+ * the two computing warpgroups taking turns at issuing, as flash
+ * attention 3's ping-pong, measured slower: row 16.2). */
+enum { WS_THREADS = 384 };
+
+static __global__ void __launch_bounds__(WS_THREADS, 1)
+    attn_prompt_ws(const __grid_constant__ prompt_args a, const bf16 *q, bf16 *out,
+                   const int32_t *row_stream, const int32_t *positions, const int32_t *page_table)
+{
+#ifdef SHOAL_WGMMA
+    constexpr int HD = WG_HD, BM = WG_BM, BN = WG_BN, S = WG_STAGES;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ int row_s[BM], row_p[BM];
+    __shared__ __align__(8) uint64_t bars[2 * S + 1]; /* full[S], empty[S], tail */
+    const uint32_t qs = (mma::smem_addr(smem) + 1023u) & ~1023u;
+    const uint32_t ks0 = qs + BM * HD * 2;
+    const uint32_t tile_bytes = BN * HD * 2;
+    const uint32_t vs0 = ks0 + S * tile_bytes;
+    const uint32_t full0 = mma::smem_addr(&bars[0]), empty0 = full0 + 8 * S;
+    const uint32_t tail_bar = full0 + 16 * S;
+
+    const prompt_rows_map map = prompt_block_map(BM / a.pack, a.pack);
+    const int kvh = map.h0 / a.group;
+    const int wgi = threadIdx.x >> 7; /* 0: copies; 1 and 2: products */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t k_off = a.k_off + (size_t)kvh * a.head_stride;
+    const size_t v_off = a.v_off + (size_t)kvh * a.head_stride;
+
+    if (wgi > 0)
+        prompt_stage_q<HD, BM, 256, rows_sw128<BM>>(qs, row_s, row_p, q, row_stream, positions,
+                                                    a.rows, a.heads, map, threadIdx.x - 128);
+    mma::cp_async_commit();
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < S; i++) {
+            wg::bar_init(full0 + 8 * i, 1);
+            wg::bar_init(empty0 + 8 * i, 256); /* every computing thread */
+        }
+        wg::bar_init(tail_bar, 1);
+        wg::bar_init_fence();
+    }
+    __syncthreads(); /* row_s, row_p and the barriers; nothing block-wide after this */
+
+    unsigned done[BM / 32] = {};
+    int maxp, s;
+    uint32_t it = 0; /* tiles staged (or taken) so far: the stage and its parity */
+    if (wgi == 0) {
+        wg::regs_dec<40>();
+        if (warp != 0)
+            return;
+        /* a copy: BR rows of one page (pages of more than a tile's tokens
+         * give a tile part of one) */
+        const int R = 1 << a.pt_shift, BR = min(R, BN), page_rows = (int)(a.page_bytes / 256);
+        const int krow = (int)(k_off / HD), vrow = (int)(v_off / HD);
+        uint32_t tail_par = 0;
+        while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
+            const int32_t *pages = page_table + (size_t)s * (size_t)a.page_table_stride;
+            const int kv_end = maxp + 1, ntiles = (kv_end + BN - 1) / BN;
+            for (int j = 0; j < ntiles; j++, it++) {
+                const uint32_t st = it % S;
+                const int valid = min(BN, kv_end - j * BN), copies = (valid + BR - 1) / BR * 4;
+                /* copy c = lane + 32 k: rows c / 4 of the tile (BR tokens),
+                 * half (c / 2) % 2, K or V c % 2; its first row in the map */
+                int row[2];
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const int c = lane + 32 * k, t = j * BN + (c >> 2) * BR;
+                    row[k] = c < copies
+                                 ? pages[t >> a.pt_shift] * page_rows + (c & 1 ? vrow : krow) +
+                                       (t & (R - 1))
+                                 : 0;
+                }
+                const bool tail = valid < BN;
+                const uint32_t bar = tail ? tail_bar : full0 + 8 * st;
+                wg::bar_wait(empty0 + 8 * st, ((it / S) & 1) ^ 1);
+                if (lane == 0)
+                    wg::bar_arrive_expect(bar, (uint32_t)(copies * BR * 128));
+                __syncwarp();
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const int c = lane + 32 * k;
+                    if (c >= copies)
+                        continue;
+                    const int half = (c >> 1) & 1;
+                    const uint32_t dst = (c & 1 ? vs0 : ks0) + st * tile_bytes +
+                                         half * (BN * 128) + (c >> 2) * BR * 128;
+                    wg::tma_load_2d(dst, &a.kv_map, half * 64, row[k], bar);
+                }
+                if (tail) { /* V's rows past the stream zeroed, then the stage is full */
+                    wg::bar_wait(tail_bar, tail_par);
+                    tail_par ^= 1;
+                    for (int i = lane; i < (BN - valid) * 16; i += 32) {
+                        const uint32_t at =
+                            vs0 + st * tile_bytes + wg::sw128_at<BN>(valid + i / 16, i % 16);
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0)
+                                     : "memory");
+                    }
+                    wg::fence_smem();
+                    __syncwarp();
+                    if (lane == 0)
+                        wg::bar_arrive(full0 + 8 * st);
+                }
+            }
+        }
+        return;
+    }
+    wg::regs_inc<232>();
+    const int grp = wgi - 1;
+    const int wrow0 = (warp - 4) * 16; /* the warp's first row of the tile */
+    const uint32_t qg = qs + grp * 64 * 128;
+    mma::cp_async_wait<0>();
+    wg::fence_smem();
+    wg::named_sync(1, 256); /* every computing thread's part of Q landed */
+
+    wg_rows g;
+    g.start();
+    auto release = [&](uint32_t st) { wg::bar_arrive(empty0 + 8 * st); }; /* done reading st */
+    auto take = [&]() { /* the stage of the next tile, once it has landed */
+        const uint32_t st = it % S;
+        wg::bar_wait(full0 + 8 * st, (it / S) & 1);
+        return st;
+    };
+    while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
+        const int ntiles = (maxp + 1 + BN - 1) / BN;
+        const wg_stream ws = wg_stream_of(row_s, row_p, s, wrow0, grp, ntiles);
+        const int ng = ws.ng;
+        uint32_t prev = 0; /* the stage of tile j - 1 */
+        if (ntiles > 0) { /* tile 0 apart: no O += P V pending before it */
+            prev = take();
+            if (ng > 0)
+                wg_first_tile(g, ws, qg, ks0 + prev * tile_bytes, a.scale_log2);
+            else
+                release(prev);
+            it++;
+        }
+        for (int j = 1; j < ntiles; j++, it++) {
+            const uint32_t st = take();
+            if (j < ng) {
+                wg_tile(g, ws, j, qg, ks0 + st * tile_bytes, vs0 + prev * tile_bytes,
+                        a.scale_log2, [&] { release(prev); });
+            } else {
+                if (j == ng && ng > 0) {
+                    wg_flush(g, vs0 + prev * tile_bytes);
+                    release(prev);
+                }
+                release(st);
+            }
+            prev = st;
+        }
+        if (ng == ntiles && ng > 0) {
+            wg_flush(g, vs0 + prev * tile_bytes);
+            release(prev);
+        }
+    }
+    prompt_store<HD>(g.o, g.l, wrow0, map, a.rows, 1.0f, out, (size_t)a.heads * HD);
 #endif
 }
 
@@ -703,7 +951,11 @@ template <int HD, typename S, typename F> static void prompt_instance(bool fp8, 
 template <int HD, typename F>
 static void prompt_tile_dispatch(int tile, bool wgmma, bool fp8, F f)
 {
-    if (tile == 4 && wgmma && HD == WG_HD && !fp8) {
+    if (tile == 5 && wgmma && HD == WG_HD && !fp8) { /* the caller has a tensor map */
+        f(attn_prompt_ws, wgmma_smem_bytes(), (int)WS_THREADS, (int)WG_BM, true);
+        return;
+    }
+    if (tile >= 4 && wgmma && HD == WG_HD && !fp8) {
         f(attn_prompt_wgmma, wgmma_smem_bytes(), (int)WG_THREADS, (int)WG_BM, true);
         return;
     }
@@ -746,11 +998,61 @@ static bool wgmma_usable(kernels_backend *be)
     return ok == 1;
 }
 
+/* The tensor map of the arena for attn_prompt_ws's K and V copies
+ * (prompt_args.kv_map; boxes of min(page, tile) rows), made again only
+ * when the arena or the page size changes. False where the copies cannot
+ * take the layout: pages of fewer than 8 tokens (a box's rows must start
+ * at the swizzle's 1,024-byte repeat), or no encoder in the driver. */
+static bool kv_map_of(kernels_backend *be, const void *arena, const kernels_kv_layout *L,
+                      CUtensorMap *out)
+{
+    cuda_state *st = cuda_of(be);
+    const int pt = L->page_tokens;
+    if (!st->tmap_encode || L->head_dim != WG_HD || pt < 8 || pt > 256 ||
+        L->page_bytes % 256 != 0 || (uintptr_t)arena % 16 != 0)
+        return false;
+    if (st->tmap_arena != arena || st->tmap_page_tokens != pt) {
+        /* rows of 256 bytes, as many as an int row coordinate reaches (512
+         * GiB, more than a GPU holds); the copies never pass the arena */
+        const cuuint64_t dims[2] = {(cuuint64_t)WG_HD, (cuuint64_t)INT_MAX};
+        const cuuint64_t strides[1] = {(cuuint64_t)WG_HD * 2};
+        const cuuint32_t box[2] = {64, (cuuint32_t)(pt < WG_BN ? pt : WG_BN)}, unit[2] = {1, 1};
+        CUtensorMap m;
+        CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)st->tmap_encode)(
+            &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)arena, dims, strides, box, unit,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS)
+            return false;
+        static_assert(sizeof m == sizeof st->tmap, "cuda_state.tmap holds a CUtensorMap");
+        memcpy(st->tmap, &m, sizeof m);
+        st->tmap_arena = arena;
+        st->tmap_page_tokens = pt;
+    }
+    memcpy(out, st->tmap, sizeof *out);
+    return true;
+}
+
 shoal_err cuda_attention_prompt_init(kernels_backend *be)
 {
     cuda_state *st = cuda_of(be);
-    st->prompt_wgmma = st->prompt_tile == 4 && wgmma_usable(be);
-    cudaError_t e = cudaSuccess;
+    st->prompt_wgmma = st->prompt_tile >= 4 && wgmma_usable(be);
+    st->tmap_encode = NULL;
+    if (st->prompt_wgmma && st->prompt_tile == 5) {
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &st->tmap_encode, 12000,
+                                             cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            st->tmap_encode = NULL; /* the tile-4 kernel serves */
+        (void)cudaGetLastError();
+    }
+    /* tile 5's kernel, and tile 4's, which serves where no map does */
+    cudaError_t e = cudaFuncSetAttribute(attn_prompt_ws,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)wgmma_smem_bytes());
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_prompt_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)wgmma_smem_bytes());
     for (int hd : {32, 64, 128})
         for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
             prompt_dispatch(hd, kv, st->prompt_tile, st->prompt_wgmma,
@@ -807,14 +1109,18 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
     a.scale_log2 = scale * 1.4426950408889634f;
     a.page_table_stride = batch->page_table_stride;
     a.rows = batch->rows;
+    int tile = cuda_of(be)->prompt_tile;
+    if (tile == 5 && (fp8 || !kv_map_of(be, arena, L, &a.kv_map)))
+        tile = 4;
     cudaStream_t stream = cuda_of(be)->stream;
-    prompt_dispatch(hd, L->dtype, cuda_of(be)->prompt_tile, cuda_of(be)->prompt_wgmma,
+    prompt_dispatch(hd, L->dtype, tile, cuda_of(be)->prompt_wgmma,
                     [&](auto kernel, size_t bytes, int threads, int bm, bool packs) {
                         /* a block's rows: bm / pack tokens of pack query heads */
                         a.pack = packs && bm % a.group == 0 ? a.group : 1;
                         const int tb = bm / a.pack;
-                        dim3 grid((unsigned)((batch->rows + tb - 1) / tb),
-                                  (unsigned)(heads / a.pack));
+                        const int tiles = (batch->rows + tb - 1) / tb;
+                        SHOAL_ASSERT(tiles <= 65535); /* gridDim.y */
+                        dim3 grid((unsigned)(heads / a.pack), (unsigned)tiles);
                         kernel<<<grid, threads, bytes, stream>>>(a, (const bf16 *)q, (bf16 *)out,
                                                                  batch->row_stream,
                                                                  batch->positions,

@@ -301,9 +301,9 @@ static void pick_kernels(cuda_state *st)
     if (st->attn_blocks < 1 || st->attn_blocks > 64)
         st->attn_blocks = 4;
     st->attn_wave = env_int("SHOAL_CUDA_ATTN_WAVE", legacy ? 0 : 1) != 0;
-    st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 4);
-    if (st->prompt_tile < 1 || st->prompt_tile > 4)
-        st->prompt_tile = 4;
+    st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
+    if (st->prompt_tile < 1 || st->prompt_tile > 5)
+        st->prompt_tile = 5;
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;

@@ -115,8 +115,14 @@ typedef struct cuda_state {
     int attn_fill;
     int attn_stages; /* 2 or 3 */
     int attn_blocks; /* partial blocks a multiprocessor the segment rule aims at */
-    int prompt_tile;   /* 1 to 4: attention_prompt.cu's prompt_shape, or 4 = wgmma */
-    bool prompt_wgmma; /* tile 4 asked for, and this build and GPU run it */
+    int prompt_tile;   /* 1 to 3: attention_prompt.cu's prompt_shape, 4 = wgmma, 5 = ws */
+    bool prompt_wgmma; /* tile 4 or 5 asked for, and this build and GPU run it */
+    /* Tile 5 (attn_prompt_ws): the driver's tensor-map encoder (NULL:
+     * tile 4 serves), and the map of the last arena. */
+    void *tmap_encode;
+    const void *tmap_arena;
+    int tmap_page_tokens;
+    unsigned char tmap[128]; /* a CUtensorMap, copied into the kernel's arguments */
     bool attn_wave;  /* decode segments raised to fill their last wave */
     int gemv_rows_max;
     bool graphs;

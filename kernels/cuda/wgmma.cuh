@@ -78,6 +78,95 @@ static __device__ __forceinline__ void fence_smem()
 #endif
 }
 
+/* Shared-memory barriers (mbarrier) between the warps of a block and the
+ * tensor memory accelerator's copies: one thread initializes a barrier with
+ * the arrivals a phase takes (bar_init_fence, then the block syncs);
+ * arrive() counts one; arrive_expect() counts one and adds the bytes that
+ * copies will bring (they complete the phase as they land); wait(parity)
+ * returns once the phase of that parity has completed (0 for a barrier's
+ * first phase, 1 for its second, ...; on a fresh barrier, parity 1 is taken
+ * as done, which is how a producer's first wait on an empty slot passes). */
+static __device__ __forceinline__ void bar_init(uint32_t bar, int count)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void bar_init_fence()
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void bar_arrive(uint32_t bar)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void bar_arrive_expect(uint32_t bar, uint32_t bytes)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("{\n.reg .pred done;\nretry:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra retry;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+#endif
+}
+
+/* One box of a 2-D tensor map (a __grid_constant__ kernel parameter) at
+ * column `col`, row `row` into shared memory at dst, its bytes counted on
+ * barrier bar. The map's 128-byte swizzle applies as sw128_at's does, from
+ * dst (a multiple of 1,024 bytes). */
+static __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, int col, int row,
+                                                   uint32_t bar)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"(map), "r"(col), "r"(row), "r"(bar)
+                 : "memory");
+#endif
+}
+
+/* A named block barrier (ids 1-15; 0 is __syncthreads): waits until
+ * `count` threads of the block have come to barrier `id`. */
+static __device__ __forceinline__ void named_sync(int id, int count)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+#endif
+}
+
+/* The registers a warpgroup's threads may hold from here on (warp
+ * specialization: the copying group gives registers to the computing ones). */
+template <int N> static __device__ __forceinline__ void regs_dec()
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+template <int N> static __device__ __forceinline__ void regs_inc()
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 /* The compiler sees an accumulator as written when the mma is issued; it
  * is written when the group is waited on. keep() pins each register's
  * reads after the wait, and its writes (a rescale, P's packing) before

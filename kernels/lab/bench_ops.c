@@ -3,10 +3,10 @@
  * 151936, bf16 weights, activations and KV in 16-token pages), each variant
  * of a kernel beside the others, on the same buffers, in one process.
  *
- *   shoal-lab-ops [--device N] [--quick] [--prompt 2048|4096]
+ *   shoal-lab-ops [--device N] [--quick] [--prompt N]
  *
- * --prompt N times the prompt kernel alone at N tokens, the variant the
- * environment picks (for a profiler).
+ * --prompt N times the prompt kernel alone at N tokens (16 to 4,096), the
+ * variant the environment picks (for a profiler).
  *
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
@@ -19,10 +19,11 @@
  * (SHOAL_CUDA_ATTN_STAGES=3: three K/V tile stages, as before), "nowave"
  * (SHOAL_CUDA_ATTN_WAVE=0: the segment rule without raising the count to
  * fill the last wave), "blocks8" (SHOAL_CUDA_ATTN_BLOCKS=8: segments for 8
- * blocks a multiprocessor instead of 4), for the prompt kernel "mma64",
- * "rows32" and "warps8" (SHOAL_CUDA_PROMPT_TILE=1, 2 and 3: mma.sync on
- * 64-row tiles of 4 warps, 128-row tiles of 4 warps of 32 rows and of 8
- * warps of 16, where the default is the wgmma kernel), and for the
+ * blocks a multiprocessor instead of 4), for the prompt kernel "wgmma"
+ * (SHOAL_CUDA_PROMPT_TILE=4: the all-threads wgmma kernel), "mma64",
+ * "rows32" and "warps8" (tiles 1, 2 and 3: mma.sync on 64-row tiles of 4
+ * warps, 128-row tiles of 4 warps of 32 rows and of 8 warps of 16, where
+ * the default is the warp-specialized wgmma kernel, tile 5), and for the
  * decode step's gate/up row and its q/k norm, rope and KV write row
  * "prev" (SHOAL_CUDA_GEMV_SWIGLU=0 SHOAL_CUDA_ROPE_KV=0: the joined GEMV,
  * then the swiglu kernel; qk_norm_rope twice, then kv_write). All run on
@@ -533,9 +534,9 @@ static void prompt_sweep(kernels_backend *const *pbes, const char *const *pnames
            "FLOPs 2 n^2 d heads (causal half of 4 n^2 d)\n");
     static const int ns[] = {2048, 4096};
     for (int i = 0; i < 2; i++) {
-        int n = ns[i];
-        if (only_n > 0 && n != only_n)
-            continue;
+        int n = only_n > 0 ? only_n : ns[i];
+        if (only_n > 0 && i > 0)
+            break;
         kernels_batch kb = make_batch(pbes[0], b, 1, n, n);
         char what[64];
         snprintf(what, sizeof what, "prompt %d tokens", n);
@@ -582,7 +583,7 @@ int main(int argc, char **argv)
 {
     int device = 0;
     bool quick = false;
-    int prompt_only = 0; /* tokens: 2048 or 4096 */
+    int prompt_only = 0; /* tokens */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = atoi(argv[++i]);
@@ -590,6 +591,10 @@ int main(int argc, char **argv)
             quick = true;
         else if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc)
             prompt_only = atoi(argv[++i]);
+    }
+    if (prompt_only && (prompt_only < 16 || prompt_only > ROWS_MAX)) {
+        fprintf(stderr, "shoal-lab-ops: --prompt takes 16 to %d tokens\n", ROWS_MAX);
+        return 2;
     }
     if (prompt_only) { /* the prompt kernel alone, as the environment picks it (profiling) */
         kernels_backend *be = open_variant(device, false, 0, NULL);
@@ -610,6 +615,7 @@ int main(int argc, char **argv)
     static const char *const tile3_env[] = {"SHOAL_CUDA_PROMPT_TILE=3", NULL};
     static const char *const tile2_env[] = {"SHOAL_CUDA_PROMPT_TILE=2", NULL};
     static const char *const tile1_env[] = {"SHOAL_CUDA_PROMPT_TILE=1", NULL};
+    static const char *const tile4_env[] = {"SHOAL_CUDA_PROMPT_TILE=4", NULL};
     static const char *const pass_env[] = {"SHOAL_CUDA_GEMV_SWIGLU=0", "SHOAL_CUDA_ROPE_KV=0",
                                            NULL};
     kernels_backend *nb = open_variant(device, false, 0, NULL);
@@ -624,6 +630,7 @@ int main(int argc, char **argv)
     kernels_backend *t3 = open_variant(device, false, 0, tile3_env);
     kernels_backend *t2 = open_variant(device, false, 0, tile2_env);
     kernels_backend *t1 = open_variant(device, false, 0, tile1_env);
+    kernels_backend *t4 = open_variant(device, false, 0, tile4_env);
     bufs b;
     memset(&b, 0, sizeof b);
     setup(nb, &b);
@@ -645,9 +652,10 @@ int main(int argc, char **argv)
     sample_sweep(nb, pb, &b, reps);
     kernels_backend *attn_bes[] = {nb, nw, b8, tb, mb, pb, vb};
     const char *attn_names[] = {"new", "nowave", "blocks8", "stages3", "merge", "prev", "v1"};
-    kernels_backend *prompt_bes[] = {nb, t1, t2, t3};
-    const char *prompt_names[] = {"new", "mma64", "rows32", "warps8"};
-    attention_sweep(attn_bes, attn_names, 7, prompt_bes, prompt_names, 4, &b, reps, quick);
+    kernels_backend *prompt_bes[] = {nb, t4, t1, t2, t3};
+    const char *prompt_names[] = {"new", "wgmma", "mma64", "rows32", "warps8"};
+    attention_sweep(attn_bes, attn_names, 7, prompt_bes, prompt_names, 5, &b, reps, quick);
+    kernels_backend_close(t4);
     kernels_backend_close(t1);
     kernels_backend_close(t2);
     kernels_backend_close(t3);

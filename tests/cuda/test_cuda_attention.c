@@ -9,7 +9,10 @@
  *   - one decode row alone (segments shortened to fill the GPU) as well;
  *   - the prompt op (tensor-core tiles over the page table with bf16
  *     activations) equals the CPU reference within the same tolerance on
- *     the same round, tiles of several streams included. */
+ *     the same round, tiles of several streams included, at an 8B layer's
+ *     shape over pages of 8 to 256 tokens too;
+ *   - every arena byte no token wrote is NaN, so a kernel that lets a stale
+ *     page tail reach a result (even times a zero weight) is red. */
 #include "tests/cuda/cuda_test.h"
 
 static kernels_backend *cpu, *gpu;
@@ -70,7 +73,11 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
     float *k = xmalloc(kvw * 4), *v = xmalloc(kvw * 4);
     fill_uniform(k, kvw, 2.0f, act);
     fill_uniform(v, kvw, 2.0f, act);
-    unsigned char *arena = calloc(1, arena_bytes);
+    /* every byte no token wrote is NaN (bf16 and fp8 alike): a page's
+     * tail past its stream and pages no stream holds; a kernel must not
+     * let one reach a result, even times a zero weight */
+    unsigned char *arena = xmalloc(arena_bytes);
+    memset(arena, 0xff, arena_bytes);
     kernels_batch kb = {kv_rows, streams, stride, kv_stream, kv_pos, table};
     cpu->kv_write(cpu, arena, &Lc, &kb, LAYER, k, v);
 
@@ -278,6 +285,23 @@ static void prompt_rows_at_the_8b_shape(shoal_dtype kvdt)
     }
 }
 
+/* The same shape over pages of 8, 64 and 256 tokens: the warp-specialized
+ * kernel copies a page at a time up to a tile's 128 tokens, and a tile's
+ * part of a larger page; tiles end mid-page and streams straddle them. */
+static void prompt_rows_over_other_page_sizes(shoal_dtype kvdt)
+{
+    static const int pts[] = {256, 8, 64};
+    int n = test_sanitize ? 1 : 3;
+    for (int i = 0; i < n; i++) {
+        shape sh = wide_shape;
+        sh.page_tokens = pts[i];
+        int rows[2] = {100, 300}, past[2] = {0, 37};
+        char label[64];
+        snprintf(label, sizeof label, "8B shape, %d-token pages, 2 streams", pts[i]);
+        run_case(label, sh, kvdt, 2, rows, past);
+    }
+}
+
 static void a_decode_round_of_more_streams_than_scratch_rows(shoal_dtype kvdt)
 {
     int streams = test_sanitize ? 130 : 300;
@@ -296,6 +320,7 @@ static void bf16_pages(void)
     one_stream_at_every_slice_edge(SHOAL_DTYPE_BF16);
     two_streams_whose_slices_cross(SHOAL_DTYPE_BF16);
     prompt_rows_at_the_8b_shape(SHOAL_DTYPE_BF16);
+    prompt_rows_over_other_page_sizes(SHOAL_DTYPE_BF16);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_BF16);
     decode_rows_at_long_context(SHOAL_DTYPE_BF16);
     one_decode_row_in_short_segments(SHOAL_DTYPE_BF16);
@@ -306,6 +331,7 @@ static void fp8_pages_with_scales(void)
     one_stream_at_every_slice_edge(SHOAL_DTYPE_F8_E4M3);
     two_streams_whose_slices_cross(SHOAL_DTYPE_F8_E4M3);
     prompt_rows_at_the_8b_shape(SHOAL_DTYPE_F8_E4M3);
+    prompt_rows_over_other_page_sizes(SHOAL_DTYPE_F8_E4M3);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_F8_E4M3);
     decode_rows_at_long_context(SHOAL_DTYPE_F8_E4M3);
     one_decode_row_in_short_segments(SHOAL_DTYPE_F8_E4M3);
