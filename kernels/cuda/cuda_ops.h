@@ -104,10 +104,12 @@ typedef struct cuda_state {
      * 2; 3 = the third session's, two blocks a multiprocessor instead of
      * three), and the blocks a multiprocessor the segment rule aims at
      * (SHOAL_CUDA_ATTN_BLOCKS, default 4), and the prompt kernel's tile
-     * (SHOAL_CUDA_PROMPT_TILE, default 4 = the wgmma kernel of 128 rows in
-     * two warpgroups where the build and GPU run it, else 1; 1 = 64 rows
-     * in 4 warps of 16; 2 = 128 rows in 4 warps of 32; 3 = 128 rows in 8
-     * warps of 16),
+     * (SHOAL_CUDA_PROMPT_TILE, default 5 = the warp-specialized wgmma
+     * kernel, its tiles copied by the tensor memory accelerator, where the
+     * build, GPU, driver and page size allow, else 4; 4 = the wgmma kernel
+     * of 128 rows in two warpgroups with every thread copying, where the
+     * build and GPU run it, else 1; 1 = 64 rows in 4 warps of 16; 2 = 128
+     * rows in 4 warps of 32; 3 = 128 rows in 8 warps of 16),
      * and decode segments raised to fill the partials' last wave
      * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap). */
     int sm_count;
