@@ -66,10 +66,6 @@ static const char *type_name(const cJSON *it)
 
 /* ---- the body before parsing ---- */
 
-/* Whether the n bytes at s (a run of [0-9+-.eE]) are one number by RFC
- * 8259's grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?. cJSON
- * reads numbers by strtod, which also takes a leading zero (01) and a
- * bare point (1., 1.e5); Python's json (vLLM) refuses both. */
 /* Decimal digits at s[i ..], within n. */
 static size_t digits_at(const char *s, size_t n, size_t i)
 {
@@ -79,6 +75,10 @@ static size_t digits_at(const char *s, size_t n, size_t i)
     return j - i;
 }
 
+/* Whether the n bytes at s (a run of [0-9+-.eE]) are one number by RFC
+ * 8259's grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?. cJSON
+ * reads numbers by strtod, which also takes a leading zero (01) and a
+ * bare point (1., 1.e5); Python's json (vLLM) refuses both. */
 static bool json_number_valid(const char *s, size_t n)
 {
     size_t i = s[0] == '-', d = digits_at(s, n, i);

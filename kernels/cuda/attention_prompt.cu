@@ -1046,22 +1046,19 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be)
             st->tmap_encode = NULL; /* the tile-4 kernel serves */
         (void)cudaGetLastError();
     }
-    /* tile 5's kernel, and tile 4's, which serves where no map does */
-    cudaError_t e = cudaFuncSetAttribute(attn_prompt_ws,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)wgmma_smem_bytes());
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(attn_prompt_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)wgmma_smem_bytes());
-    for (int hd : {32, 64, 128})
-        for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
-            prompt_dispatch(hd, kv, st->prompt_tile, st->prompt_wgmma,
-                            [&](auto kernel, size_t bytes, int, int, bool) {
-                                if (e == cudaSuccess)
-                                    e = cudaFuncSetAttribute(
-                                        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)bytes);
-                            });
+    /* every kernel a call may take: tile 5's falls back to tile 4's where
+     * no tensor map serves (cuda_attention_prompt) */
+    cudaError_t e = cudaSuccess;
+    for (int tile : {st->prompt_tile, st->prompt_tile == 5 ? 4 : st->prompt_tile})
+        for (int hd : {32, 64, 128})
+            for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
+                prompt_dispatch(hd, kv, tile, st->prompt_wgmma,
+                                [&](auto kernel, size_t bytes, int, int, bool) {
+                                    if (e == cudaSuccess)
+                                        e = cudaFuncSetAttribute(
+                                            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)bytes);
+                                });
     if (e != cudaSuccess)
         cuda_fail(be, "attention prompt: raise the shared-memory limit", e);
     return st->err;
