@@ -31,6 +31,9 @@
  * slices() cuts longer rounds, and each slice is one partial + merge pair.
  * Each block sums in a fixed order: results are deterministic. */
 #include "attention_mma.cuh"
+#include "wgmma.cuh"
+
+#include <cuda.h>
 
 #include "common/common_limits.h"
 
@@ -349,6 +352,64 @@ template <int HD, typename KV, int STAGES> static constexpr size_t tc_partial_sm
            (sizeof(KV) == 1 ? 2 * tile : 0) /* fp8: K and V widened */;
 }
 
+/* The end of a tensor-core partial block or item: the four computing
+ * warps' states (each its own running max m, sum l and o over the keys it
+ * took) merged through shared memory at red ([4 warps][red_rows][HD + 2]
+ * floats, red_rows >= gn; rows past red_rows are not kept) into one record
+ * (max, sum, sum p v) per query head: head g's at rec + g * g_stride.
+ * sync() is the barrier of the computing threads (threads 0-127). */
+template <int HD, typename Sync>
+static __device__ __forceinline__ void partial_store(float *red, const float (&o)[HD / 8][4],
+                                                     const float (&m)[2], float (&l)[2],
+                                                     int red_rows, int gn, float v_scale,
+                                                     float *rec, size_t g_stride, Sync sync)
+{
+    constexpr int DT = HD / 8, REC = HD + 2;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+        const int row = (lane >> 2) + hr * 8;
+        if (row >= red_rows)
+            continue; /* a query head past the group: not kept */
+        float *w = red + ((size_t)warp * red_rows + row) * REC;
+        if ((lane & 3) == 0) {
+            w[0] = m[hr];
+            w[1] = l[hr];
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            w[2 + dt * 8 + (lane & 3) * 2] = o[dt][2 * hr];
+            w[2 + dt * 8 + (lane & 3) * 2 + 1] = o[dt][2 * hr + 1];
+        }
+    }
+    sync();
+    for (int e = tid; e < gn * REC; e += TC_THREADS) {
+        int g = e / REC, i = e % REC;
+        float mw[4], mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            mw[w] = red[((size_t)w * red_rows + g) * REC];
+            mx = fmaxf(mx, mw[w]);
+        }
+        float v;
+        if (mx == -INFINITY) { /* an empty segment: weight 0 in the merge */
+            v = i == 0 ? -INFINITY : 0.0f;
+        } else if (i == 0) {
+            v = mx * 0.6931471805599453f; /* log2 units back to natural ones */
+        } else {
+            v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+                v += red[((size_t)w * red_rows + g) * REC + i] * exp2f(mw[w] - mx);
+            if (i > 1)
+                v *= v_scale;
+        }
+        rec[(size_t)g * g_stride + i] = v;
+    }
+}
+
 template <int HD, typename KV, int STAGES>
 static __global__ void __launch_bounds__(TC_THREADS)
     attn_partial_tc(attn_args a, const bf16 *q, const int32_t *row_stream,
@@ -463,46 +524,9 @@ static __global__ void __launch_bounds__(TC_THREADS)
 
     /* the four warps' states, merged through shared memory (the tiles are
      * done with) into one record per query head */
-    float *red = (float *)(smem + TC_GM * HD * 2); /* [4 warps][TC_GM rows][REC] */
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
-        l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
-        float *w = red + ((size_t)warp * TC_GM + (lane >> 2) + hr * 8) * REC;
-        if ((lane & 3) == 0) {
-            w[0] = m[hr];
-            w[1] = l[hr];
-        }
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            w[2 + dt * 8 + (lane & 3) * 2] = o[dt][2 * hr];
-            w[2 + dt * 8 + (lane & 3) * 2 + 1] = o[dt][2 * hr + 1];
-        }
-    }
-    __syncthreads();
-    for (int e = tid; e < gn * REC; e += TC_THREADS) {
-        int g = e / REC, i = e % REC;
-        float mw[4], mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            mw[w] = red[((size_t)w * TC_GM + g) * REC];
-            mx = fmaxf(mx, mw[w]);
-        }
-        float v;
-        if (mx == -INFINITY) { /* an empty segment: weight 0 in the merge */
-            v = i == 0 ? -INFINITY : 0.0f;
-        } else if (i == 0) {
-            v = mx * 0.6931471805599453f; /* log2 units back to natural ones */
-        } else {
-            v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < 4; w++)
-                v += red[((size_t)w * TC_GM + g) * REC + i] * exp2f(mw[w] - mx);
-            if (i > 1)
-                v *= v_scale;
-        }
-        a.scratch[(((size_t)r * a.heads + (size_t)(h0 + g)) * a.splits + split) * REC + i] = v;
-    }
+    partial_store<HD>((float *)(smem + TC_GM * HD * 2), o, m, l, TC_GM, gn, v_scale,
+                      a.scratch + (((size_t)r * a.heads + (size_t)h0) * a.splits + split) * REC,
+                      (size_t)a.splits * REC, [] { __syncthreads(); });
 }
 
 template <int STAGES, typename F> static bool partial_tc_dispatch_stages(int hd, bool fp8, F f)
@@ -529,6 +553,230 @@ template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, in
                        : partial_tc_dispatch_stages<3>(hd, fp8, f);
 }
 
+/* ---- the partial kernel fed by the tensor memory accelerator ---- */
+
+/* The tensor-core partials with K and V staged by TMA (sm_90a; head dim
+ * 128, bf16 pages of 8 tokens or more; SHOAL_CUDA_ATTN_TMA, default 4
+ * stages). The cp.async kernel keeps one 64-token tile in flight a block
+ * while it reads the other (two stages in its 68 KB) and ramps up anew in
+ * every block. Here the same shared memory holds S stages of 32 tokens (16
+ * KB of K and V), S - 1 of them in flight, and a block is persistent: it
+ * takes the launch's items (row, KV head, query-head group, segment) i =
+ * blockIdx.x, + gridDim.x, ... (items past a row's segments are skipped),
+ * and its stages run on from one item into the next, so the copies never
+ * drain between items. A fifth warp only copies: a box of 16 rows (a
+ * page's part, or a page of 8) and 64 columns a copy, counted on the
+ * stage's `full` barrier once its `empty` one says the two warps that read
+ * it are done. The four computing warps take the stages in pairs, even
+ * stages (of the block's count) warps 0 and 1, odd ones 2 and 3, 16 tokens
+ * a warp, each with its own running max, sum and o, merged at each item's
+ * end (partial_store, through its own area, which Q's copy shares); no
+ * block-wide barrier a stage. An item of an odd count of stages is given
+ * an empty one (completed by the copying warp without bytes), so every
+ * item starts on an even stage: which warp sums which keys, and so the
+ * result to the bit, is the item's own, whatever the block ran before it
+ * (a sliced launch equals an unsliced one). S is even, so a stage slot is
+ * always read by the same pair, and a pair waits on a slot's phases in
+ * order. Rows past
+ * the segment are not copied where a whole box is past it, and are taken
+ * as zeros (V) or -inf (scores) in registers: a stage may hold a stale
+ * tail. Tiles are two 64-column halves of 128-byte rows in the TMA's
+ * 128-byte swizzle (wgmma.cuh's sw128_at). */
+enum { TMA_BN = 32, TMA_THREADS = 160, TMA_HD = 128, TMA_BOX_MAX = 16 };
+
+struct attn_tma_args {
+    attn_args a;
+    int rows;           /* the slice's */
+    CUtensorMap kv_map; /* cuda_kv_map, boxes of min(page, 16) rows */
+};
+
+struct sw128_rows32 {
+    static __device__ __forceinline__ uint32_t at(int row, int c)
+    {
+        return wg::sw128_at<TMA_BN>(row, c);
+    }
+};
+
+/* Shared memory of a block: the stages, 1,024-byte aligned, then Q's
+ * tile or partial_store's rows of the group's gn query heads. */
+template <int S> static size_t tma_partial_smem_bytes(int gn)
+{
+    size_t q = (size_t)TC_GM * TMA_HD * 2, red = (size_t)4 * gn * (TMA_HD + 2) * sizeof(float);
+    return 1024 + 2 * S * (size_t)TMA_BN * TMA_HD * 2 + (q > red ? q : red);
+}
+
+/* An item of the launch: the segment of one (row, KV head, group) block
+ * of the cp.async kernel's grid. */
+struct tma_item {
+    int r, kvh, h0, gn, split, tb, te, ntiles;
+};
+
+#ifdef SHOAL_WGMMA
+static __device__ __forceinline__ bool tma_item_of(int i, const attn_args &a, int chunks,
+                                                   const int32_t *positions, tma_item &it)
+{
+    const int ky = a.L.kv_heads * chunks, group = a.heads / a.L.kv_heads;
+    it.split = i % a.splits;
+    const int y = (i / a.splits) % ky;
+    it.r = i / (a.splits * ky);
+    it.kvh = y / chunks;
+    const int g0 = (y % chunks) * TC_GM;
+    it.gn = min(TC_GM, group - g0);
+    it.h0 = it.kvh * group + g0;
+    const int ctx = positions[it.r] + 1;
+    if (it.split >= attn_splits_of(ctx, a.splits, a.fill))
+        return false; /* the merge reads this row's first `splits` records alone */
+    const int seg = attn_seg_tokens(ctx, a.splits, a.fill);
+    it.tb = it.split * seg;
+    it.te = min(ctx, it.tb + seg);
+    it.ntiles = (it.te - it.tb + TMA_BN - 1) / TMA_BN;
+    return true;
+}
+#endif
+
+template <int S>
+static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
+    attn_partial_tma(const __grid_constant__ attn_tma_args ta, const bf16 *q,
+                     const int32_t *row_stream, const int32_t *positions,
+                     const int32_t *page_table)
+{
+#ifdef SHOAL_WGMMA
+    constexpr int HD = TMA_HD, REC = HD + 2, DT = HD / 8, CH = HD / 8;
+    constexpr uint32_t HALF = TMA_BN * 128, TILE = 2 * HALF; /* a K or V stage */
+    static_assert(S % 2 == 0, "a stage slot is read by one pair of warps");
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(8) uint64_t bars[2 * S]; /* full[S], empty[S] */
+    const attn_args &a = ta.a;
+    const kernels_kv_layout &L = a.L;
+    const int chunks = (a.heads / L.kv_heads + TC_GM - 1) / TC_GM;
+    const int total = ta.rows * L.kv_heads * chunks * a.splits;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint32_t base = (mma::smem_addr(smem) + 1023u) & ~1023u;
+    const uint32_t ks0 = base, vs0 = base + S * TILE, qs = vs0 + S * TILE;
+    float *red = (float *)(smem + (qs - mma::smem_addr(smem))); /* shares Q's area */
+    const uint32_t full0 = mma::smem_addr(&bars[0]), empty0 = full0 + 8 * S;
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < S; i++) {
+            wg::bar_init(full0 + 8 * i, 1);
+            wg::bar_init(empty0 + 8 * i, 2); /* a warp of the pair each */
+        }
+        wg::bar_init_fence();
+    }
+    __syncthreads();
+
+    uint32_t g = 0; /* stages the block has taken so far: a stage's slot and parity */
+    tma_item it;
+    if (warp == 4) { /* the copying warp: lane c copies box c / 4, half (c / 2) % 2, K or V */
+        const int R = L.page_tokens, pt_shift = __ffs(R) - 1;
+        const int BR = min(R, TMA_BOX_MAX), page_rows = (int)(L.page_bytes / 256);
+        const int c = lane, box = c >> 2, half = (c >> 1) & 1;
+        for (int i = blockIdx.x; i < total; i += gridDim.x) {
+            if (!tma_item_of(i, a, chunks, positions, it))
+                continue;
+            const int32_t *pages =
+                page_table + (size_t)row_stream[it.r] * (size_t)a.page_table_stride;
+            const int kvrow = ((a.layer * 2 + (c & 1)) * L.kv_heads + it.kvh) * R;
+            for (int j = 0; j < it.ntiles; j++, g++) {
+                const uint32_t st = g % S;
+                const int t0 = it.tb + j * TMA_BN, t = t0 + box * BR;
+                const int boxes = min(TMA_BN / BR, (it.te - t0 + BR - 1) / BR);
+                const bool go = c < boxes * 4;
+                const int row = go ? pages[t >> pt_shift] * page_rows + kvrow + (t & (R - 1)) : 0;
+                wg::bar_wait(empty0 + 8 * st, ((g / S) & 1) ^ 1);
+                if (lane == 0)
+                    wg::bar_arrive_expect(full0 + 8 * st, (uint32_t)(boxes * 4 * BR * 128));
+                __syncwarp();
+                if (go)
+                    wg::tma_load_2d((c & 1 ? vs0 : ks0) + st * TILE + half * HALF +
+                                        box * BR * 128,
+                                    &ta.kv_map, half * 64, row, full0 + 8 * st);
+            }
+            if (it.ntiles & 1) { /* an empty stage: the next item starts on an even one */
+                const uint32_t st = g % S;
+                wg::bar_wait(empty0 + 8 * st, ((g / S) & 1) ^ 1);
+                if (lane == 0)
+                    wg::bar_arrive(full0 + 8 * st);
+                g++;
+            }
+        }
+        return;
+    }
+
+    const float sl2 = a.scale * 1.4426950408889634f;
+    const int pair = warp >> 1, key0 = (warp & 1) * 16; /* the warp's rows of a stage */
+    for (int i = blockIdx.x; i < total; i += gridDim.x) {
+        if (!tma_item_of(i, a, chunks, positions, it))
+            continue;
+        /* the group's query heads are the rows of the tile, the rest zeros;
+         * the area held the last item's partial_store rows */
+        wg::named_sync(1, TC_THREADS);
+        for (int e = threadIdx.x; e < TC_GM * CH; e += TC_THREADS) {
+            const int row = e / CH, c = e % CH;
+            const bool valid = row < it.gn;
+            mma::cp_async16(qs + mma::swz<HD>(row, c),
+                            valid ? (const void *)(q + ((size_t)it.r * a.heads +
+                                                        (size_t)(it.h0 + row)) * HD + c * 8)
+                                  : (const void *)q,
+                            valid);
+        }
+        mma::cp_async_commit();
+        mma::cp_async_wait<0>();
+        wg::named_sync(1, TC_THREADS);
+
+        float o[DT][4];
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        const int staged = (it.ntiles + 1) & ~1; /* with the producer's empty stage */
+        for (int j = pair; j < staged; j += 2) {
+            const uint32_t st = (g + j) % S;
+            const int valid = it.te - (it.tb + j * TMA_BN + key0); /* the warp's keys in it */
+            wg::bar_wait(full0 + 8 * st, ((g + j) / S) & 1);
+            if (valid > 0) {
+                /* Q's fragments from shared memory at each stage: held
+                 * across the loop they cost spills at three blocks a
+                 * multiprocessor (128 registers) */
+                uint32_t qf[HD / 16][4];
+                mma::q_fragments<HD>(qf, qs, 0);
+                float sc[2][4];
+                mma::scores<HD, 2, sw128_rows32>(sc, qf, ks0 + st * TILE, key0);
+                if (valid < 16)
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (nt * 8 + (lane & 3) * 2 + (e & 1) >= valid)
+                                sc[nt][e] = -INFINITY;
+                mma::softmax_step<HD, 2>(sc, sl2, o, m, l);
+                mma::accumulate<HD, 2, sw128_rows32>(o, sc, vs0 + st * TILE, key0, valid);
+            }
+            __syncwarp();
+            if (lane == 0)
+                wg::bar_arrive(empty0 + 8 * st); /* the warp's reads of the stage are done */
+        }
+        g += staged;
+        /* every warp is past its last read of Q: the area takes the rows */
+        wg::named_sync(1, TC_THREADS);
+        partial_store<HD>(red, o, m, l, it.gn, it.gn, 1.0f,
+                          a.scratch +
+                              (((size_t)it.r * a.heads + (size_t)it.h0) * a.splits + it.split) *
+                                  REC,
+                          (size_t)a.splits * REC, [] { wg::named_sync(1, TC_THREADS); });
+    }
+#endif
+}
+
+template <typename F> static bool partial_tma_dispatch(int stages, F f)
+{
+    switch (stages) {
+    case 4: f(attn_partial_tma<4>, tma_partial_smem_bytes<4>); return true;
+    case 6: f(attn_partial_tma<6>, tma_partial_smem_bytes<6>); return true;
+    default: return false;
+    }
+}
+
 /* ---- launching ---- */
 
 struct slice_ctx {
@@ -537,7 +785,11 @@ struct slice_ctx {
     int chunks;
     size_t smem;
     bool tc;         /* the tensor-core partial kernel */
+    bool tma;        /* ... fed by TMA (attn_partial_tma; tma_args.kv_map is set) */
     bool wide_merge; /* attn_merge<T, true> */
+    attn_tma_args tma_args;
+    size_t tma_smem;  /* attn_partial_tma's shared memory at this group */
+    int tma_resident; /* its blocks a multiprocessor holds */
 };
 
 template <typename T, typename KV> static void launch_slice(void *p, const kernels_attn_slice *s)
@@ -546,7 +798,17 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
     cudaStream_t stream = cuda_of(c->be)->stream;
     dim3 grid((unsigned)s->rows, (unsigned)(c->args.L.kv_heads * c->chunks),
               (unsigned)c->args.splits);
-    if (c->tc) {
+    if (c->tma) { /* persistent: as many blocks as the items, up to what stays resident */
+        c->tma_args.a = c->args;
+        c->tma_args.rows = s->rows;
+        long long items = (long long)grid.x * grid.y * grid.z;
+        long long most = (long long)c->tma_resident * cuda_of(c->be)->sm_count;
+        unsigned blocks = (unsigned)(items < most ? items : most);
+        partial_tma_dispatch(cuda_of(c->be)->attn_tma, [&](auto kernel, auto) {
+            kernel<<<blocks, TMA_THREADS, c->tma_smem, stream>>>(
+                c->tma_args, (const bf16 *)s->q, s->row_stream, s->positions, s->page_table);
+        });
+    } else if (c->tc) {
         if constexpr (sizeof(T) == 2)
             partial_tc_dispatch(c->args.L.head_dim, c->args.L.dtype, cuda_of(c->be)->attn_stages,
                                 [&](auto kernel, size_t bytes) {
@@ -593,6 +855,12 @@ shoal_err cuda_attention_init(kernels_backend *be)
                         e = cudaFuncSetAttribute(
                             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_bytes);
                 });
+    for (int stages : {4, 6})
+        partial_tma_dispatch(stages, [&](auto kernel, auto smem_of) {
+            if (e == cudaSuccess)
+                e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem_of(TC_GM));
+        });
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
     return cuda_of(be)->err;
@@ -629,6 +897,25 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     c.args.page_table_stride = batch->page_table_stride;
     c.args.scratch = st->attn_scratch;
     c.tc = be->act_dtype == SHOAL_DTYPE_BF16 && st->attn_tc && (hd == 32 || hd == 64 || hd == 128);
+    /* the TMA partials where the build, GPU and layout take them */
+    const int pt = layout->page_tokens;
+    c.tma = c.tc && st->attn_tma > 0 && st->sm90a && hd == TMA_HD &&
+            cuda_kv_map(be, arena, layout, pt < TMA_BOX_MAX ? pt : TMA_BOX_MAX,
+                        &c.tma_args.kv_map);
+    if (c.tma) {
+        const int group = heads / layout->kv_heads;
+        partial_tma_dispatch(st->attn_tma, [&](auto kernel, auto smem_of) {
+            c.tma_smem = smem_of(group < TC_GM ? group : TC_GM);
+            int n = 0;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, TMA_THREADS,
+                                                              c.tma_smem) != cudaSuccess ||
+                n < 1) {
+                (void)cudaGetLastError();
+                n = 1;
+            }
+            c.tma_resident = n;
+        });
+    }
     if (c.tc) {
         CUDA_ASSERT_ALIGNED(q, 16);
         c.chunks = (heads / layout->kv_heads + TC_GM - 1) / TC_GM;
@@ -645,8 +932,12 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     c.wide_merge = st->attn_fill >= 1;
     if (fill) {
         /* the tensor-core partials at head dim 128: 68 KB a block with two
-         * stages (three a multiprocessor), 100 KB with three (two) */
-        int resident = st->attn_wave ? (st->attn_stages == 2 ? 3 : 2) : 0;
+         * stages (three a multiprocessor), 100 KB with three (two); the
+         * TMA ones at groups of 4 query heads 74 KB with four stages
+         * (three), 106 KB with six (two) */
+        int resident = c.tma ? c.tma_resident : st->attn_stages == 2 ? 3 : 2;
+        if (!st->attn_wave)
+            resident = 0;
         attn_splits_filled(st->sm_count, st->attn_blocks, resident, batch->rows, blocks_per_row,
                            heads, hd, &c.args.splits, &c.args.fill);
     } else {

@@ -71,6 +71,12 @@ template <int HD> static __device__ __forceinline__ uint32_t swz(int row, int c)
     return (uint32_t)(row * (HD * 2) + ((c ^ (row & MASK)) << 4));
 }
 
+/* swz as a tile layout: where scores() and accumulate() find chunk c of
+ * a K or V row (another layout, with the same at(), may take its place). */
+template <int HD> struct swz_rows {
+    static __device__ __forceinline__ uint32_t at(int row, int c) { return swz<HD>(row, c); }
+};
+
 static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -234,8 +240,9 @@ template <int HD, int ROWS, int THREADS> struct kv_tile_fp8_staged {
 };
 
 /* One warp's scores of 16 query rows (qf, in A fragments over HD) against
- * NT * 8 staged keys starting at tile row key0: s[nt] is a C fragment. */
-template <int HD, int NT>
+ * NT * 8 staged keys starting at tile row key0 (laid out as Lay):
+ * s[nt] is a C fragment. */
+template <int HD, int NT, typename Lay = swz_rows<HD>>
 static __device__ __forceinline__ void scores(float (&s)[NT][4], const uint32_t (&qf)[HD / 16][4],
                                               uint32_t kbase, int key0)
 {
@@ -246,7 +253,7 @@ static __device__ __forceinline__ void scores(float (&s)[NT][4], const uint32_t 
 #pragma unroll
         for (int kp = 0; kp < HD / 32; kp++) {
             uint32_t b[4];
-            ldsm_x4(b, kbase + swz<HD>(key0 + nt * 8 + (lane & 7), kp * 4 + (lane >> 3)));
+            ldsm_x4(b, kbase + Lay::at(key0 + nt * 8 + (lane & 7), kp * 4 + (lane >> 3)));
             mma_bf16(s[nt], qf[2 * kp], b[0], b[1]);
             mma_bf16(s[nt], qf[2 * kp + 1], b[2], b[3]);
         }
@@ -266,22 +273,35 @@ static __device__ __forceinline__ void p_fragment(uint32_t (&a)[4], const float 
     a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 }
 
-/* o += p v over NT * 8 staged values from tile row key0 (NT even); p is the
- * C fragment of the scores, rounded to bf16 A fragments here. */
-template <int HD, int NT>
+/* o += p v over NT * 8 staged values from tile row key0 (NT even; laid
+ * out as Lay); p is the C fragment of the scores, rounded to bf16 A
+ * fragments here. Rows at or past key0 + valid are taken as zeros,
+ * whatever the tile holds there (a stale page tail times p = 0 would be
+ * NaN where it holds NaN): lane l's B registers hold rows 2 (l % 4) and
+ * one more, + 8 in b[1] and b[3], of each 16. */
+template <int HD, int NT, typename Lay = swz_rows<HD>>
 static __device__ __forceinline__ void accumulate(float (&o)[HD / 8][4], const float (&p)[NT][4],
-                                                  uint32_t vbase, int key0)
+                                                  uint32_t vbase, int key0, int valid = NT * 8)
 {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
         uint32_t a[4];
         p_fragment<NT>(a, p, kk);
+        const int t = kk * 16 + 2 * (lane & 3);
+        const uint32_t lo = (t < valid ? 0xffffu : 0u) | (t + 1 < valid ? 0xffff0000u : 0u);
+        const uint32_t hi = (t + 8 < valid ? 0xffffu : 0u) | (t + 9 < valid ? 0xffff0000u : 0u);
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
             uint32_t b[4];
-            ldsm_x4_trans(b, vbase + swz<HD>(key0 + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+            ldsm_x4_trans(b, vbase + Lay::at(key0 + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                              dp * 2 + (lane >> 4)));
+            if (valid < NT * 8) {
+                b[0] &= lo;
+                b[1] &= hi;
+                b[2] &= lo;
+                b[3] &= hi;
+            }
             mma_bf16(o[2 * dp], a, b[0], b[1]);
             mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
         }

@@ -998,25 +998,26 @@ static bool wgmma_usable(kernels_backend *be)
     return ok == 1;
 }
 
-/* The tensor map of the arena for attn_prompt_ws's K and V copies
- * (prompt_args.kv_map; boxes of min(page, tile) rows), made again only
- * when the arena or the page size changes. False where the copies cannot
- * take the layout: pages of fewer than 8 tokens (a box's rows must start
- * at the swizzle's 1,024-byte repeat), or no encoder in the driver. */
-static bool kv_map_of(kernels_backend *be, const void *arena, const kernels_kv_layout *L,
-                      CUtensorMap *out)
+bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout *L, int box_rows,
+                 void *out)
 {
     cuda_state *st = cuda_of(be);
     const int pt = L->page_tokens;
-    if (!st->tmap_encode || L->head_dim != WG_HD || pt < 8 || pt > 256 ||
-        L->page_bytes % 256 != 0 || (uintptr_t)arena % 16 != 0)
-        return false;
-    if (st->tmap_arena != arena || st->tmap_page_tokens != pt) {
+    if (!st->tmap_encode || L->head_dim != WG_HD || L->dtype != SHOAL_DTYPE_BF16 ||
+        box_rows < 8 || box_rows > pt || box_rows > 256 || L->page_bytes % 256 != 0 ||
+        (uintptr_t)arena % 16 != 0)
+        return false; /* a box's rows start at the swizzle's 1,024-byte repeat */
+    cuda_kv_tmap *t = &st->tmaps[0];
+    if (!(t->arena == arena && t->page_tokens == pt && t->box_rows == box_rows))
+        t = &st->tmaps[1];
+    if (!(t->arena == arena && t->page_tokens == pt && t->box_rows == box_rows)) {
+        /* the prompt kernel's boxes in slot 0, the decode partials' in 1 */
+        t = &st->tmaps[box_rows > 16 ? 0 : 1];
         /* rows of 256 bytes, as many as an int row coordinate reaches (512
          * GiB, more than a GPU holds); the copies never pass the arena */
         const cuuint64_t dims[2] = {(cuuint64_t)WG_HD, (cuuint64_t)INT_MAX};
         const cuuint64_t strides[1] = {(cuuint64_t)WG_HD * 2};
-        const cuuint32_t box[2] = {64, (cuuint32_t)(pt < WG_BN ? pt : WG_BN)}, unit[2] = {1, 1};
+        const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, unit[2] = {1, 1};
         CUtensorMap m;
         CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)st->tmap_encode)(
             &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)arena, dims, strides, box, unit,
@@ -1024,26 +1025,29 @@ static bool kv_map_of(kernels_backend *be, const void *arena, const kernels_kv_l
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (r != CUDA_SUCCESS)
             return false;
-        static_assert(sizeof m == sizeof st->tmap, "cuda_state.tmap holds a CUtensorMap");
-        memcpy(st->tmap, &m, sizeof m);
-        st->tmap_arena = arena;
-        st->tmap_page_tokens = pt;
+        static_assert(sizeof m == sizeof t->map, "cuda_kv_tmap.map holds a CUtensorMap");
+        memcpy(t->map, &m, sizeof m);
+        t->arena = arena;
+        t->page_tokens = pt;
+        t->box_rows = box_rows;
     }
-    memcpy(out, st->tmap, sizeof *out);
+    memcpy(out, t->map, sizeof t->map);
     return true;
 }
 
 shoal_err cuda_attention_prompt_init(kernels_backend *be)
 {
     cuda_state *st = cuda_of(be);
-    st->prompt_wgmma = st->prompt_tile >= 4 && wgmma_usable(be);
+    st->sm90a = wgmma_usable(be);
+    st->prompt_wgmma = st->prompt_tile >= 4 && st->sm90a;
     st->tmap_encode = NULL;
-    if (st->prompt_wgmma && st->prompt_tile == 5) {
+    memset(st->tmaps, 0, sizeof st->tmaps);
+    if (st->sm90a && (st->prompt_tile == 5 || st->attn_tma > 0)) {
         cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &st->tmap_encode, 12000,
                                              cudaEnableDefault, &found) != cudaSuccess ||
             found != cudaDriverEntryPointSuccess)
-            st->tmap_encode = NULL; /* the tile-4 kernel serves */
+            st->tmap_encode = NULL; /* the cp.async kernels serve */
         (void)cudaGetLastError();
     }
     /* every kernel a call may take: tile 5's falls back to tile 4's where
@@ -1107,7 +1111,9 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
     a.page_table_stride = batch->page_table_stride;
     a.rows = batch->rows;
     int tile = cuda_of(be)->prompt_tile;
-    if (tile == 5 && (fp8 || !kv_map_of(be, arena, L, &a.kv_map)))
+    if (tile == 5 && (fp8 || L->page_tokens > 256 ||
+                      !cuda_kv_map(be, arena, L, L->page_tokens < WG_BN ? L->page_tokens : WG_BN,
+                                   &a.kv_map)))
         tile = 4;
     cudaStream_t stream = cuda_of(be)->stream;
     prompt_dispatch(hd, L->dtype, tile, cuda_of(be)->prompt_wgmma,

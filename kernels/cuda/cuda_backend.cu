@@ -301,6 +301,9 @@ static void pick_kernels(cuda_state *st)
     if (st->attn_blocks < 1 || st->attn_blocks > 64)
         st->attn_blocks = 4;
     st->attn_wave = env_int("SHOAL_CUDA_ATTN_WAVE", legacy ? 0 : 1) != 0;
+    st->attn_tma = env_int("SHOAL_CUDA_ATTN_TMA", legacy ? 0 : 4);
+    if (st->attn_tma != 0 && st->attn_tma != 6)
+        st->attn_tma = 4;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
         st->prompt_tile = 5;

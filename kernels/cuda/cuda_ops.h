@@ -68,6 +68,14 @@ typedef struct cuda_alloc_list {
     int count, cap;
 } cuda_alloc_list;
 
+/* A tensor map of a KV arena (a CUtensorMap: rows of 128 bf16, boxes of
+ * box_rows rows by 64 columns, 128-byte swizzle) and what it was made for. */
+typedef struct cuda_kv_tmap {
+    const void *arena;
+    int page_tokens, box_rows;
+    alignas(64) unsigned char map[128];
+} cuda_kv_tmap;
+
 /* The backend's state (be->impl). */
 typedef struct cuda_state {
     int device;
@@ -118,13 +126,17 @@ typedef struct cuda_state {
     int attn_stages; /* 2 or 3 */
     int attn_blocks; /* partial blocks a multiprocessor the segment rule aims at */
     int prompt_tile;   /* 1 to 3: attention_prompt.cu's prompt_shape, 4 = wgmma, 5 = ws */
+    bool sm90a;        /* this build holds sm_90a code for this GPU (wgmma, TMA) */
     bool prompt_wgmma; /* tile 4 or 5 asked for, and this build and GPU run it */
-    /* Tile 5 (attn_prompt_ws): the driver's tensor-map encoder (NULL:
-     * tile 4 serves), and the map of the last arena. */
+    /* Decode attention's partials with K and V staged by the tensor
+     * memory accelerator (attn_partial_tma) in this many 32-token stages
+     * (SHOAL_CUDA_ATTN_TMA, default 4; 6; 0 = the cp.async kernel). */
+    int attn_tma;
+    /* Tile 5 and the TMA partials: the driver's tensor-map encoder (NULL:
+     * the cp.async kernels serve), and the arena's maps last made, one
+     * per box height (cuda_kv_map). */
     void *tmap_encode;
-    const void *tmap_arena;
-    int tmap_page_tokens;
-    unsigned char tmap[128]; /* a CUtensorMap, copied into the kernel's arguments */
+    cuda_kv_tmap tmaps[2];
     bool attn_wave;  /* decode segments raised to fill their last wave */
     int gemv_rows_max;
     bool graphs;
@@ -392,7 +404,16 @@ void cuda_arena_unmap(kernels_backend *be, void *ptr, size_t bytes);
 /* attention_prompt.cu: whether the tensor-core prompt kernel takes this
  * shape (else attention_prompt runs the partial path). */
 bool cuda_attention_prompt_fits(kernels_backend *be, int heads, const kernels_kv_layout *layout);
+/* Probes for sm_90a code (sm90a) and the driver's tensor-map encoder. */
 shoal_err cuda_attention_prompt_init(kernels_backend *be);
+/* The tensor map of the arena's K and V rows (head dim 128, bf16) with
+ * boxes of box_rows rows (8 to the page's tokens: a box never leaves a
+ * page when its first row is a multiple of box_rows), into out (a
+ * CUtensorMap); kept in st->tmaps and made again only when the arena, the
+ * page size or the box changes. False where no encoder, or the layout is
+ * not one the copies take. */
+bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout *L, int box_rows,
+                 void *out);
 
 /* attention.cu: raises the kernels' shared-memory limits; once, at open. */
 shoal_err cuda_attention_init(kernels_backend *be);

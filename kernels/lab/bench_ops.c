@@ -3,10 +3,12 @@
  * 151936, bf16 weights, activations and KV in 16-token pages), each variant
  * of a kernel beside the others, on the same buffers, in one process.
  *
- *   shoal-lab-ops [--device N] [--quick] [--prompt N]
+ *   shoal-lab-ops [--device N] [--quick] [--prompt N] [--decode]
  *
  * --prompt N times the prompt kernel alone at N tokens (16 to 4,096), the
- * variant the environment picks (for a profiler).
+ * variant the environment picks (for a profiler); --decode times decode
+ * attention alone, "new" against "tma6" (SHOAL_CUDA_ATTN_TMA=6: six
+ * stages) and "cpasync" (SHOAL_CUDA_ATTN_TMA=0: the cp.async partials).
  *
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
@@ -14,9 +16,10 @@
  * partials for every round, cuBLAS for every matmul), for the GEMV
  * sweep "new" with SHOAL_CUDA_GEMV_ROWS=8, and for the sampling and
  * decode attention sweeps "prev" (the defaults before issue #5's sampler
- * and short segments: SHOAL_CUDA_SAMPLE=0 SHOAL_CUDA_ATTN_FILL=0) and
- * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone) and "stages3"
- * (SHOAL_CUDA_ATTN_STAGES=3: three K/V tile stages, as before), "nowave"
+ * and short segments: SHOAL_CUDA_SAMPLE=0 SHOAL_CUDA_ATTN_FILL=0, cp.async) and
+ * "merge" (SHOAL_CUDA_ATTN_FILL=1: the wide merge alone), "cpasync"
+ * (SHOAL_CUDA_ATTN_TMA=0: the partials staged by cp.async), "stages3"
+ * (SHOAL_CUDA_ATTN_STAGES=3 with cpasync's: three K/V tile stages), "nowave"
  * (SHOAL_CUDA_ATTN_WAVE=0: the segment rule without raising the count to
  * fill the last wave), "blocks8" (SHOAL_CUDA_ATTN_BLOCKS=8: segments for 8
  * blocks a multiprocessor instead of 4), for the prompt kernel "wgmma"
@@ -41,7 +44,7 @@
  * at batch 64 (1k context) and of a 2,048-token prefill, with a per-layer and per-model sum; the
  * GEMV against cuBLAS at 1 to 8 rows; greedy sampling of 1 and 64 rows of
  * 151,936 logits; paged decode attention at batch 1/32/64 and 4k/8k/32k
- * context (effective read bandwidth); causal prompt
+ * context and batch 64 at 1k (effective read bandwidth); causal prompt
  * attention at 2,048 and 4,096 tokens (TFLOP/s). */
 #include "common/common_dtype.h"
 #include "kernels/kernels_backend.h"
@@ -60,13 +63,16 @@ enum {
     INTER = 12288,
     VOCAB = 151936,
     LAYERS = 36,
-    PT = 16,
     ROWS_MAX = 4096,
     STREAMS_MAX = 64,
     CTX_MAX = 32768,
-    PAGES_PER_STREAM = CTX_MAX / PT,
     LOGIT_ROWS = 64,
 };
+
+/* Tokens a KV page: 16, or SHOAL_LAB_PAGE_TOKENS (a power of two, 8 to
+ * 1,024) for the decode sweep's page-size comparison. */
+static int PT = 16;
+#define PAGES_PER_STREAM (CTX_MAX / PT)
 
 static double now_s(void)
 {
@@ -299,14 +305,17 @@ static void setup(kernels_backend *be, bufs *b)
     size_t pages = (size_t)STREAMS_MAX * PAGES_PER_STREAM;
     b->arena = dalloc(be, pages * b->kv.page_bytes);
     be->fill_random(be, b->arena, pages * b->kv.page_bytes / 2, seed++, 0.0f, 1.0f);
-    /* every stream's pages, shuffled over the arena */
+    /* every stream's pages, shuffled over the arena (SHOAL_LAB_PAGES=seq:
+     * in order, a stream's pages one after another) */
+    const char *order = getenv("SHOAL_LAB_PAGES");
+    bool shuffle = !(order && strcmp(order, "seq") == 0);
     int32_t *table = malloc(pages * 4);
     if (!table)
         die("out of host memory");
     for (size_t p = 0; p < pages; p++)
         table[p] = (int32_t)p;
     uint64_t rng = 42;
-    for (size_t p = pages - 1; p > 0; p--) {
+    for (size_t p = pages - 1; shuffle && p > 0; p--) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         size_t q = (size_t)(rng >> 33) % (p + 1);
         int32_t t = table[p];
@@ -552,30 +561,40 @@ static void prompt_sweep(kernels_backend *const *pbes, const char *const *pnames
 
 /* bes/names: the variants, new first; v1 (SIMT) is the last and slow;
  * pbes/pnames: the prompt kernel's variants (tiles), new first */
+/* Paged decode attention at batch 1/32/64 and 4k/8k/32k context (and the
+ * batch-64 step's 1k); bes/names: the variants, new first; with `v1` the
+ * last is the first version (SIMT), slow, run fewer times. */
+static void decode_sweep(kernels_backend *const *bes, const char *const *names, int nvar,
+                         bool v1_last, bufs *b, int reps)
+{
+    static const int shapes[][2] = {{1, 4096},  {1, 8192},  {1, 32768}, {32, 4096}, {32, 8192},
+                                    {32, 32768}, {64, 1024}, {64, 4096}, {64, 8192},
+                                    {64, 32768}};
+    printf("\npaged decode attention (32 q heads, 8 KV heads, 128 dims, bf16 KV in %d-token "
+           "pages), effective KV read bandwidth\n",
+           PT);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int B = shapes[si][0], C = shapes[si][1];
+        kernels_batch kb = make_batch(bes[0], b, B, 1, C);
+        double kv = (double)B * C * KVH * HD * 2 * 2;
+        char what[64];
+        snprintf(what, sizeof what, "decode b%d ctx%d", B, C);
+        for (int vi = 0; vi < nvar; vi++) {
+            bool v1 = v1_last && vi == nvar - 1;
+            op o = {.kind = OP_ATTENTION, .be = bes[vi], .b = b, .rows = B, .batch = kb};
+            int n = v1 ? 2 : (int)(4e8 / kv) + 2;
+            if (n > 50)
+                n = 50;
+            row(what, names[vi], B, time_op(&o, n, v1 ? 3 : reps), kv, 0, 0, NULL);
+        }
+    }
+}
+
 static void attention_sweep(kernels_backend *const *bes, const char *const *names, int nvar,
                             kernels_backend *const *pbes, const char *const *pnames, int npvar,
                             bufs *b, int reps, bool quick)
 {
-    static const int batches[] = {1, 32, 64};
-    static const int ctxs[] = {4096, 8192, 32768};
-    printf("\npaged decode attention (32 q heads, 8 KV heads, 128 dims, bf16 KV in 16-token "
-           "pages), effective KV read bandwidth\n");
-    for (int bi = 0; bi < 3; bi++)
-        for (int ci = 0; ci < 3; ci++) {
-            int B = batches[bi], C = ctxs[ci];
-            kernels_batch kb = make_batch(bes[0], b, B, 1, C);
-            double kv = (double)B * C * KVH * HD * 2 * 2;
-            char what[64];
-            snprintf(what, sizeof what, "decode b%d ctx%d", B, C);
-            for (int vi = 0; vi < (quick ? nvar - 1 : nvar); vi++) {
-                bool v1 = vi == nvar - 1;
-                op o = {.kind = OP_ATTENTION, .be = bes[vi], .b = b, .rows = B, .batch = kb};
-                int n = v1 ? 2 : (int)(4e8 / kv) + 2;
-                if (n > 50)
-                    n = 50;
-                row(what, names[vi], B, time_op(&o, n, v1 ? 3 : reps), kv, 0, 0, NULL);
-            }
-        }
+    decode_sweep(bes, names, quick ? nvar - 1 : nvar, !quick, b, reps);
     prompt_sweep(pbes, pnames, npvar, quick ? NULL : bes[nvar - 1], b, reps, 0);
 }
 
@@ -584,6 +603,7 @@ int main(int argc, char **argv)
     int device = 0;
     bool quick = false;
     int prompt_only = 0; /* tokens */
+    bool decode_only = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = atoi(argv[++i]);
@@ -591,6 +611,8 @@ int main(int argc, char **argv)
             quick = true;
         else if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc)
             prompt_only = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--decode") == 0)
+            decode_only = true;
     }
     if (prompt_only && (prompt_only < 16 || prompt_only > ROWS_MAX)) {
         fprintf(stderr, "shoal-lab-ops: --prompt takes 16 to %d tokens\n", ROWS_MAX);
@@ -606,10 +628,43 @@ int main(int argc, char **argv)
         kernels_backend_close(be);
         return 0;
     }
+    static const char *const cpasync_env[] = {"SHOAL_CUDA_ATTN_TMA=0", NULL};
+    static const char *const tma6_env[] = {"SHOAL_CUDA_ATTN_TMA=6", NULL};
+    static const char *const tma6b2_env[] = {"SHOAL_CUDA_ATTN_TMA=6", "SHOAL_CUDA_ATTN_BLOCKS=2",
+                                             NULL};
+    static const char *const b2_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=2", NULL};
+    static const char *const b1_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=1", NULL};
+    const char *pt_env = getenv("SHOAL_LAB_PAGE_TOKENS");
+    if (pt_env) {
+        PT = atoi(pt_env);
+        if (PT < 8 || PT > 1024 || (PT & (PT - 1)) != 0) {
+            fprintf(stderr, "shoal-lab-ops: SHOAL_LAB_PAGE_TOKENS takes a power of two, 8 to "
+                            "1024\n");
+            return 2;
+        }
+    }
+    if (decode_only) { /* decode attention alone: the partials' staging variants */
+        kernels_backend *bes[] = {open_variant(device, false, 0, NULL),
+                                  open_variant(device, false, 0, tma6_env),
+                                  open_variant(device, false, 0, cpasync_env),
+                                  open_variant(device, false, 0, tma6b2_env),
+                                  open_variant(device, false, 0, b2_env),
+                                  open_variant(device, false, 0, b1_env)};
+        const char *names[] = {"new", "tma6", "cpasync", "tma6b2", "b2", "b1"};
+        enum { NV = sizeof bes / sizeof bes[0] };
+        bufs dbuf;
+        memset(&dbuf, 0, sizeof dbuf);
+        setup(bes[0], &dbuf);
+        decode_sweep(bes, names, NV, false, &dbuf, 7);
+        for (int i = NV - 1; i >= 0; i--)
+            kernels_backend_close(bes[i]);
+        return 0;
+    }
     static const char *const prev_env[] = {"SHOAL_CUDA_SAMPLE=0", "SHOAL_CUDA_ATTN_FILL=0",
-                                           NULL};
+                                           "SHOAL_CUDA_ATTN_TMA=0", NULL};
     static const char *const merge_env[] = {"SHOAL_CUDA_ATTN_FILL=1", NULL};
-    static const char *const stages_env[] = {"SHOAL_CUDA_ATTN_STAGES=3", NULL};
+    static const char *const stages_env[] = {"SHOAL_CUDA_ATTN_STAGES=3", "SHOAL_CUDA_ATTN_TMA=0",
+                                             NULL};
     static const char *const blocks8_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=8", NULL};
     static const char *const nowave_env[] = {"SHOAL_CUDA_ATTN_WAVE=0", NULL};
     static const char *const tile3_env[] = {"SHOAL_CUDA_PROMPT_TILE=3", NULL};
@@ -650,11 +705,14 @@ int main(int argc, char **argv)
     step_ops(nb, vb, sb, &b, 1, 2048, 2048, 3, 5);
     gemv_vs_cublas(gb, vb, &b, reps);
     sample_sweep(nb, pb, &b, reps);
-    kernels_backend *attn_bes[] = {nb, nw, b8, tb, mb, pb, vb};
-    const char *attn_names[] = {"new", "nowave", "blocks8", "stages3", "merge", "prev", "v1"};
+    kernels_backend *ca = open_variant(device, false, 0, cpasync_env);
+    kernels_backend *attn_bes[] = {nb, ca, nw, b8, tb, mb, pb, vb};
+    const char *attn_names[] = {"new",     "cpasync", "nowave", "blocks8",
+                                "stages3", "merge",   "prev",   "v1"};
     kernels_backend *prompt_bes[] = {nb, t4, t1, t2, t3};
     const char *prompt_names[] = {"new", "wgmma", "mma64", "rows32", "warps8"};
-    attention_sweep(attn_bes, attn_names, 7, prompt_bes, prompt_names, 5, &b, reps, quick);
+    attention_sweep(attn_bes, attn_names, 8, prompt_bes, prompt_names, 5, &b, reps, quick);
+    kernels_backend_close(ca);
     kernels_backend_close(t4);
     kernels_backend_close(t1);
     kernels_backend_close(t2);

@@ -6,7 +6,9 @@
  *     byte for byte;
  *   - both equal the CPU reference within the tolerance of the dtype;
  *   - a planted fault (slices that leave the row tables at row 0) is red;
- *   - one decode row alone (segments shortened to fill the GPU) as well;
+ *   - one decode row alone (segments shortened to fill the GPU) as well,
+ *     and a decode round of 64 rows at an 8B layer's shape (the
+ *     partials staged by TMA there, SHOAL_CUDA_ATTN_TMA);
  *   - the prompt op (tensor-core tiles over the page table with bf16
  *     activations) equals the CPU reference within the same tolerance on
  *     the same round, tiles of several streams included, at an 8B layer's
@@ -315,6 +317,22 @@ static void a_decode_round_of_more_streams_than_scratch_rows(shoal_dtype kvdt)
     run_case(label, main_shape, kvdt, streams, rows, past);
 }
 
+/* A decode round at the 8B shape, the batch-64 step's: contexts from one
+ * token (a lone key, warps with none) to past 2k, ends anywhere in a page
+ * and a stage of 32 tokens (the TMA partials' stale tails). */
+static void a_decode_round_at_the_8b_shape(shoal_dtype kvdt)
+{
+    int streams = test_sanitize ? 8 : 64;
+    int rows[STREAMS_MAX], past[STREAMS_MAX];
+    for (int s = 0; s < streams; s++) {
+        rows[s] = 1;
+        past[s] = s < 4 ? s * 17 : (int)rnd_below(test_sanitize ? 300 : 2100);
+    }
+    char label[64];
+    snprintf(label, sizeof label, "decode round, 8B shape, %d streams", streams);
+    run_case(label, wide_shape, kvdt, streams, rows, past);
+}
+
 static void bf16_pages(void)
 {
     one_stream_at_every_slice_edge(SHOAL_DTYPE_BF16);
@@ -322,6 +340,7 @@ static void bf16_pages(void)
     prompt_rows_at_the_8b_shape(SHOAL_DTYPE_BF16);
     prompt_rows_over_other_page_sizes(SHOAL_DTYPE_BF16);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_BF16);
+    a_decode_round_at_the_8b_shape(SHOAL_DTYPE_BF16);
     decode_rows_at_long_context(SHOAL_DTYPE_BF16);
     one_decode_row_in_short_segments(SHOAL_DTYPE_BF16);
 }
@@ -333,6 +352,7 @@ static void fp8_pages_with_scales(void)
     prompt_rows_at_the_8b_shape(SHOAL_DTYPE_F8_E4M3);
     prompt_rows_over_other_page_sizes(SHOAL_DTYPE_F8_E4M3);
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_F8_E4M3);
+    a_decode_round_at_the_8b_shape(SHOAL_DTYPE_F8_E4M3);
     decode_rows_at_long_context(SHOAL_DTYPE_F8_E4M3);
     one_decode_row_in_short_segments(SHOAL_DTYPE_F8_E4M3);
 }
