@@ -9,13 +9,17 @@
  * (segments a row of a small round should have for one full wave; the
  * cap is raised to that wave and never past it, attn_splits_filled), never
  * from a slice or the page table's capacity, so a sliced round equals an
- * unsliced one to the byte. The grid has `cap` segments per row, and blocks past a row's
- * count return at once: the launch is the same for every round of the
+ * unsliced one to the byte. The grid has `cap` segments per row, and
+ * blocks past a row's count return at once (the TMA kernel's items are
+ * those blocks): the launch is the same for every round of the
  * same rows, as a CUDA graph needs, and a large round of short contexts
  * launches few empty blocks.
  *
- * Two partial kernels write the same records (max, sum, sum p v) per
+ * Three partial kernels write the same records (max, sum, sum p v) per
  * (row, query head, segment):
+ *   - at head dim 128 with bf16 pages on sm_90a, the TMA kernel
+ *     (attn_partial_tma, below): persistent blocks over those items, K
+ *     and V staged by a copying warp in 32-token stages;
  *   - with bf16 activations and head dims 32, 64 and 128, one block per
  *     (row, KV head, group of up to 16 query heads, segment) puts the
  *     group's query heads in the 16 rows of mma.sync tiles and reads each
@@ -558,30 +562,34 @@ template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, in
 /* The tensor-core partials with K and V staged by TMA (sm_90a; head dim
  * 128, bf16 pages of 8 tokens or more; SHOAL_CUDA_ATTN_TMA, default 4
  * stages). The cp.async kernel keeps one 64-token tile in flight a block
- * while it reads the other (two stages in its 68 KB) and ramps up anew in
- * every block. Here the same shared memory holds S stages of 32 tokens (16
- * KB of K and V), S - 1 of them in flight, and a block is persistent: it
- * takes the launch's items (row, KV head, query-head group, segment) i =
- * blockIdx.x, + gridDim.x, ... (items past a row's segments are skipped),
- * and its stages run on from one item into the next, so the copies never
- * drain between items. A fifth warp only copies: a box of 16 rows (a
- * page's part, or a page of 8) and 64 columns a copy, counted on the
+ * while it reads the other, and ramps up anew in every block. Here the
+ * same shared memory holds S stages of 32 tokens (16 KB of K and V), S - 1
+ * of them in flight, and a block is persistent: it takes the launch's
+ * items (row, KV head, query-head group, segment) i = blockIdx.x, +
+ * gridDim.x, ... (items past a row's segments are skipped), and its stages
+ * run on from one item into the next, so the copies do not drain between
+ * items.
+ *
+ * A fifth warp only copies: a box of 16 rows (a page's part, or a page of
+ * 8) a copy, whole 256-byte rows through a 3-D map or, with
+ * SHOAL_CUDA_ATTN_TMA_ROWS=0, one 64-column half (2-D), counted on the
  * stage's `full` barrier once its `empty` one says the two warps that read
  * it are done. The four computing warps take the stages in pairs, even
- * stages (of the block's count) warps 0 and 1, odd ones 2 and 3, 16 tokens
- * a warp, each with its own running max, sum and o, merged at each item's
- * end (partial_store, through its own area, which Q's copy shares); no
- * block-wide barrier a stage. An item of an odd count of stages is given
- * an empty one (completed by the copying warp without bytes), so every
- * item starts on an even stage: which warp sums which keys, and so the
- * result to the bit, is the item's own, whatever the block ran before it
- * (a sliced launch equals an unsliced one). S is even, so a stage slot is
- * always read by the same pair, and a pair waits on a slot's phases in
- * order. Rows past
+ * stages warps 0 and 1, odd ones 2 and 3, 16 tokens a warp, each with its
+ * own running max, sum and o, merged at each item's end (partial_store,
+ * through its own area, which Q's copy shares); no block-wide barrier a
+ * stage. An item of an odd count of stages is given an empty one
+ * (completed by the copying warp without bytes), so every item starts on
+ * an even stage: which warp sums which keys, and so the result to the bit,
+ * is the item's own, whatever the block ran before it (a sliced launch
+ * equals an unsliced one). S is even, so a stage slot is always read by
+ * the same pair, and a pair waits on a slot's phases in order. Rows past
  * the segment are not copied where a whole box is past it, and are taken
  * as zeros (V) or -inf (scores) in registers: a stage may hold a stale
- * tail. Tiles are two 64-column halves of 128-byte rows in the TMA's
- * 128-byte swizzle (wgmma.cuh's sw128_at). */
+ * tail. Against the cp.async kernel on the H200 (kernels/lab/README.md
+ * rows 17.1-17.3): batch 64 at 1k 2.79 -> 3.19 TB/s, batch 1 at 32k 2.41
+ * -> 2.81, batch 32 and 64 at 4k-32k 2-4% more; the 8B model's batch-64
+ * step 7,709 -> 8,156-8,262 tokens/s. */
 enum { TMA_BN = 32, TMA_THREADS = 160, TMA_HD = 128, TMA_BOX_MAX = 16 };
 
 struct attn_tma_args {
@@ -594,6 +602,16 @@ struct sw128_rows32 {
     static __device__ __forceinline__ uint32_t at(int row, int c)
     {
         return wg::sw128_at<TMA_BN>(row, c);
+    }
+};
+
+/* A tile of whole 256-byte rows as the 3-D map lands them: each 128-byte
+ * half swizzled as the 128-byte row it is (row * 2 + half of the tile). */
+struct sw128_rows256 {
+    static __device__ __forceinline__ uint32_t at(int row, int c)
+    {
+        const int h = c >> 3;
+        return (uint32_t)(row * 256 + h * 128 + (((c & 7) ^ ((row * 2 + h) & 7)) << 4));
     }
 };
 
@@ -634,7 +652,7 @@ static __device__ __forceinline__ bool tma_item_of(int i, const attn_args &a, in
 }
 #endif
 
-template <int S>
+template <int S, bool ROWS>
 static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
     attn_partial_tma(const __grid_constant__ attn_tma_args ta, const bf16 *q,
                      const int32_t *row_stream, const int32_t *positions,
@@ -644,6 +662,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
     constexpr int HD = TMA_HD, REC = HD + 2, DT = HD / 8, CH = HD / 8;
     constexpr uint32_t HALF = TMA_BN * 128, TILE = 2 * HALF; /* a K or V stage */
     static_assert(S % 2 == 0, "a stage slot is read by one pair of warps");
+    typedef typename std::conditional<ROWS, sw128_rows256, sw128_rows32>::type Lay;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) uint64_t bars[2 * S]; /* full[S], empty[S] */
     const attn_args &a = ta.a;
@@ -667,10 +686,13 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
 
     uint32_t g = 0; /* stages the block has taken so far: a stage's slot and parity */
     tma_item it;
-    if (warp == 4) { /* the copying warp: lane c copies box c / 4, half (c / 2) % 2, K or V */
+    if (warp == 4) {
+        /* the copying warp: lane c copies box c / 4, half (c / 2) % 2, K or
+         * V c % 2; with whole rows box c / 2, both halves */
+        constexpr int PER_BOX = ROWS ? 2 : 4;
         const int R = L.page_tokens, pt_shift = __ffs(R) - 1;
         const int BR = min(R, TMA_BOX_MAX), page_rows = (int)(L.page_bytes / 256);
-        const int c = lane, box = c >> 2, half = (c >> 1) & 1;
+        const int c = lane, box = c / PER_BOX, half = ROWS ? 0 : (c >> 1) & 1;
         for (int i = blockIdx.x; i < total; i += gridDim.x) {
             if (!tma_item_of(i, a, chunks, positions, it))
                 continue;
@@ -681,16 +703,18 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                 const uint32_t st = g % S;
                 const int t0 = it.tb + j * TMA_BN, t = t0 + box * BR;
                 const int boxes = min(TMA_BN / BR, (it.te - t0 + BR - 1) / BR);
-                const bool go = c < boxes * 4;
+                const bool go = c < boxes * PER_BOX;
                 const int row = go ? pages[t >> pt_shift] * page_rows + kvrow + (t & (R - 1)) : 0;
                 wg::bar_wait(empty0 + 8 * st, ((g / S) & 1) ^ 1);
                 if (lane == 0)
-                    wg::bar_arrive_expect(full0 + 8 * st, (uint32_t)(boxes * 4 * BR * 128));
+                    wg::bar_arrive_expect(full0 + 8 * st, (uint32_t)(boxes * 2 * BR * 256));
                 __syncwarp();
-                if (go)
-                    wg::tma_load_2d((c & 1 ? vs0 : ks0) + st * TILE + half * HALF +
-                                        box * BR * 128,
-                                    &ta.kv_map, half * 64, row, full0 + 8 * st);
+                const uint32_t dst = (c & 1 ? vs0 : ks0) + st * TILE;
+                if (go && ROWS)
+                    wg::tma_load_3d(dst + box * BR * 256, &ta.kv_map, 0, 0, row, full0 + 8 * st);
+                else if (go)
+                    wg::tma_load_2d(dst + half * HALF + box * BR * 128, &ta.kv_map, half * 64,
+                                    row, full0 + 8 * st);
             }
             if (it.ntiles & 1) { /* an empty stage: the next item starts on an even one */
                 const uint32_t st = g % S;
@@ -741,7 +765,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                 uint32_t qf[HD / 16][4];
                 mma::q_fragments<HD>(qf, qs, 0);
                 float sc[2][4];
-                mma::scores<HD, 2, sw128_rows32>(sc, qf, ks0 + st * TILE, key0);
+                mma::scores<HD, 2, Lay>(sc, qf, ks0 + st * TILE, key0);
                 if (valid < 16)
 #pragma unroll
                     for (int nt = 0; nt < 2; nt++)
@@ -750,7 +774,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                             if (nt * 8 + (lane & 3) * 2 + (e & 1) >= valid)
                                 sc[nt][e] = -INFINITY;
                 mma::softmax_step<HD, 2>(sc, sl2, o, m, l);
-                mma::accumulate<HD, 2, sw128_rows32>(o, sc, vs0 + st * TILE, key0, valid);
+                mma::accumulate<HD, 2, Lay>(o, sc, vs0 + st * TILE, key0, valid);
             }
             __syncwarp();
             if (lane == 0)
@@ -768,11 +792,13 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
 #endif
 }
 
-template <typename F> static bool partial_tma_dispatch(int stages, F f)
+template <typename F> static bool partial_tma_dispatch(int stages, bool rows, F f)
 {
-    switch (stages) {
-    case 4: f(attn_partial_tma<4>, tma_partial_smem_bytes<4>); return true;
-    case 6: f(attn_partial_tma<6>, tma_partial_smem_bytes<6>); return true;
+    switch (stages * 2 + rows) {
+    case 8: f(attn_partial_tma<4, false>, tma_partial_smem_bytes<4>); return true;
+    case 9: f(attn_partial_tma<4, true>, tma_partial_smem_bytes<4>); return true;
+    case 12: f(attn_partial_tma<6, false>, tma_partial_smem_bytes<6>); return true;
+    case 13: f(attn_partial_tma<6, true>, tma_partial_smem_bytes<6>); return true;
     default: return false;
     }
 }
@@ -804,7 +830,8 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
         long long items = (long long)grid.x * grid.y * grid.z;
         long long most = (long long)c->tma_resident * cuda_of(c->be)->sm_count;
         unsigned blocks = (unsigned)(items < most ? items : most);
-        partial_tma_dispatch(cuda_of(c->be)->attn_tma, [&](auto kernel, auto) {
+        cuda_state *st = cuda_of(c->be);
+        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, [&](auto kernel, auto) {
             kernel<<<blocks, TMA_THREADS, c->tma_smem, stream>>>(
                 c->tma_args, (const bf16 *)s->q, s->row_stream, s->positions, s->page_table);
         });
@@ -856,11 +883,12 @@ shoal_err cuda_attention_init(kernels_backend *be)
                             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_bytes);
                 });
     for (int stages : {4, 6})
-        partial_tma_dispatch(stages, [&](auto kernel, auto smem_of) {
-            if (e == cudaSuccess)
-                e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem_of(TC_GM));
-        });
+        for (bool rows : {false, true})
+            partial_tma_dispatch(stages, rows, [&](auto kernel, auto smem_of) {
+                if (e == cudaSuccess)
+                    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem_of(TC_GM));
+            });
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
     return cuda_of(be)->err;
@@ -901,10 +929,10 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     const int pt = layout->page_tokens;
     c.tma = c.tc && st->attn_tma > 0 && st->sm90a && hd == TMA_HD &&
             cuda_kv_map(be, arena, layout, pt < TMA_BOX_MAX ? pt : TMA_BOX_MAX,
-                        &c.tma_args.kv_map);
+                        st->attn_tma_rows, &c.tma_args.kv_map);
     if (c.tma) {
         const int group = heads / layout->kv_heads;
-        partial_tma_dispatch(st->attn_tma, [&](auto kernel, auto smem_of) {
+        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, [&](auto kernel, auto smem_of) {
             c.tma_smem = smem_of(group < TC_GM ? group : TC_GM);
             int n = 0;
             if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, TMA_THREADS,

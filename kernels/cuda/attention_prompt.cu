@@ -999,7 +999,7 @@ static bool wgmma_usable(kernels_backend *be)
 }
 
 bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout *L, int box_rows,
-                 void *out)
+                 bool whole_rows, void *out)
 {
     cuda_state *st = cuda_of(be);
     const int pt = L->page_tokens;
@@ -1007,20 +1007,29 @@ bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout
         box_rows < 8 || box_rows > pt || box_rows > 256 || L->page_bytes % 256 != 0 ||
         (uintptr_t)arena % 16 != 0)
         return false; /* a box's rows start at the swizzle's 1,024-byte repeat */
+    auto same = [&](const cuda_kv_tmap *t) {
+        return t->arena == arena && t->page_tokens == pt && t->box_rows == box_rows &&
+               t->whole_rows == whole_rows;
+    };
     cuda_kv_tmap *t = &st->tmaps[0];
-    if (!(t->arena == arena && t->page_tokens == pt && t->box_rows == box_rows))
+    if (!same(t))
         t = &st->tmaps[1];
-    if (!(t->arena == arena && t->page_tokens == pt && t->box_rows == box_rows)) {
+    if (!same(t)) {
         /* the prompt kernel's boxes in slot 0, the decode partials' in 1 */
         t = &st->tmaps[box_rows > 16 ? 0 : 1];
         /* rows of 256 bytes, as many as an int row coordinate reaches (512
          * GiB, more than a GPU holds); the copies never pass the arena */
-        const cuuint64_t dims[2] = {(cuuint64_t)WG_HD, (cuuint64_t)INT_MAX};
-        const cuuint64_t strides[1] = {(cuuint64_t)WG_HD * 2};
-        const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, unit[2] = {1, 1};
+        const cuuint64_t dims2[2] = {(cuuint64_t)WG_HD, (cuuint64_t)INT_MAX};
+        const cuuint64_t strides2[1] = {(cuuint64_t)WG_HD * 2};
+        const cuuint32_t box2[2] = {64, (cuuint32_t)box_rows};
+        const cuuint64_t dims3[3] = {64, 2, (cuuint64_t)INT_MAX};
+        const cuuint64_t strides3[2] = {128, (cuuint64_t)WG_HD * 2};
+        const cuuint32_t box3[3] = {64, 2, (cuuint32_t)box_rows}, unit[3] = {1, 1, 1};
         CUtensorMap m;
         CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)st->tmap_encode)(
-            &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)arena, dims, strides, box, unit,
+            &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, whole_rows ? 3 : 2, (void *)arena,
+            whole_rows ? dims3 : dims2, whole_rows ? strides3 : strides2,
+            whole_rows ? box3 : box2, unit,
             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (r != CUDA_SUCCESS)
@@ -1030,6 +1039,7 @@ bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout
         t->arena = arena;
         t->page_tokens = pt;
         t->box_rows = box_rows;
+        t->whole_rows = whole_rows;
     }
     memcpy(out, t->map, sizeof t->map);
     return true;
@@ -1113,7 +1123,7 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
     int tile = cuda_of(be)->prompt_tile;
     if (tile == 5 && (fp8 || L->page_tokens > 256 ||
                       !cuda_kv_map(be, arena, L, L->page_tokens < WG_BN ? L->page_tokens : WG_BN,
-                                   &a.kv_map)))
+                                   false, &a.kv_map)))
         tile = 4;
     cudaStream_t stream = cuda_of(be)->stream;
     prompt_dispatch(hd, L->dtype, tile, cuda_of(be)->prompt_wgmma,

@@ -304,6 +304,7 @@ static void pick_kernels(cuda_state *st)
     st->attn_tma = env_int("SHOAL_CUDA_ATTN_TMA", legacy ? 0 : 4);
     if (st->attn_tma != 0 && st->attn_tma != 6)
         st->attn_tma = 4;
+    st->attn_tma_rows = env_int("SHOAL_CUDA_ATTN_TMA_ROWS", 1) != 0;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
         st->prompt_tile = 5;

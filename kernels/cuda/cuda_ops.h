@@ -73,6 +73,7 @@ typedef struct cuda_alloc_list {
 typedef struct cuda_kv_tmap {
     const void *arena;
     int page_tokens, box_rows;
+    bool whole_rows;
     alignas(64) unsigned char map[128];
 } cuda_kv_tmap;
 
@@ -130,8 +131,11 @@ typedef struct cuda_state {
     bool prompt_wgmma; /* tile 4 or 5 asked for, and this build and GPU run it */
     /* Decode attention's partials with K and V staged by the tensor
      * memory accelerator (attn_partial_tma) in this many 32-token stages
-     * (SHOAL_CUDA_ATTN_TMA, default 4; 6; 0 = the cp.async kernel). */
+     * (SHOAL_CUDA_ATTN_TMA, default 4; 6; 0 = the cp.async kernel), a
+     * copy 16 whole rows (SHOAL_CUDA_ATTN_TMA_ROWS, default 1) or a
+     * 64-column half of them (0; cuda_kv_map). */
     int attn_tma;
+    bool attn_tma_rows;
     /* Tile 5 and the TMA partials: the driver's tensor-map encoder (NULL:
      * the cp.async kernels serve), and the arena's maps last made, one
      * per box height (cuda_kv_map). */
@@ -410,10 +414,13 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be);
  * boxes of box_rows rows (8 to the page's tokens: a box never leaves a
  * page when its first row is a multiple of box_rows), into out (a
  * CUtensorMap); kept in st->tmaps and made again only when the arena, the
- * page size or the box changes. False where no encoder, or the layout is
- * not one the copies take. */
+ * page size or the box changes. A box is one 64-column half of the rows
+ * (a 2-D map: column, row), or with whole_rows both halves (a 3-D map:
+ * column, half, row), landing as rows of 256 bytes whose 128-byte halves
+ * are swizzled as the 128-byte rows they are. False where no encoder, or
+ * the layout is not one the copies take. */
 bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout *L, int box_rows,
-                 void *out);
+                 bool whole_rows, void *out);
 
 /* attention.cu: raises the kernels' shared-memory limits; once, at open. */
 shoal_err cuda_attention_init(kernels_backend *be);

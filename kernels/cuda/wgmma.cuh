@@ -142,6 +142,18 @@ static __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map
 #endif
 }
 
+/* The same from a 3-D tensor map: the box at (x, y, z). */
+static __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, int x, int y,
+                                                   int z, uint32_t bar)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(map), "r"(x), "r"(y), "r"(z), "r"(bar)
+                 : "memory");
+#endif
+}
+
 /* A named block barrier (ids 1-15; 0 is __syncthreads): waits until
  * `count` threads of the block have come to barrier `id`. */
 static __device__ __forceinline__ void named_sync(int id, int count)

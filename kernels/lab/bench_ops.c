@@ -8,7 +8,9 @@
  * --prompt N times the prompt kernel alone at N tokens (16 to 4,096), the
  * variant the environment picks (for a profiler); --decode times decode
  * attention alone, "new" against "tma6" (SHOAL_CUDA_ATTN_TMA=6: six
- * stages) and "cpasync" (SHOAL_CUDA_ATTN_TMA=0: the cp.async partials).
+ * stages), "cpasync" (SHOAL_CUDA_ATTN_TMA=0: the cp.async partials),
+ * "halves" (SHOAL_CUDA_ATTN_TMA_ROWS=0: a copy a 64-column half) and
+ * "blocks2" (SHOAL_CUDA_ATTN_BLOCKS=2).
  *
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
@@ -630,10 +632,8 @@ int main(int argc, char **argv)
     }
     static const char *const cpasync_env[] = {"SHOAL_CUDA_ATTN_TMA=0", NULL};
     static const char *const tma6_env[] = {"SHOAL_CUDA_ATTN_TMA=6", NULL};
-    static const char *const tma6b2_env[] = {"SHOAL_CUDA_ATTN_TMA=6", "SHOAL_CUDA_ATTN_BLOCKS=2",
-                                             NULL};
+    static const char *const halves_env[] = {"SHOAL_CUDA_ATTN_TMA_ROWS=0", NULL};
     static const char *const b2_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=2", NULL};
-    static const char *const b1_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=1", NULL};
     const char *pt_env = getenv("SHOAL_LAB_PAGE_TOKENS");
     if (pt_env) {
         PT = atoi(pt_env);
@@ -647,10 +647,9 @@ int main(int argc, char **argv)
         kernels_backend *bes[] = {open_variant(device, false, 0, NULL),
                                   open_variant(device, false, 0, tma6_env),
                                   open_variant(device, false, 0, cpasync_env),
-                                  open_variant(device, false, 0, tma6b2_env),
-                                  open_variant(device, false, 0, b2_env),
-                                  open_variant(device, false, 0, b1_env)};
-        const char *names[] = {"new", "tma6", "cpasync", "tma6b2", "b2", "b1"};
+                                  open_variant(device, false, 0, halves_env),
+                                  open_variant(device, false, 0, b2_env)};
+        const char *names[] = {"new", "tma6", "cpasync", "halves", "blocks2"};
         enum { NV = sizeof bes / sizeof bes[0] };
         bufs dbuf;
         memset(&dbuf, 0, sizeof dbuf);
