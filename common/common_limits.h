@@ -119,6 +119,18 @@
 #define SHOAL_ARENA_SEND_TIMEOUT_MS 1000
 #define SHOAL_ARENA_BACKLOG 64
 
+/* How long a worker waits for a peer's arena (shm_arena_fetch, from its
+ * step loop: the idle import of a peer that came up, or a prefix import
+ * in a step) before it does without (computes the pages itself), and how
+ * long it then leaves that peer's arena alone before it asks again. The
+ * wait blocks the worker's reports, so it stays well inside
+ * SHOAL_REPORT_LATE_MS and the coordinator's heartbeat limit: a peer that
+ * is stopped or slow to answer (a debugger, a paused test, swapping) costs
+ * its neighbours at most this once a retry period, never their health. A
+ * fetch takes about a millisecond when the owner runs. */
+#define SHOAL_ARENA_FETCH_TIMEOUT_MS 500
+#define SHOAL_ARENA_FETCH_RETRY_MS 2000
+
 /* The bridge between a worker's pages and the store (worker_states). */
 
 /* Host staging of restores: pages read from the store wait here until the

@@ -14,7 +14,8 @@
 /* Another worker's arena, mapped once per owner process. */
 typedef struct peer {
     uint64_t epoch;        /* 0: not mapped */
-    uint64_t failed_epoch; /* the epoch whose mapping failed: not retried */
+    uint64_t failed_epoch; /* the epoch whose mapping failed last */
+    uint64_t retry_ns;     /* ... asked for again from then (UINT64_MAX: never: no fit) */
     void *base;
     size_t bytes;
     uint64_t page_bytes;
@@ -165,7 +166,12 @@ int worker_cluster_index(const worker_cluster *cl)
     return cl->index;
 }
 
-/* The owner's arena as of `epoch`, mapped here, or NULL. */
+/* The fetch blocks the step loop, and so the worker's reports. */
+_Static_assert(SHOAL_ARENA_FETCH_TIMEOUT_MS * 4 <= SHOAL_REPORT_LATE_MS,
+               "a peer's arena fetch stays well inside the report window");
+
+/* The owner's arena as of `epoch`, mapped here, or NULL (also, without
+ * asking, while a failed fetch of that epoch waits for its retry). */
 static peer *peer_map(worker_cluster *cl, int owner, uint64_t epoch)
 {
     peer *p = &cl->peers[owner];
@@ -175,12 +181,18 @@ static peer *peer_map(worker_cluster *cl, int owner, uint64_t epoch)
         cl->be->arena_unmap(cl->be, p->base, p->bytes);
         memset(p, 0, sizeof *p);
     }
+    if (p->failed_epoch == epoch && common_mono_ns() < p->retry_ns)
+        return NULL;
     shm_arena_info info;
     int fd = -1;
     shoal_diag diag = {{0}};
-    if (shm_arena_fetch(shm_segment_name(cl->seg), owner, 2000, &info, &fd, &diag)) {
-        LOG_WARN("worker %d: cannot import worker %d's pages: %s", cl->index, owner, diag.msg);
+    if (shm_arena_fetch(shm_segment_name(cl->seg), owner, SHOAL_ARENA_FETCH_TIMEOUT_MS, &info, &fd,
+                        &diag)) {
+        LOG_WARN("worker %d: cannot import worker %d's pages: %s; computing them here, asking "
+                 "again in %d ms",
+                 cl->index, owner, diag.msg, SHOAL_ARENA_FETCH_RETRY_MS);
         p->failed_epoch = epoch;
+        p->retry_ns = common_mono_ns() + (uint64_t)SHOAL_ARENA_FETCH_RETRY_MS * 1000000ull;
         return NULL;
     }
     const kernels_kv_layout *kv = worker_model_kv_layout(cl->m);
@@ -194,10 +206,11 @@ static peer *peer_map(worker_cluster *cl, int owner, uint64_t epoch)
                  (unsigned long long)info.page_bytes, kv->page_bytes, info.backend, cl->be->name);
         close(fd);
         p->failed_epoch = epoch;
+        p->retry_ns = UINT64_MAX;
         return NULL;
     }
     close(fd);
-    *p = (peer){epoch, 0, base, info.arena_bytes, info.page_bytes, info.page_count};
+    *p = (peer){epoch, 0, 0, base, info.arena_bytes, info.page_bytes, info.page_count};
     /* The first copy through a new mapping sets up the path between the
      * devices (about 10 ms across two H200s): do it now, while idle. */
     if (cl->scratch && (cl->be->copy(cl->be, cl->scratch, base, kv->page_bytes) ||
@@ -216,9 +229,8 @@ void worker_cluster_idle(worker_cluster *cl)
             continue;
         shm_worker_row *row = shm_segment_worker(cl->seg, w);
         uint64_t epoch = atomic_load(&row->epoch);
-        if (atomic_load(&row->state) == SHM_WORKER_READY && epoch != cl->peers[w].epoch &&
-            epoch != cl->peers[w].failed_epoch)
-            peer_map(cl, w, epoch);
+        if (atomic_load(&row->state) == SHM_WORKER_READY && epoch != cl->peers[w].epoch)
+            peer_map(cl, w, epoch); /* NULL at once while a failed fetch waits to retry */
     }
 }
 

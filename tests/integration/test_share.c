@@ -6,13 +6,16 @@
  * it, and killing the lessee inside the segment lock (SHOAL_TEST_PAUSE
  * stops it there) each leave a segment that works: the stream completes
  * correctly and every page row agrees with its worker's accounting, with
- * no lease left behind.
+ * no lease left behind. A worker that comes up while its peer is stopped
+ * keeps reporting, and imports from it once it runs again.
  *
  * SHOAL_TEST_DEVICES picks the workers' devices (default "cpu,cpu"; "0,0"
  * is two workers on one GPU, "0,1" one per GPU: tools/gpu-run runs those
  * with f32 activations, so a cold run and an import agree exactly). The
  * page-byte comparison maps the arenas, which only the CPU's memfd allows;
  * on a GPU the outputs and the counts carry the test. */
+#include "common/common_limits.h"
+#include "common/common_time.h"
 #include "coordinator/coordinator_cluster.h"
 #include "shm/shm_arena.h"
 #include "shm/shm_segment.h"
@@ -39,7 +42,7 @@ static char runtime_dir[64], name[32];
 static const char *devices = "cpu,cpu";
 static int32_t prompt_a[PREFIX + TAIL], prompt_b[PREFIX + TAIL];
 
-static coordinator_cluster *start(void)
+static coordinator_cluster *start_with(int dead_after_ms)
 {
     coordinator_cluster_options o;
     coordinator_cluster_options_default(&o);
@@ -55,12 +58,17 @@ static coordinator_cluster *start(void)
     o.max_model_len = 2048;
     o.max_batch_tokens = 512;
     o.heartbeat_ms = 50;
-    o.dead_after_ms = 3000;
+    o.dead_after_ms = dead_after_ms;
     o.start_timeout_ms = 60000;
     coordinator_cluster *c = NULL;
     shoal_diag diag = {{0}};
     CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
     return c;
+}
+
+static coordinator_cluster *start(void)
+{
+    return start_with(3000);
 }
 
 static bool wait_done(result *r, int ms)
@@ -340,6 +348,73 @@ static void lessee_killed_inside_the_segment_lock(void)
     import_with_a_fault(KILL_IN_LOCK);
 }
 
+/* A worker that comes up while its peer is stopped (a debugger, a paused
+ * test): its import of the peer's arena gives up after
+ * SHOAL_ARENA_FETCH_TIMEOUT_MS and its reports go on, where a 2-second
+ * wait left it "not answering" (SHOAL_REPORT_LATE_MS) and late on its
+ * heartbeats; once the peer runs again, the import is asked for again
+ * (SHOAL_ARENA_FETCH_RETRY_MS) and serves the next stream. */
+static void a_stopped_peer_does_not_stall_a_worker_coming_up(void)
+{
+    /* the coordinator must not give up on the stopped worker meanwhile */
+    coordinator_cluster *c = start_with(30000);
+    shm_segment *s = NULL;
+    shoal_diag diag = {{0}};
+    if (c)
+        CHECK_MSG(shm_segment_attach(name, true, &s, &diag) == SHOAL_OK, "%s", diag.msg);
+    if (!c || !s)
+        goto out;
+    wait_idle(c);
+    int peer = worker_pid(c, 1), old = worker_pid(c, 0);
+    kill(peer, SIGSTOP);
+    kill(old, SIGKILL);
+    shm_worker_row *row = shm_segment_worker(s, 0);
+    bool up = false;
+    for (int t = 0; t < 6000 && !up; t++) {
+        up = atomic_load(&row->state) == SHM_WORKER_READY && atomic_load(&row->pid) != old &&
+             atomic_load(&row->pid) > 0;
+        if (!up)
+            usleep(5000);
+    }
+    CHECK_MSG(up, "worker 0 did not come back while worker 1 was stopped");
+    /* its first idle rounds try worker 1's arena: the reports go on */
+    uint64_t worst = 0, t0 = common_mono_ns();
+    while (up && common_mono_ns() - t0 < 1500000000ull) {
+        uint64_t now = common_wall_ns(), last = atomic_load(&row->heartbeat_ns);
+        if (now > last && now - last > worst)
+            worst = now - last;
+        usleep(2000);
+    }
+    kill(peer, SIGCONT);
+    printf("  worker 0's longest silence while worker 1 was stopped: %.0f ms\n",
+           (double)worst / 1e6);
+    CHECK_MSG(worst < (uint64_t)SHOAL_REPORT_LATE_MS * 1000000ull / 2,
+              "worker 0 sent no report for %.0f ms while it waited for a stopped peer",
+              (double)worst / 1e6);
+    /* past the retry, worker 0 imports from worker 1 again: a cold stream
+     * on worker 0 (round robin), the prefix computed on worker 1, and
+     * worker 0 taking it */
+    usleep((SHOAL_ARENA_FETCH_RETRY_MS + 500) * 1000);
+    result cold_a, a, b;
+    submit(c, prompt_a, true, &cold_a);
+    CHECK(wait_done(&cold_a, 60000));
+    submit(c, prompt_a, false, &a);
+    CHECK(wait_done(&a, 60000));
+    uint64_t before = import_tokens(c, 0);
+    submit(c, prompt_b, false, &b);
+    CHECK(wait_done(&b, 60000));
+    int shared = PREFIX / PAGE * PAGE;
+    CHECK_MSG((int)(import_tokens(c, 0) - before) == shared,
+              "worker 0 imported %d tokens of worker 1's prefix after it resumed, want %d",
+              (int)(import_tokens(c, 0) - before), shared);
+    CHECK(b.n == OUT && memcmp(b.tokens, cold.tokens, OUT * 4) == 0);
+    wait_idle(c);
+    check_segment("after a stopped peer");
+out:
+    shm_segment_close(s);
+    coordinator_cluster_close(c);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -362,6 +437,7 @@ int main(void)
     TEST_RUN(owner_killed_during_a_lease);
     TEST_RUN(lessee_killed_during_a_lease);
     TEST_RUN(lessee_killed_inside_the_segment_lock);
+    TEST_RUN(a_stopped_peer_does_not_stall_a_worker_coming_up);
     rmdir(runtime_dir);
     return TEST_EXIT();
 }
