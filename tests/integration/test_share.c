@@ -371,8 +371,8 @@ static void a_stopped_peer_does_not_stall_a_worker_coming_up(void)
     shm_worker_row *row = shm_segment_worker(s, 0);
     bool up = false;
     for (int t = 0; t < 6000 && !up; t++) {
-        up = atomic_load(&row->state) == SHM_WORKER_READY && atomic_load(&row->pid) != old &&
-             atomic_load(&row->pid) > 0;
+        int pid = worker_pid(c, 0);
+        up = atomic_load(&row->state) == SHM_WORKER_READY && pid != old && pid > 0;
         if (!up)
             usleep(5000);
     }
