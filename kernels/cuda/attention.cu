@@ -586,9 +586,12 @@ template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, in
  * the same pair, and a pair waits on a slot's phases in order. Rows past
  * the segment are not copied where a whole box is past it, and are taken
  * as zeros (V) or -inf (scores) in registers: a stage may hold a stale
- * tail. Against the cp.async kernel on the H200 (kernels/lab/README.md
- * rows 17.1-17.3): batch 64 at 1k 2.79 -> 3.19 TB/s, batch 1 at 32k 2.41
- * -> 2.81, batch 32 and 64 at 4k-32k 2-4% more; the 8B model's batch-64
+ * tail. The copies ask L2 for 128-byte promotion (SHOAL_CUDA_ATTN_TMA_L2):
+ * at 256 the L2 ran at 96% of its throughput while the DRAM gave 88%.
+ * Against the cp.async kernel on the H200 (kernels/lab/README.md rows
+ * 17.1-17.7): batch 64 at 1k 2.82 -> 3.25 TB/s, batch 1 at 32k 2.45 ->
+ * 2.89, batch 32 and 64 at 4k-32k 3.62-4.13 -> 3.87-4.42 (torch SDPA on
+ * contiguous KV in the same call: 3.56-4.40); the 8B model's batch-64
  * step 7,709 -> 8,156-8,262 tokens/s. */
 enum { TMA_BN = 32, TMA_THREADS = 160, TMA_HD = 128, TMA_BOX_MAX = 16 };
 
@@ -929,7 +932,7 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     const int pt = layout->page_tokens;
     c.tma = c.tc && st->attn_tma > 0 && st->sm90a && hd == TMA_HD &&
             cuda_kv_map(be, arena, layout, pt < TMA_BOX_MAX ? pt : TMA_BOX_MAX,
-                        st->attn_tma_rows, &c.tma_args.kv_map);
+                        st->attn_tma_rows, st->attn_tma_l2, &c.tma_args.kv_map);
     if (c.tma) {
         const int group = heads / layout->kv_heads;
         partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, [&](auto kernel, auto smem_of) {

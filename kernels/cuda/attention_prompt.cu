@@ -999,7 +999,7 @@ static bool wgmma_usable(kernels_backend *be)
 }
 
 bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout *L, int box_rows,
-                 bool whole_rows, void *out)
+                 bool whole_rows, int l2_bytes, void *out)
 {
     cuda_state *st = cuda_of(be);
     const int pt = L->page_tokens;
@@ -1009,7 +1009,7 @@ bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout
         return false; /* a box's rows start at the swizzle's 1,024-byte repeat */
     auto same = [&](const cuda_kv_tmap *t) {
         return t->arena == arena && t->page_tokens == pt && t->box_rows == box_rows &&
-               t->whole_rows == whole_rows;
+               t->whole_rows == whole_rows && t->l2_bytes == l2_bytes;
     };
     cuda_kv_tmap *t = &st->tmaps[0];
     if (!same(t))
@@ -1031,7 +1031,10 @@ bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout
             whole_rows ? dims3 : dims2, whole_rows ? strides3 : strides2,
             whole_rows ? box3 : box2, unit,
             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+            l2_bytes == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+            : l2_bytes == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                              : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (r != CUDA_SUCCESS)
             return false;
         static_assert(sizeof m == sizeof t->map, "cuda_kv_tmap.map holds a CUtensorMap");
@@ -1040,6 +1043,7 @@ bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout
         t->page_tokens = pt;
         t->box_rows = box_rows;
         t->whole_rows = whole_rows;
+        t->l2_bytes = l2_bytes;
     }
     memcpy(out, t->map, sizeof t->map);
     return true;
@@ -1123,7 +1127,7 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
     int tile = cuda_of(be)->prompt_tile;
     if (tile == 5 && (fp8 || L->page_tokens > 256 ||
                       !cuda_kv_map(be, arena, L, L->page_tokens < WG_BN ? L->page_tokens : WG_BN,
-                                   false, &a.kv_map)))
+                                   false, 256, &a.kv_map)))
         tile = 4;
     cudaStream_t stream = cuda_of(be)->stream;
     prompt_dispatch(hd, L->dtype, tile, cuda_of(be)->prompt_wgmma,

@@ -72,7 +72,7 @@ typedef struct cuda_alloc_list {
  * box_rows rows by 64 columns, 128-byte swizzle) and what it was made for. */
 typedef struct cuda_kv_tmap {
     const void *arena;
-    int page_tokens, box_rows;
+    int page_tokens, box_rows, l2_bytes;
     bool whole_rows;
     alignas(64) unsigned char map[128];
 } cuda_kv_tmap;
@@ -133,9 +133,12 @@ typedef struct cuda_state {
      * memory accelerator (attn_partial_tma) in this many 32-token stages
      * (SHOAL_CUDA_ATTN_TMA, default 4; 6; 0 = the cp.async kernel), a
      * copy 16 whole rows (SHOAL_CUDA_ATTN_TMA_ROWS, default 1) or a
-     * 64-column half of them (0; cuda_kv_map). */
+     * 64-column half of them (0; cuda_kv_map), promoted in L2 by 128
+     * bytes (SHOAL_CUDA_ATTN_TMA_L2, default 128; 0 or 256: 256 ran the L2
+     * at 96% of its throughput for 88% of the DRAM's, 4-5% slower). */
     int attn_tma;
     bool attn_tma_rows;
+    int attn_tma_l2; /* the copies' L2 promotion: 0, 128 (default) or 256 bytes */
     /* Tile 5 and the TMA partials: the driver's tensor-map encoder (NULL:
      * the cp.async kernels serve), and the arena's maps last made, one
      * per box height (cuda_kv_map). */
@@ -417,10 +420,11 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be);
  * page size or the box changes. A box is one 64-column half of the rows
  * (a 2-D map: column, row), or with whole_rows both halves (a 3-D map:
  * column, half, row), landing as rows of 256 bytes whose 128-byte halves
- * are swizzled as the 128-byte rows they are. False where no encoder, or
- * the layout is not one the copies take. */
+ * are swizzled as the 128-byte rows they are. l2_bytes is the copies' L2
+ * promotion (0, 128 or 256). False where no encoder, or the layout is not
+ * one the copies take. */
 bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout *L, int box_rows,
-                 bool whole_rows, void *out);
+                 bool whole_rows, int l2_bytes, void *out);
 
 /* attention.cu: raises the kernels' shared-memory limits; once, at open. */
 shoal_err cuda_attention_init(kernels_backend *be);

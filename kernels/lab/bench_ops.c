@@ -4,13 +4,17 @@
  * of a kernel beside the others, on the same buffers, in one process.
  *
  *   shoal-lab-ops [--device N] [--quick] [--prompt N] [--decode]
+ *                 [--attention B C] [--swiglu R]
  *
  * --prompt N times the prompt kernel alone at N tokens (16 to 4,096), the
  * variant the environment picks (for a profiler); --decode times decode
  * attention alone, "new" against "tma6" (SHOAL_CUDA_ATTN_TMA=6: six
  * stages), "cpasync" (SHOAL_CUDA_ATTN_TMA=0: the cp.async partials),
  * "halves" (SHOAL_CUDA_ATTN_TMA_ROWS=0: a copy a 64-column half) and
- * "blocks2" (SHOAL_CUDA_ATTN_BLOCKS=2).
+ * "blocks2" (SHOAL_CUDA_ATTN_BLOCKS=2); --attention B C (decode attention
+ * at batch B, context C) and --swiglu R (swiglu of R rows) time one op
+ * alone, four calls a replay, as the environment picks it (a profiler's
+ * target).
  *
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
@@ -606,6 +610,7 @@ int main(int argc, char **argv)
     bool quick = false;
     int prompt_only = 0; /* tokens */
     bool decode_only = false;
+    int one_b = 0, one_c = 0, one_r = 0; /* --attention B C, --swiglu R */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = atoi(argv[++i]);
@@ -615,6 +620,38 @@ int main(int argc, char **argv)
             prompt_only = atoi(argv[++i]);
         else if (strcmp(argv[i], "--decode") == 0)
             decode_only = true;
+        else if (strcmp(argv[i], "--attention") == 0 && i + 2 < argc) {
+            one_b = atoi(argv[++i]);
+            one_c = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--swiglu") == 0 && i + 1 < argc)
+            one_r = atoi(argv[++i]);
+    }
+    if (one_b || one_c || one_r) { /* one op alone, as the environment picks it (profiling) */
+        if ((one_b || one_c) &&
+            (one_b < 1 || one_b > STREAMS_MAX || one_c < 16 || one_c > CTX_MAX)) {
+            fprintf(stderr, "shoal-lab-ops: --attention takes a batch of 1 to %d and a context "
+                            "of 16 to %d\n",
+                    STREAMS_MAX, CTX_MAX);
+            return 2;
+        }
+        if (one_r && (one_r < 1 || one_r > ROWS_MAX)) {
+            fprintf(stderr, "shoal-lab-ops: --swiglu takes 1 to %d rows\n", ROWS_MAX);
+            return 2;
+        }
+        kernels_backend *be = open_variant(device, false, 0, NULL);
+        bufs obuf;
+        memset(&obuf, 0, sizeof obuf);
+        setup(be, &obuf);
+        op o = {.kind = one_r ? OP_SWIGLU : OP_ATTENTION, .be = be, .b = &obuf,
+                .rows = one_r ? one_r : one_b};
+        if (!one_r)
+            o.batch = make_batch(be, &obuf, one_b, 1, one_c);
+        double bytes = one_r ? (double)one_r * INTER * 2 * 3
+                             : (double)one_b * one_c * KVH * HD * 2 * 2;
+        row(one_r ? "swiglu" : "decode attention", "env", o.rows, time_op(&o, 4, 3), bytes, 0,
+            0, NULL);
+        kernels_backend_close(be);
+        return 0;
     }
     if (prompt_only && (prompt_only < 16 || prompt_only > ROWS_MAX)) {
         fprintf(stderr, "shoal-lab-ops: --prompt takes 16 to %d tokens\n", ROWS_MAX);
