@@ -144,11 +144,18 @@ static void load(const char *json, size_t bytes)
                                        COORDINATOR_ENCODE_ADD_SPECIAL, ids, 256, &n, &diag);
     /* Only the regex engine's limits may refuse this short text. */
     SHOAL_ASSERT(err == SHOAL_OK || err == SHOAL_ERR_LIMIT);
-    char out[4096];
-    size_t len;
-    if (err == SHOAL_OK)
-        SHOAL_ASSERT(coordinator_tokenizer_decode(tok, ids, n, 0, out, sizeof out, &len) ==
-                     SHOAL_OK);
+    if (err == SHOAL_OK) {
+        /* sized as the server sizes it (a token may be 1,024 bytes, three
+         * times that once invalid UTF-8 becomes U+FFFD): ask, then decode */
+        size_t need = 0, len = 0;
+        coordinator_tokenizer_decode(tok, ids, n, 0, NULL, 0, &need);
+        char *out = malloc(need + 1);
+        SHOAL_ASSERT(out != NULL);
+        SHOAL_ASSERT(coordinator_tokenizer_decode(tok, ids, n, 0, out, need + 1, &len) ==
+                         SHOAL_OK &&
+                     len == need);
+        free(out);
+    }
     coordinator_tokenizer_work_close(work);
     coordinator_tokenizer_close(tok);
 }
