@@ -79,7 +79,7 @@ static bool rewrite_whitespace(const char *pat, char *out, size_t cap)
     bool in_class = false;
     for (size_t i = 0; pat[i]; i++) {
         const char *add = NULL;
-        char two[3] = {pat[i], 0, 0};
+        char two[4] = {pat[i], 0, 0, 0}; /* up to "[^]" and its NUL */
         if (pat[i] == '\\' && pat[i + 1]) {
             char c = pat[++i];
             if (c == 's')

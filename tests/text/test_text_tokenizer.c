@@ -679,6 +679,40 @@ static void template_processing_adds_bos_when_asked(void)
     cJSON_Delete(root);
 }
 
+/* A split regex whose negated class opens with a literal ']' ("[^]b]"):
+ * the whitespace rewrite copies "[^]" as one piece, which once ran past
+ * its 3-byte buffer (fuzz_text_load, ASan). The class keeps its meaning:
+ * "a" and "b" are split, so the merge "ab" does not apply, and the ']'
+ * left between matches is a piece of its own. */
+static void a_class_opening_with_a_literal_bracket_splits_as_written(void)
+{
+    shoal_diag diag = {{0}};
+    cJSON *root = small_root();
+    cJSON *split = cJSON_GetArrayItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(root, "pre_tokenizer"), "pretokenizers"), 0);
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(split, "pattern"), "Regex",
+                              cJSON_CreateString("[^]b]+|b"));
+    char *text = cJSON_PrintUnformatted(root);
+    coordinator_tokenizer *tok = NULL;
+    coordinator_tokenizer_work *work = NULL;
+    CHECK_MSG(coordinator_tokenizer_parse(text, strlen(text), "bracket", &tok, &diag) == SHOAL_OK,
+              "%s", diag.msg);
+    CHECK(tok && coordinator_tokenizer_work_open(tok, &work, &diag) == SHOAL_OK);
+    size_t n = 0;
+    if (work) {
+        CHECK(coordinator_tokenizer_encode(tok, work, "ab", 2, 0, ids_buf, 16, &n, &diag) ==
+              SHOAL_OK);
+        CHECK(n == 2 && ids_buf[0] == 'a' && ids_buf[1] == 'b');
+        CHECK(coordinator_tokenizer_encode(tok, work, "a]b", 3, 0, ids_buf, 16, &n, &diag) ==
+              SHOAL_OK);
+        CHECK(n == 3 && ids_buf[0] == 'a' && ids_buf[1] == ']' && ids_buf[2] == 'b');
+    }
+    coordinator_tokenizer_work_close(work);
+    coordinator_tokenizer_close(tok);
+    free(text);
+    cJSON_Delete(root);
+}
+
 int main(void)
 {
     /* The references run in node while this process loads and tests. */
@@ -710,6 +744,7 @@ int main(void)
     TEST_RUN(truncated_tokenizer_json_is_refused);
     TEST_RUN(unknown_model_type_and_unsupported_steps_are_refused);
     TEST_RUN(template_processing_adds_bos_when_asked);
+    TEST_RUN(a_class_opening_with_a_literal_bracket_splits_as_written);
     coordinator_tokenizer_work_close(qwen3_work);
     coordinator_tokenizer_close(qwen3);
     free(qwen3_json);
