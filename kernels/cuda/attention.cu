@@ -356,6 +356,38 @@ template <int HD, typename KV, int STAGES> static constexpr size_t tc_partial_sm
            (sizeof(KV) == 1 ? 2 * tile : 0) /* fp8: K and V widened */;
 }
 
+/* Q's tile of a tensor-core partial block or item: the group's gn query
+ * heads (rows, the first head's row of q) by cp.async into the 16 rows of
+ * the tile at qs, zeros past gn; threads 0 .. TC_THREADS - 1 take a part
+ * each (the caller commits and waits). */
+template <int HD>
+static __device__ __forceinline__ void stage_q(uint32_t qs, const bf16 *rows, int gn)
+{
+    constexpr int CH = HD / 8;
+    for (int i = threadIdx.x; i < TC_GM * CH; i += TC_THREADS) {
+        const int g = i / CH, c = i % CH;
+        const bool valid = g < gn;
+        mma::cp_async16(qs + mma::swz<HD>(g, c), rows + (valid ? (size_t)g * HD + c * 8 : 0),
+                        valid);
+    }
+}
+
+/* A warp's scores (C fragments of NT * 8 keys) set to -inf from its key
+ * `valid` on: the keys past its segment. */
+template <int NT>
+static __device__ __forceinline__ void mask_past(float (&sc)[NT][4], int valid)
+{
+    if (valid >= NT * 8)
+        return;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (nt * 8 + (lane & 3) * 2 + (e & 1) >= valid)
+                sc[nt][e] = -INFINITY;
+}
+
 /* The end of a tensor-core partial block or item: the four computing
  * warps' states (each its own running max m, sum l and o over the keys it
  * took) merged through shared memory at red ([4 warps][red_rows][HD + 2]
@@ -420,7 +452,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
                     const int32_t *positions, const int32_t *page_table)
 {
     extern __shared__ __align__(128) unsigned char smem[];
-    constexpr int CH = HD / 8, DT = HD / 8, REC = HD + 2;
+    constexpr int DT = HD / 8, REC = HD + 2;
     const kernels_kv_layout &L = a.L;
     const int group = a.heads / L.kv_heads;
     const int chunks = (group + TC_GM - 1) / TC_GM;
@@ -433,7 +465,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
         return; /* the merge reads this row's first `splits` records alone */
     const int seg = attn_seg_tokens(ctx, a.splits, a.fill);
     const int tb = split * seg, te = min(ctx, tb + seg);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int warp = threadIdx.x >> 5;
     const int h0 = kvh * group + g0;
     const uint32_t qs = mma::smem_addr(smem);
     constexpr bool FP8 = sizeof(KV) == 1;
@@ -442,15 +474,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
     const uint32_t kw = vs0 + STAGES * tile_bytes, vw = kw + TC_BN * HD * 2; /* fp8: widened */
 
     /* the group's query heads are the rows of the tile; the rest are zeros */
-    for (int i = tid; i < TC_GM * CH; i += TC_THREADS) {
-        int g = i / CH, c = i % CH;
-        bool valid = g < gn;
-        mma::cp_async16(
-            qs + mma::swz<HD>(g, c),
-            valid ? (const void *)(q + ((size_t)r * a.heads + (size_t)(h0 + g)) * HD + c * 8)
-                  : (const void *)q,
-            valid);
-    }
+    stage_q<HD>(qs, q + ((size_t)r * a.heads + (size_t)h0) * HD, gn);
     const int32_t *pages = page_table + (size_t)row_stream[r] * (size_t)a.page_table_stride;
     const int pt_shift = __ffs(L.page_tokens) - 1;
     const size_t head_elems = (size_t)L.page_tokens * HD;
@@ -511,15 +535,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
         /* each warp takes 16 tokens of the tile */
         float sc[2][4];
         mma::scores<HD, 2>(sc, qf, kb, warp * 16);
-        const int key0 = tb + j * TC_BN + warp * 16;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                if (key >= te)
-                    sc[nt][e] = -INFINITY;
-            }
+        mask_past<2>(sc, te - (tb + j * TC_BN + warp * 16));
         mma::softmax_step<HD, 2>(sc, sl2, o, m, l);
         mma::accumulate<HD, 2>(o, sc, vb, warp * 16);
         __syncthreads(); /* the stage is refilled STAGES tiles on */
@@ -662,7 +678,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                      const int32_t *page_table)
 {
 #ifdef SHOAL_WGMMA
-    constexpr int HD = TMA_HD, REC = HD + 2, DT = HD / 8, CH = HD / 8;
+    constexpr int HD = TMA_HD, REC = HD + 2, DT = HD / 8;
     constexpr uint32_t HALF = TMA_BN * 128, TILE = 2 * HALF; /* a K or V stage */
     static_assert(S % 2 == 0, "a stage slot is read by one pair of warps");
     typedef typename std::conditional<ROWS, sw128_rows256, sw128_rows32>::type Lay;
@@ -738,15 +754,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
         /* the group's query heads are the rows of the tile, the rest zeros;
          * the area held the last item's partial_store rows */
         wg::named_sync(1, TC_THREADS);
-        for (int e = threadIdx.x; e < TC_GM * CH; e += TC_THREADS) {
-            const int row = e / CH, c = e % CH;
-            const bool valid = row < it.gn;
-            mma::cp_async16(qs + mma::swz<HD>(row, c),
-                            valid ? (const void *)(q + ((size_t)it.r * a.heads +
-                                                        (size_t)(it.h0 + row)) * HD + c * 8)
-                                  : (const void *)q,
-                            valid);
-        }
+        stage_q<HD>(qs, q + ((size_t)it.r * a.heads + (size_t)it.h0) * HD, it.gn);
         mma::cp_async_commit();
         mma::cp_async_wait<0>();
         wg::named_sync(1, TC_THREADS);
@@ -769,13 +777,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                 mma::q_fragments<HD>(qf, qs, 0);
                 float sc[2][4];
                 mma::scores<HD, 2, Lay>(sc, qf, ks0 + st * TILE, key0);
-                if (valid < 16)
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            if (nt * 8 + (lane & 3) * 2 + (e & 1) >= valid)
-                                sc[nt][e] = -INFINITY;
+                mask_past<2>(sc, valid);
                 mma::softmax_step<HD, 2>(sc, sl2, o, m, l);
                 mma::accumulate<HD, 2, Lay>(o, sc, vs0 + st * TILE, key0, valid);
             }
@@ -937,14 +939,18 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
         const int group = heads / layout->kv_heads;
         partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, [&](auto kernel, auto smem_of) {
             c.tma_smem = smem_of(group < TC_GM ? group : TC_GM);
-            int n = 0;
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, TMA_THREADS,
-                                                              c.tma_smem) != cudaSuccess ||
-                n < 1) {
-                (void)cudaGetLastError();
-                n = 1;
+            if (st->attn_tma_smem_known != c.tma_smem) { /* asked once per shape */
+                int n = 0;
+                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, TMA_THREADS,
+                                                                  c.tma_smem) != cudaSuccess ||
+                    n < 1) {
+                    (void)cudaGetLastError();
+                    n = 1;
+                }
+                st->attn_tma_resident = n;
+                st->attn_tma_smem_known = c.tma_smem;
             }
-            c.tma_resident = n;
+            c.tma_resident = st->attn_tma_resident;
         });
     }
     if (c.tc) {

@@ -139,6 +139,10 @@ typedef struct cuda_state {
     int attn_tma;
     bool attn_tma_rows;
     int attn_tma_l2; /* the copies' L2 promotion: 0, 128 (default) or 256 bytes */
+    /* its blocks a multiprocessor holds at this shared memory (0: not
+     * asked yet; the kernel is fixed at open, the memory by the group) */
+    size_t attn_tma_smem_known;
+    int attn_tma_resident;
     /* Tile 5 and the TMA partials: the driver's tensor-map encoder (NULL:
      * the cp.async kernels serve), and the arena's maps last made, one
      * per box height (cuda_kv_map). */

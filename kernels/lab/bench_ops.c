@@ -275,8 +275,10 @@ static void *dupload(kernels_backend *be, const void *src, size_t bytes)
     return p;
 }
 
+/* Every buffer of the lab, on be's device (b is cleared first). */
 static void setup(kernels_backend *be, bufs *b)
 {
+    memset(b, 0, sizeof *b);
     uint64_t seed = 1;
     b->pool_elems = (size_t)3 << 29; /* 3 GiB of bf16 */
     b->pool = dalloc(be, b->pool_elems * 2);
@@ -640,7 +642,6 @@ int main(int argc, char **argv)
         }
         kernels_backend *be = open_variant(device, false, 0, NULL);
         bufs obuf;
-        memset(&obuf, 0, sizeof obuf);
         setup(be, &obuf);
         op o = {.kind = one_r ? OP_SWIGLU : OP_ATTENTION, .be = be, .b = &obuf,
                 .rows = one_r ? one_r : one_b};
@@ -660,7 +661,6 @@ int main(int argc, char **argv)
     if (prompt_only) { /* the prompt kernel alone, as the environment picks it (profiling) */
         kernels_backend *be = open_variant(device, false, 0, NULL);
         bufs pbuf;
-        memset(&pbuf, 0, sizeof pbuf);
         setup(be, &pbuf);
         const char *name = "env";
         prompt_sweep(&be, &name, 1, NULL, &pbuf, 3, prompt_only);
@@ -689,7 +689,6 @@ int main(int argc, char **argv)
         const char *names[] = {"new", "tma6", "cpasync", "halves", "blocks2"};
         enum { NV = sizeof bes / sizeof bes[0] };
         bufs dbuf;
-        memset(&dbuf, 0, sizeof dbuf);
         setup(bes[0], &dbuf);
         decode_sweep(bes, names, NV, false, &dbuf, 7);
         for (int i = NV - 1; i >= 0; i--)
@@ -723,7 +722,6 @@ int main(int argc, char **argv)
     kernels_backend *t1 = open_variant(device, false, 0, tile1_env);
     kernels_backend *t4 = open_variant(device, false, 0, tile4_env);
     bufs b;
-    memset(&b, 0, sizeof b);
     setup(nb, &b);
     int reps = 7;
     printf("decode step ops, batch 1, context 4096 (per call)\n");
