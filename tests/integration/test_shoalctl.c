@@ -651,6 +651,27 @@ static void stream_ids(shm_segment *s, int w, uint64_t *ids, int *n)
     }
 }
 
+/* Stops worker w (SIGSTOP) with `want` streams both in its running count
+ * and in its stream rows, their ids into ids. A report writes the count
+ * first and the rows after: a stop that lands between the two shows one
+ * stream fewer in the rows, so the worker is let go and stopped again. */
+static bool stop_with_streams(shm_segment *s, int w, int want, uint64_t *ids, int *n)
+{
+    shm_worker_row *row = shm_segment_worker(s, w);
+    int pid = row->pid;
+    for (int t = 0; t < 500; t++) {
+        kill(pid, SIGSTOP);
+        for (int k = 0; k < 1000 && proc_state(pid) != 'T'; k++)
+            usleep(1000);
+        stream_ids(s, w, ids, n);
+        if (*n == want && atomic_load(&row->running) == want)
+            return true;
+        kill(pid, SIGCONT);
+        usleep(2000);
+    }
+    return false;
+}
+
 static coordinator_worker_stats worker_stats(coordinator_cluster *c, int w, uint64_t *resumed)
 {
     coordinator_cluster_stats st;
@@ -682,11 +703,9 @@ static void drain_loses_no_stream_and_places_none_on_the_drained_worker(void)
     /* hold worker 1 so its 4 streams are surely running when the drain
      * starts */
     int pid1 = row->pid;
-    kill(pid1, SIGSTOP);
-    usleep(100000);
     uint64_t before[64];
     int n_before = 0;
-    stream_ids(s, 1, before, &n_before);
+    CHECK(stop_with_streams(s, 1, 4, before, &n_before));
     CHECK_MSG(n_before == 4 && worker_stats(c, 1, NULL).inflight == 4,
               "worker 1 holds %d streams (%d in flight) when the drain starts", n_before,
               worker_stats(c, 1, NULL).inflight);
