@@ -998,6 +998,21 @@ static bool wgmma_usable(kernels_backend *be)
     return ok == 1;
 }
 
+bool cuda_tmap_bf16(const cuda_state *st, CUtensorMap *out, int rank, const void *p,
+                    const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
+                    int l2_bytes)
+{
+    const cuuint32_t unit[3] = {1, 1, 1};
+    return st->tmap_encode &&
+           ((PFN_cuTensorMapEncodeTiled_v12000)st->tmap_encode)(
+               out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)p, dims, strides,
+               box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               l2_bytes == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+               : l2_bytes == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                 : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout *L, int box_rows,
                  bool whole_rows, int l2_bytes, void *out)
 {
@@ -1024,18 +1039,11 @@ bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout
         const cuuint32_t box2[2] = {64, (cuuint32_t)box_rows};
         const cuuint64_t dims3[3] = {64, 2, (cuuint64_t)INT_MAX};
         const cuuint64_t strides3[2] = {128, (cuuint64_t)WG_HD * 2};
-        const cuuint32_t box3[3] = {64, 2, (cuuint32_t)box_rows}, unit[3] = {1, 1, 1};
+        const cuuint32_t box3[3] = {64, 2, (cuuint32_t)box_rows};
         CUtensorMap m;
-        CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)st->tmap_encode)(
-            &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, whole_rows ? 3 : 2, (void *)arena,
-            whole_rows ? dims3 : dims2, whole_rows ? strides3 : strides2,
-            whole_rows ? box3 : box2, unit,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-            l2_bytes == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-            : l2_bytes == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                              : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (r != CUDA_SUCCESS)
+        bool ok = whole_rows ? cuda_tmap_bf16(st, &m, 3, arena, dims3, strides3, box3, l2_bytes)
+                             : cuda_tmap_bf16(st, &m, 2, arena, dims2, strides2, box2, l2_bytes);
+        if (!ok)
             return false;
         static_assert(sizeof m == sizeof t->map, "cuda_kv_tmap.map holds a CUtensorMap");
         memcpy(t->map, &m, sizeof m);
@@ -1056,7 +1064,7 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be)
     st->prompt_wgmma = st->prompt_tile >= 4 && st->sm90a;
     st->tmap_encode = NULL;
     memset(st->tmaps, 0, sizeof st->tmaps);
-    if (st->sm90a && (st->prompt_tile == 5 || st->attn_tma > 0)) {
+    if (st->sm90a && (st->prompt_tile == 5 || st->attn_tma > 0 || st->gemm_splitk)) {
         cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &st->tmap_encode, 12000,
                                              cudaEnableDefault, &found) != cudaSuccess ||

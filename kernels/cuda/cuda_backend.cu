@@ -313,6 +313,10 @@ static void pick_kernels(cuda_state *st)
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;
     st->gate_up_batched = env_int("SHOAL_CUDA_GATE_UP_BATCHED", legacy ? 0 : 1) != 0;
+    st->gemm_splitk = env_int("SHOAL_CUDA_GEMM_SPLITK", 0) != 0;
+    st->gemm_splitk_s = env_int("SHOAL_CUDA_GEMM_SPLITK_S", 0);
+    if (st->gemm_splitk_s > 8)
+        st->gemm_splitk_s = 8;
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
@@ -401,7 +405,8 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
         goto out_close;
     }
     if ((err = alloc_attn_scratch(be, KERNELS_ATTN_SLICE_ROWS, diag)) ||
-        (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be))) {
+        (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be)) ||
+        (err = cuda_matmul_splitk_init(be))) {
         if (err == SHOAL_ERR_DEVICE)
             shoal_diag_set(diag, err, "%s", st->err_msg);
         goto out_close;

@@ -9,6 +9,7 @@
 #define SHOAL_KERNELS_CUDA_OPS_H
 
 #include <cublas_v2.h>
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -76,6 +77,15 @@ typedef struct cuda_kv_tmap {
     bool whole_rows;
     alignas(64) unsigned char map[128];
 } cuda_kv_tmap;
+
+/* A tensor map of a bf16 matrix for the split-K GEMM (matmul_splitk.cu):
+ * `height` rows of k, boxes of 64 columns by box_rows. */
+typedef struct cuda_gemm_tmap {
+    const void *ptr;
+    int k, height, box_rows;
+    alignas(64) unsigned char map[128];
+} cuda_gemm_tmap;
+#define CUDA_GEMM_MAPS 64
 
 /* The backend's state (be->impl). */
 typedef struct cuda_state {
@@ -155,6 +165,13 @@ typedef struct cuda_state {
     bool gemv_swiglu;
     bool rope_kv_fused;
     bool gate_up_batched;
+    /* The split-K GEMM for rounds of 2 to 64 rows, bf16
+     * (SHOAL_CUDA_GEMM_SPLITK, default 0 until measured; 1 = on), its
+     * blocks a tile (SHOAL_CUDA_GEMM_SPLITK_S, 1 to 8; 0 = to fill the GPU),
+     * and its tensor maps (matmul_splitk.cu). */
+    bool gemm_splitk;
+    int gemm_splitk_s;
+    cuda_gemm_tmap gemm_maps[CUDA_GEMM_MAPS];
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
     cuda_alloc_list allocs;        /* what alloc() handed out, freed at close */
@@ -429,6 +446,22 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be);
  * one the copies take. */
 bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout *L, int box_rows,
                  bool whole_rows, int l2_bytes, void *out);
+
+/* A tensor map (CUtensorMap) of a bf16 tensor of `rank` dimensions (2 or
+ * 3; dims, strides in bytes of all but the first, box), 128-byte swizzle,
+ * the copies promoted in L2 by l2_bytes (0, 128 or 256): false where the
+ * driver's encoder is missing or refuses (attention_prompt.cu). */
+bool cuda_tmap_bf16(const cuda_state *st, CUtensorMap *out, int rank, const void *p,
+                    const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
+                    int l2_bytes);
+
+/* matmul_splitk.cu: out = in w^T on the split-K GEMM where it is on and
+ * takes the operands (bf16 in, weights and out; 2 to 64 rows; k a multiple
+ * of 64); false where it does not (nothing launched). Its init, at open
+ * after cuda_attention_prompt_init, raises its shared-memory limit. */
+bool cuda_matmul_splitk(kernels_backend *be, void *out, const void *in, const void *w, int rows,
+                        int n, int k);
+shoal_err cuda_matmul_splitk_init(kernels_backend *be);
 
 /* attention.cu: raises the kernels' shared-memory limits; once, at open. */
 shoal_err cuda_attention_init(kernels_backend *be);

@@ -261,6 +261,30 @@ static __device__ __forceinline__ void mma_rs_nmajor(float (&d)[16][4], const ui
 #endif
 }
 
+#define SHOAL_WG_D32(c)                                                                       \
+    c(d[0][0]), c(d[0][1]), c(d[0][2]), c(d[0][3]), c(d[1][0]), c(d[1][1]), c(d[1][2]),       \
+        c(d[1][3]), c(d[2][0]), c(d[2][1]), c(d[2][2]), c(d[2][3]), c(d[3][0]), c(d[3][1]),   \
+        c(d[3][2]), c(d[3][3]), c(d[4][0]), c(d[4][1]), c(d[4][2]), c(d[4][3]), c(d[5][0]),   \
+        c(d[5][1]), c(d[5][2]), c(d[5][3]), c(d[6][0]), c(d[6][1]), c(d[6][2]), c(d[6][3]),   \
+        c(d[7][0]), c(d[7][1]), c(d[7][2]), c(d[7][3])
+
+/* d += A B, m64n64k16, bf16 in, f32 accumulate; A and B K-major in shared
+ * memory (the split-K GEMM of matmul_splitk.cu: A the weights, B the
+ * round's rows). */
+static __device__ __forceinline__ void mma_ss_n64(float (&d)[8][4], uint64_t a, uint64_t b)
+{
+#ifdef SHOAL_WGMMA
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "
+                 "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : SHOAL_WG_D32("+f")
+                 : "l"(a), "l"(b), "r"(1));
+#endif
+}
+
+#undef SHOAL_WG_D32
 #undef SHOAL_WG_D64
 #undef SHOAL_WG_R64
 

@@ -527,6 +527,32 @@ static void gemv_vs_cublas(kernels_backend *nb, kernels_backend *vb, bufs *b, in
         }
 }
 
+/* The decode round's GEMMs of the 8B shape (q/k/v joined, o, gate alone,
+ * down) at 2 to 64 rows: cuBLAS (the default) against the split-K GEMM
+ * (SHOAL_CUDA_GEMM_SPLITK=1) with its blocks a tile picked (auto) and
+ * fixed at 2, 4 and 8; GB/s of weights + activations. */
+static void gemm_sweep(kernels_backend *const *bes, const char *const *names, int nvar, bufs *b,
+                       int reps)
+{
+    static const int shapes[][2] = {
+        {(HEADS + 2 * KVH) * HD, HID}, {HID, HEADS * HD}, {INTER, HID}, {HID, INTER}};
+    static const int rowss[] = {2, 8, 16, 32, 64};
+    printf("\ndecode GEMMs, bf16: cuBLAS against the split-K GEMM, GB/s of weights + "
+           "activations\n");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
+            int rows = rowss[ri], n = shapes[s][0], k = shapes[s][1];
+            char what[64];
+            snprintf(what, sizeof what, "matmul %dx%d", n, k);
+            for (int vi = 0; vi < nvar; vi++) {
+                op o = {.kind = OP_MATMUL, .be = bes[vi], .b = b, .rows = rows, .n = n, .k = k};
+                double w = (double)n * k * 2 + (double)rows * (n + k) * 2;
+                row(what, names[vi], rows, time_op(&o, 32, reps), w, 2.0 * rows * n * k, 0,
+                    NULL);
+            }
+        }
+}
+
 static void sample_sweep(kernels_backend *nb, kernels_backend *pb, bufs *b, int reps)
 {
     static const int rowss[] = {1, 64};
@@ -611,7 +637,7 @@ int main(int argc, char **argv)
     int device = 0;
     bool quick = false;
     int prompt_only = 0; /* tokens */
-    bool decode_only = false;
+    bool decode_only = false, gemm_only = false;
     int one_b = 0, one_c = 0, one_r = 0; /* --attention B C, --swiglu R */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
@@ -622,6 +648,8 @@ int main(int argc, char **argv)
             prompt_only = atoi(argv[++i]);
         else if (strcmp(argv[i], "--decode") == 0)
             decode_only = true;
+        else if (strcmp(argv[i], "--gemm") == 0)
+            gemm_only = true;
         else if (strcmp(argv[i], "--attention") == 0 && i + 2 < argc) {
             one_b = atoi(argv[++i]);
             one_c = atoi(argv[++i]);
@@ -691,6 +719,28 @@ int main(int argc, char **argv)
         bufs dbuf;
         setup(bes[0], &dbuf);
         decode_sweep(bes, names, NV, false, &dbuf, 7);
+        for (int i = NV - 1; i >= 0; i--)
+            kernels_backend_close(bes[i]);
+        return 0;
+    }
+    if (gemm_only) { /* the decode GEMMs alone: cuBLAS against the split-K GEMM */
+        static const char *const sk_env[] = {"SHOAL_CUDA_GEMM_SPLITK=1", NULL};
+        static const char *const sk2_env[] = {"SHOAL_CUDA_GEMM_SPLITK=1",
+                                              "SHOAL_CUDA_GEMM_SPLITK_S=2", NULL};
+        static const char *const sk4_env[] = {"SHOAL_CUDA_GEMM_SPLITK=1",
+                                              "SHOAL_CUDA_GEMM_SPLITK_S=4", NULL};
+        static const char *const sk8_env[] = {"SHOAL_CUDA_GEMM_SPLITK=1",
+                                              "SHOAL_CUDA_GEMM_SPLITK_S=8", NULL};
+        kernels_backend *bes[] = {open_variant(device, false, 0, NULL),
+                                  open_variant(device, false, 0, sk_env),
+                                  open_variant(device, false, 0, sk2_env),
+                                  open_variant(device, false, 0, sk4_env),
+                                  open_variant(device, false, 0, sk8_env)};
+        const char *names[] = {"cublas", "splitk", "splitk2", "splitk4", "splitk8"};
+        enum { NV = sizeof bes / sizeof bes[0] };
+        bufs gbuf;
+        setup(bes[0], &gbuf);
+        gemm_sweep(bes, names, NV, &gbuf, 7);
         for (int i = NV - 1; i >= 0; i--)
             kernels_backend_close(bes[i]);
         return 0;

@@ -360,6 +360,70 @@ static kernels_backend *open_gpu_with(const char *name, const char *value)
     return be;
 }
 
+/* The split-K GEMM (SHOAL_CUDA_GEMM_SPLITK=1, bf16, 2 to 64 rows) against
+ * the CPU within bf16's tolerance, with its tile's k split over the
+ * cluster's blocks as the GPU's size picks them and over 1, 3 and 8 fixed
+ * (SHOAL_CUDA_GEMM_SPLITK_S); odd rows, n not a multiple of the 128-row
+ * tile, k of one to 192 stages (the 8B model's q/k/v, o and down shapes
+ * but under the sanitizer), and k not a multiple of 64 (cuBLAS serves).
+ * The same call twice gives the same bits: the blocks' sums are added in
+ * rank order, whatever the scheduling. */
+static void matmul_split_k_matches_cpu(void)
+{
+    static const int nk[][2] = {{128, 64},    {200, 192},   {1024, 4096}, {6144, 4096},
+                                {4096, 4096}, {4096, 12288}, {256, 96}};
+    static const int rowss[] = {2, 7, 33, 64};
+    static const char *splits[] = {"0", "1", "3", "8"};
+    if (act != SHOAL_DTYPE_BF16)
+        return;
+    setenv("SHOAL_CUDA_GEMM_SPLITK", "1", 1);
+    for (int si = 0; si < 4; si++) {
+        kernels_backend *be = open_gpu_with("SHOAL_CUDA_GEMM_SPLITK_S", splits[si]);
+        for (int s = 0; s < 7; s++)
+            for (int ri = 0; ri < 4; ri++) {
+                int rows = rowss[ri], n = nk[s][0], k = nk[s][1];
+                if ((test_sanitize || si > 0) && (size_t)n * k > (1u << 23))
+                    continue; /* the 8B shapes: on the GPU's own split, not sanitized */
+                size_t on = (size_t)rows * n, wn = (size_t)n * k;
+                float *in = xmalloc((size_t)rows * k * 4), *wt = xmalloc(wn * 4);
+                float *ref = xmalloc(on * 4), *got = xmalloc(on * 4), *again = xmalloc(on * 4);
+                uint16_t *hw = xmalloc(wn * 2);
+                fill_uniform(in, (size_t)rows * k, 1.0f, act);
+                fill_uniform(wt, wn, 0.1f, SHOAL_DTYPE_BF16);
+                for (size_t i = 0; i < wn; i++)
+                    hw[i] = shoal_f32_to_bf16(wt[i]);
+                cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, in, hw, SHOAL_DTYPE_BF16, rows, n, k);
+                void *din = dev_from_f32(be, in, (size_t)rows * k, act);
+                void *dw = dev_copy(be, hw, wn * 2);
+                void *dout = dev_alloc(be, on * 2);
+                for (int run = 0; run < 2; run++) {
+                    dev_poison(be, dout, on * 2);
+                    be->matmul(be, dout, act, din, dw, SHOAL_DTYPE_BF16, rows, n, k);
+                    f32_from_dev(be, run ? again : got, dout, on, act);
+                }
+                char shape[96];
+                snprintf(shape, sizeof shape, "rows %d n %d k %d, splits %s", rows, n, k,
+                         splits[si]);
+                report("matmul (split-k)", shape, rel_err(got, ref, on), tol_for(act));
+                size_t bad = count_differing(got, again, on);
+                CHECK_MSG(bad == 0, "matmul (split-k) %s: %zu elements differ between two runs",
+                          shape, bad);
+                be->free(be, din);
+                be->free(be, dw);
+                be->free(be, dout);
+                free(in);
+                free(wt);
+                free(ref);
+                free(got);
+                free(again);
+                free(hw);
+            }
+        CHECK(be->sync(be) == SHOAL_OK);
+        kernels_backend_close(be);
+    }
+    unsetenv("SHOAL_CUDA_GEMM_SPLITK");
+}
+
 /* gate and up projections and their product on `be`, both ways: the op,
  * and matmul, matmul, swiglu; the op's result into got, the composition's
  * into ref (f32). Weights wg and wu (device) may be one allocation. */
@@ -989,6 +1053,7 @@ int main(int argc, char **argv)
             TEST_RUN(qk_norm_rope_kv_write_matches_cpu_and_the_unfused_ops);
         }
         TEST_RUN(matmul_every_weight_dtype_matches_cpu);
+        TEST_RUN(matmul_split_k_matches_cpu);
         TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
