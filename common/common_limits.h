@@ -190,6 +190,13 @@
  * heartbeat (200 ms), and its coordinator gives up on it at 3 s. */
 #define SHOAL_REPORT_LATE_MS 2000
 
+/* How long one engine step may run before its worker is taken for hung
+ * (--step-timeout-s): until then a thread heartbeats for the step, past
+ * it the worker falls silent and its coordinator restarts it. Five
+ * minutes, as SGLang's watchdog: a long prefill chunk on the CPU takes
+ * seconds, a hung GPU forever. */
+#define SHOAL_STEP_TIMEOUT_S 300
+
 /* Prefixes listed per worker by `shoalctl pages` (largest, most reused). */
 #define SHOALCTL_PREFIXES_SHOWN 5
 

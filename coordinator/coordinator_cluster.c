@@ -124,6 +124,7 @@ void coordinator_cluster_options_default(coordinator_cluster_options *o)
     o->route = COORDINATOR_ROUTE_PREFIX;
     o->heartbeat_ms = 200;
     o->dead_after_ms = 3000;
+    o->step_timeout_s = SHOAL_STEP_TIMEOUT_S;
     o->start_timeout_ms = 600000;
 }
 
@@ -281,12 +282,13 @@ static void *place(coordinator_cluster *c, cstream *s, int avoid, size_t *bytes)
 
 static void spawn(coordinator_cluster *c, cworker *w)
 {
-    char index[16], heartbeat[16], num[6][16];
+    char index[16], heartbeat[16], step_timeout[16], num[6][16];
     w->exit_code = SHM_EXIT_UNKNOWN;
     w->draining = w->bye_sent = false;
     snprintf(index, sizeof index, "%d", w->index);
     snprintf(heartbeat, sizeof heartbeat, "%d", c->o.heartbeat_ms);
-    const char *argv[48]; /* at most 39 arguments (those below), then the NULL */
+    snprintf(step_timeout, sizeof step_timeout, "%d", c->o.step_timeout_s);
+    const char *argv[48]; /* at most 41 arguments (those below), then the NULL */
     int a = 0;
     argv[a++] = c->worker_path;
     argv[a++] = "--serve";
@@ -296,6 +298,8 @@ static void spawn(coordinator_cluster *c, cworker *w)
     argv[a++] = index;
     argv[a++] = "--heartbeat-ms";
     argv[a++] = heartbeat;
+    argv[a++] = "--step-timeout-s";
+    argv[a++] = step_timeout;
     argv[a++] = "--model";
     argv[a++] = c->model_dir;
     argv[a++] = "--device";

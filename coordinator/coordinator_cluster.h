@@ -59,6 +59,7 @@ typedef struct coordinator_cluster_options {
     /* supervision */
     int heartbeat_ms;    /* a worker reports at least this often while idle */
     int dead_after_ms;   /* silence after which a worker is declared dead */
+    int step_timeout_s;  /* a worker heartbeats through one step this long (0: any) */
     int start_timeout_ms; /* model loading included */
 } coordinator_cluster_options;
 

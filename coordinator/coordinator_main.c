@@ -77,7 +77,9 @@ static void usage(FILE *f)
         "  --restore-mode M        overlap (default on a GPU): a turn computes the head\n"
         "                          of its history while the store reads the tail; read\n"
         "                          (default on the CPU): it reads every stored block\n"
-        "  --heartbeat-ms N, --dead-after-ms N, --start-timeout-s N\n",
+        "  --heartbeat-ms N, --dead-after-ms N, --start-timeout-s N\n"
+        "  --step-timeout-s N      a worker whose one engine step runs longer is taken\n"
+        "                          for hung and restarted (default 300; 0: never)\n",
         COORDINATOR_BODY_BYTES_MAX, COORDINATOR_STREAMS_MAX);
 }
 
@@ -183,6 +185,7 @@ int main(int argc, char **argv)
         OPT_SEGMENT_PAGES,
         OPT_WORKER_PATH,
         OPT_HEARTBEAT,
+        OPT_STEP_TIMEOUT,
         OPT_DEAD,
         OPT_START,
         OPT_LEARN,
@@ -220,6 +223,7 @@ int main(int argc, char **argv)
         {"segment-pages", required_argument, 0, OPT_SEGMENT_PAGES},
         {"worker-path", required_argument, 0, OPT_WORKER_PATH},
         {"heartbeat-ms", required_argument, 0, OPT_HEARTBEAT},
+        {"step-timeout-s", required_argument, 0, OPT_STEP_TIMEOUT},
         {"dead-after-ms", required_argument, 0, OPT_DEAD},
         {"start-timeout-s", required_argument, 0, OPT_START},
         {"learn-conversations", no_argument, 0, OPT_LEARN},
@@ -263,6 +267,7 @@ int main(int argc, char **argv)
         {OPT_LEN, "--max-model-len", 2, SHOAL_CONTEXT_TOKENS_MAX, &co.max_model_len},
         {OPT_THREADS, "--threads", 0, SHOAL_CPU_THREADS_MAX, &co.threads},
         {OPT_HEARTBEAT, "--heartbeat-ms", 10, 60000, &co.heartbeat_ms},
+        {OPT_STEP_TIMEOUT, "--step-timeout-s", 0, 86400, &co.step_timeout_s},
         {OPT_DEAD, "--dead-after-ms", 100, 600000, &co.dead_after_ms},
         {OPT_START, "--start-timeout-s", 1, 86400, &start_s},
     };

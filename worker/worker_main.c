@@ -63,6 +63,8 @@ static void usage(FILE *f)
             "                         coordinator): page state there, prefixes shared\n"
             "                         with the other workers\n"
             "  --heartbeat-ms N       report at least this often while idle (default 200)\n"
+            "  --step-timeout-s N     report while one step runs for up to N s (default 300;\n"
+            "                         0: always); past it, fall silent to be restarted\n"
             "  --learn-conversations  serving: keep conversations' KV pages, spill them to\n"
             "                         the state store when evicted and restore them on the\n"
             "                         next turn; SIGTERM then writes the rest before exiting\n"
@@ -183,6 +185,7 @@ static struct {
 
 /* --warmup, set by main. */
 static worker_warmup_mode warmup_mode = WORKER_WARMUP_AUTO;
+static int step_timeout_s = SHOAL_STEP_TIMEOUT_S;
 
 static void on_sigterm(int sig)
 {
@@ -196,7 +199,8 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
 {
     shoal_diag diag = {{0}};
     worker_serve_options so = {.socket_path = connect, .worker_index = index,
-                               .heartbeat_ms = heartbeat_ms, .device = mo->device,
+                               .heartbeat_ms = heartbeat_ms, .step_timeout_s = step_timeout_s,
+                               .device = mo->device,
                                .fake_tokens = fake, .fake_vocab = 1000,
                                .fake_max_model_len = max_model_len ? max_model_len : 32768,
                                .fake_parallel = parallel, .fake_step_us = fake_step_us};
@@ -294,7 +298,8 @@ int main(int argc, char **argv)
     enum { OPT_MODEL = 1, OPT_LOAD, OPT_DEVICE, OPT_THREADS, OPT_IDS, OPT_RANDOM, OPT_MAX,
            OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_BENCH, OPT_PARALLEL, OPT_PAGES, OPT_LEN, OPT_SERVE,
            OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_FAKE_STEP, OPT_KVDTYPE, OPT_KVFRAC,
-           OPT_CLUSTER, OPT_LEARN, OPT_STATE_DIR, OPT_SPILL, OPT_RESTORE, OPT_WARMUP, OPT_HELP };
+           OPT_CLUSTER, OPT_LEARN, OPT_STATE_DIR, OPT_SPILL, OPT_RESTORE, OPT_WARMUP,
+           OPT_STEP_TIMEOUT, OPT_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"load-format", required_argument, 0, OPT_LOAD},
@@ -314,6 +319,7 @@ int main(int argc, char **argv)
         {"connect", required_argument, 0, OPT_CONNECT},
         {"worker-index", required_argument, 0, OPT_INDEX},
         {"heartbeat-ms", required_argument, 0, OPT_HEARTBEAT},
+        {"step-timeout-s", required_argument, 0, OPT_STEP_TIMEOUT},
         {"fake-tokens", no_argument, 0, OPT_FAKE},
         {"fake-step-us", required_argument, 0, OPT_FAKE_STEP},
         {"kv-dtype", required_argument, 0, OPT_KVDTYPE},
@@ -354,7 +360,8 @@ int main(int argc, char **argv)
         {OPT_LEN, "--max-model-len", 2, 1 << 20, &max_model_len},
         {OPT_INDEX, "--worker-index", 0, 1023, &worker_index},
         {OPT_HEARTBEAT, "--heartbeat-ms", 10, 60000, &heartbeat_ms},
-        {OPT_FAKE_STEP, "--fake-step-us", 0, 1000000, &fake_step_us},
+        {OPT_STEP_TIMEOUT, "--step-timeout-s", 0, 86400, &step_timeout_s},
+        {OPT_FAKE_STEP, "--fake-step-us", 0, 60000000, &fake_step_us},
     };
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {

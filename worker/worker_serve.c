@@ -5,6 +5,7 @@
 #include "shm/shm_channel.h"
 #include "shm/shm_proto.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -22,6 +23,26 @@ typedef struct fake_stream {
     int prompt_len;
 } fake_stream;
 
+/* The heartbeat during a step: a thread that speaks for the serve loop
+ * while it is inside one engine step longer than a heartbeat (a long
+ * prefill chunk on a slow device, a first kernel load), so that the
+ * coordinator does not take a busy worker for a dead one and resume its
+ * streams elsewhere, over and over. It stays silent once the step has run
+ * for step_timeout_s: then the worker is hung, and the coordinator, hearing
+ * nothing for its dead-after limit, restarts it. Every send of the serve
+ * loop and of this thread holds `lock`, which keeps `load` (what the
+ * coordinator last heard) and the order of the messages. */
+typedef struct step_beat {
+    pthread_t thread;
+    bool running;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    bool stop;
+    shm_load load;
+    atomic_llong step_since_ms; /* the step's start (common_mono_ms), 0 between steps */
+    long long warned_since;     /* the step past its timeout that was logged */
+} step_beat;
+
 typedef struct serve {
     const worker_serve_options *o;
     worker_model *m;
@@ -34,6 +55,7 @@ typedef struct serve {
     fake_stream *fake;
     int n_fake;
     bool shutdown;
+    step_beat beat;
 } serve;
 
 /* Set by worker_serve_stop (a signal handler): the loop ends. */
@@ -80,6 +102,72 @@ static void fill_load(const serve *sv, shm_load *load)
     }
 }
 
+/* Sends one message to the coordinator under the beat's lock; `load`,
+ * where the message carries one, becomes what the beat repeats. */
+static shoal_err serve_send(serve *sv, const void *msg, size_t bytes, const shm_load *load)
+{
+    pthread_mutex_lock(&sv->beat.lock);
+    if (load)
+        sv->beat.load = *load;
+    shoal_err err = shm_channel_send(sv->ch, msg, bytes, -1);
+    pthread_mutex_unlock(&sv->beat.lock);
+    return err;
+}
+
+static void *beat_main(void *arg)
+{
+    serve *sv = arg;
+    step_beat *b = &sv->beat;
+    const long long every = sv->o->heartbeat_ms, limit = sv->o->step_timeout_s * 1000ll;
+    pthread_mutex_lock(&b->lock);
+    while (!b->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += every / 1000;
+        until.tv_nsec += every % 1000 * 1000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&b->wake, &b->lock, &until);
+        long long since = atomic_load(&b->step_since_ms), now = common_mono_ms();
+        if (b->stop || !since || now - since < every)
+            continue;
+        if (limit > 0 && now - since >= limit) {
+            if (b->warned_since != since)
+                LOG_ERROR("worker %d: one engine step has run for %lld s, past "
+                          "--step-timeout-s %d: taken for hung, no more heartbeats; the "
+                          "coordinator will restart this worker",
+                          sv->o->worker_index, (now - since) / 1000, sv->o->step_timeout_s);
+            b->warned_since = since;
+            continue;
+        }
+        shm_heartbeat hb;
+        shm_header_init(&hb.h, SHM_MSG_HEARTBEAT, sizeof hb, 0);
+        hb.load = b->load;
+        /* one that cannot go within a heartbeat is dropped: the thread
+         * never waits on a coordinator that is gone */
+        shoal_err err = shm_channel_send(sv->ch, &hb, sizeof hb, (int)every);
+        if (err && err != SHOAL_ERR_TIMEOUT)
+            break; /* the serve loop finds the channel failed too */
+    }
+    pthread_mutex_unlock(&b->lock);
+    return NULL;
+}
+
+static void beat_stop(serve *sv)
+{
+    step_beat *b = &sv->beat;
+    if (!b->running)
+        return;
+    pthread_mutex_lock(&b->lock);
+    b->stop = true;
+    pthread_cond_signal(&b->wake);
+    pthread_mutex_unlock(&b->lock);
+    pthread_join(b->thread, NULL);
+    b->running = false;
+}
+
 static shoal_err send_reject(serve *sv, uint64_t id, shoal_err err, const char *text)
 {
     shm_reject r;
@@ -88,7 +176,7 @@ static shoal_err send_reject(serve *sv, uint64_t id, shoal_err err, const char *
     r.stream_id = id;
     r.err = (int32_t)err;
     snprintf(r.text, sizeof r.text, "%s", text);
-    return shm_channel_send(sv->ch, &r, sizeof r, -1);
+    return serve_send(sv, &r, sizeof r, NULL);
 }
 
 static shoal_err on_submit(serve *sv, const shm_submit *s)
@@ -220,7 +308,7 @@ static shoal_err send_step(serve *sv, int n)
         memcpy(w->top_ids, ev->top_ids, sizeof w->top_ids);
         memcpy(w->top_logprobs, ev->top_logprobs, sizeof w->top_logprobs);
     }
-    return shm_channel_send(sv->ch, st, bytes, -1);
+    return serve_send(sv, st, bytes, &st->load);
 }
 
 static shoal_err send_hello(serve *sv)
@@ -244,7 +332,7 @@ static shoal_err send_hello(serve *sv)
     }
     h.parallel = sv->parallel;
     fill_load(sv, &h.load);
-    return shm_channel_send(sv->ch, &h, sizeof h, -1);
+    return serve_send(sv, &h, sizeof h, &h.load);
 }
 
 static bool busy(const serve *sv)
@@ -256,6 +344,12 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
                            shoal_diag *diag)
 {
     serve sv = {.o = o, .m = m, .e = e};
+    pthread_mutex_init(&sv.beat.lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&sv.beat.wake, &ca);
+    pthread_condattr_destroy(&ca);
     sv.parallel = e ? worker_model_max_streams(m) : o->fake_parallel;
     sv.events_max = e ? worker_engine_events_max(e) : o->fake_parallel;
     shoal_err err = SHOAL_ERR_NOMEM;
@@ -273,6 +367,13 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
         goto out;
     }
     LOG_INFO("worker %d serving on %s", o->worker_index, o->socket_path);
+    int rc = pthread_create(&sv.beat.thread, NULL, beat_main, &sv);
+    if (rc) {
+        err = shoal_diag_set(diag, SHOAL_ERR_NOMEM, "serve: cannot start the step heartbeat: %s",
+                             strerror(rc));
+        goto out;
+    }
+    sv.beat.running = true;
     long long last_sent = common_mono_ms(), next_step_ns = 0;
     while (!(sv.shutdown && !busy(&sv)) && !stop_requested) {
         /* everything that arrived; wait for it only when idle */
@@ -295,16 +396,20 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
         }
         if (busy(&sv)) {
             int n = 0;
+            err = SHOAL_OK;
+            atomic_store(&sv.beat.step_since_ms, common_mono_ms());
             if (e) {
-                if ((err = worker_engine_step(e, sv.events, &n, diag)))
-                    goto out;
-                if (o->cluster)
-                    worker_cluster_report(o->cluster, e);
+                err = worker_engine_step(e, sv.events, &n, diag);
             } else {
                 if (o->fake_step_us > 0)
                     fake_pace(&next_step_ns, o->fake_step_us);
                 n = fake_step(&sv);
             }
+            atomic_store(&sv.beat.step_since_ms, 0);
+            if (err)
+                goto out;
+            if (e && o->cluster)
+                worker_cluster_report(o->cluster, e);
             if (n > 0 || common_mono_ms() - last_sent >= o->heartbeat_ms) {
                 if ((err = send_step(&sv, n)))
                     goto out;
@@ -318,14 +423,17 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
             shm_heartbeat hb;
             shm_header_init(&hb.h, SHM_MSG_HEARTBEAT, sizeof hb, 0);
             fill_load(&sv, &hb.load);
-            if ((err = shm_channel_send(sv.ch, &hb, sizeof hb, -1)))
+            if ((err = serve_send(&sv, &hb, sizeof hb, &hb.load)))
                 goto out;
             last_sent = common_mono_ms();
         }
     }
     err = SHOAL_OK;
 out:
+    beat_stop(&sv);
     shm_channel_close(sv.ch);
+    pthread_cond_destroy(&sv.beat.wake);
+    pthread_mutex_destroy(&sv.beat.lock);
     free(sv.events);
     free(sv.step_msg);
     free(sv.fake);

@@ -4,7 +4,8 @@
  * loops: take every SUBMIT and CANCEL that arrived, run one engine step,
  * send one STEP message with every token of that step and the worker's
  * load; while idle, wait for a message and send a HEARTBEAT every
- * heartbeat_ms. SHUTDOWN ends the loop once running streams finished;
+ * heartbeat_ms, and while one step runs longer, a thread sends them for
+ * up to step_timeout_s. SHUTDOWN ends the loop once running streams finished;
  * worker_serve_stop (a SIGTERM handler may call it) ends it at the next
  * step, leaving running streams to the coordinator to resume elsewhere. */
 #ifndef SHOAL_WORKER_SERVE_H
@@ -18,6 +19,10 @@ typedef struct worker_serve_options {
     const char *socket_path; /* the coordinator's socket for this worker */
     int worker_index;
     int heartbeat_ms;
+    /* while one engine step runs longer than heartbeat_ms, a thread sends
+     * the heartbeats, up to this many seconds into the step (0: always);
+     * past it the worker falls silent, to be restarted as hung */
+    int step_timeout_s;
     const char *device;
     worker_cluster *cluster; /* the shared segment's slot, or NULL */
     worker_states *states;   /* --learn-conversations: its counters go in the load */

@@ -355,6 +355,67 @@ static void fake_workers_stream_tokens(void)
     coordinator_cluster_close(c);
 }
 
+/* A fake worker whose steps take SHOAL_TEST_STEP_US each (the slow-worker
+ * script), one stream of max_tokens submitted, dead after dead_after_ms
+ * of silence. */
+static coordinator_cluster *start_slow(const char *step_us, int dead_after_ms, int step_timeout_s)
+{
+    setenv("SHOAL_TEST_STEP_US", step_us, 1);
+    coordinator_cluster_options o;
+    coordinator_cluster_options_default(&o);
+    o.model_dir = MODEL;
+    o.workers = "cpu";
+    o.runtime_dir = runtime_dir;
+    o.worker_path = SHOAL_SLOW_WORKER;
+    o.heartbeat_ms = 50;
+    o.dead_after_ms = dead_after_ms;
+    o.step_timeout_s = step_timeout_s;
+    coordinator_cluster *c = NULL;
+    shoal_diag diag = {{0}};
+    CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
+    unsetenv("SHOAL_TEST_STEP_US");
+    return c;
+}
+
+/* A worker inside one step longer than the coordinator's dead-after limit
+ * (steps of 2.5 s, dead after 1 s of silence) heartbeats from a thread
+ * through the step: its stream completes there, nothing is resumed and
+ * nothing restarted, where it used to be taken for dead 1 s into each
+ * step, restarted, and its stream resumed, over and over. Past
+ * --step-timeout-s (1 s, steps of 6 s) it falls silent and is taken for
+ * hung within the step. */
+static void a_long_step_is_taken_for_hung_only_past_the_step_timeout(void)
+{
+    coordinator_cluster *c = start_slow("2500000", 1000, 300);
+    if (!c)
+        return;
+    run_one(c, 2, 30000);
+    CHECK_EQ_INT(got[0].n, 2);
+    coordinator_cluster_stats st;
+    coordinator_cluster_stats_get(c, &st);
+    CHECK_MSG(st.resumed == 0 && st.worker[0].restarts == 0,
+              "a worker in a 2.5 s step was taken for dead: %llu resumed, %d restarts",
+              (unsigned long long)st.resumed, st.worker[0].restarts);
+    coordinator_cluster_close(c);
+
+    c = start_slow("6000000", 1000, 1);
+    if (!c)
+        return;
+    init_results(got, 1);
+    coordinator_stream_request r = request(0, 2);
+    uint64_t id;
+    shoal_diag diag = {{0}};
+    CHECK(coordinator_cluster_submit(c, &r, ts_stream_event, &got[0], &id, &diag) == SHOAL_OK);
+    bool hung = false;
+    for (int t = 0; t < 5500 && !hung; t += 20) {
+        usleep(20000);
+        coordinator_cluster_stats_get(c, &st);
+        hung = st.worker[0].restarts > 0 || !coordinator_cluster_healthy(c);
+    }
+    CHECK_MSG(hung, "a worker 5.5 s into a step, past its 1 s step timeout, still counts as alive");
+    coordinator_cluster_close(c);
+}
+
 /* A worker given no --kv-pages sizes its arena from free memory; it stays
  * within the rows the segment holds for it, where it used to ask for more
  * (a small model on a machine with memory to spare: up to its streams'
@@ -395,6 +456,7 @@ int main(void)
     TEST_RUN(cancel_and_reject);
     TEST_RUN(prefix_routing_follows_the_cache);
     TEST_RUN(fake_workers_stream_tokens);
+    TEST_RUN(a_long_step_is_taken_for_hung_only_past_the_step_timeout);
     TEST_RUN(workers_sized_from_free_memory_fit_the_segment);
     rmdir(runtime_dir);
     return TEST_EXIT();
