@@ -336,37 +336,19 @@ static void run_one(coordinator_cluster *c, int max_tokens, int timeout_ms)
     CHECK(wait_done(got, 1, timeout_ms));
 }
 
-static void fake_workers_stream_tokens(void)
+/* One fake worker (the fake-worker script; with step_us, the slow-worker
+ * script, each step taking SHOAL_TEST_STEP_US), dead after dead_after_ms
+ * of silence, heartbeating through steps of up to step_timeout_s. */
+static coordinator_cluster *start_fake(const char *step_us, int dead_after_ms, int step_timeout_s)
 {
+    if (step_us)
+        setenv("SHOAL_TEST_STEP_US", step_us, 1);
     coordinator_cluster_options o;
     coordinator_cluster_options_default(&o);
     o.model_dir = MODEL;
     o.workers = "cpu";
     o.runtime_dir = runtime_dir;
-    o.worker_path = SHOAL_FAKE_WORKER;
-    coordinator_cluster *c = NULL;
-    shoal_diag diag = {{0}};
-    CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
-    if (!c)
-        return;
-    run_one(c, 30, 10000);
-    CHECK_EQ_INT(got[0].n, 30);
-    CHECK_EQ_INT(got[0].finish, 2);
-    coordinator_cluster_close(c);
-}
-
-/* A fake worker whose steps take SHOAL_TEST_STEP_US each (the slow-worker
- * script), one stream of max_tokens submitted, dead after dead_after_ms
- * of silence. */
-static coordinator_cluster *start_slow(const char *step_us, int dead_after_ms, int step_timeout_s)
-{
-    setenv("SHOAL_TEST_STEP_US", step_us, 1);
-    coordinator_cluster_options o;
-    coordinator_cluster_options_default(&o);
-    o.model_dir = MODEL;
-    o.workers = "cpu";
-    o.runtime_dir = runtime_dir;
-    o.worker_path = SHOAL_SLOW_WORKER;
+    o.worker_path = step_us ? SHOAL_SLOW_WORKER : SHOAL_FAKE_WORKER;
     o.heartbeat_ms = 50;
     o.dead_after_ms = dead_after_ms;
     o.step_timeout_s = step_timeout_s;
@@ -375,6 +357,17 @@ static coordinator_cluster *start_slow(const char *step_us, int dead_after_ms, i
     CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
     unsetenv("SHOAL_TEST_STEP_US");
     return c;
+}
+
+static void fake_workers_stream_tokens(void)
+{
+    coordinator_cluster *c = start_fake(NULL, 3000, 300);
+    if (!c)
+        return;
+    run_one(c, 30, 10000);
+    CHECK_EQ_INT(got[0].n, 30);
+    CHECK_EQ_INT(got[0].finish, 2);
+    coordinator_cluster_close(c);
 }
 
 /* A worker inside one step longer than the coordinator's dead-after limit
@@ -386,7 +379,7 @@ static coordinator_cluster *start_slow(const char *step_us, int dead_after_ms, i
  * hung within the step. */
 static void a_long_step_is_taken_for_hung_only_past_the_step_timeout(void)
 {
-    coordinator_cluster *c = start_slow("2500000", 1000, 300);
+    coordinator_cluster *c = start_fake("2500000", 1000, 300);
     if (!c)
         return;
     run_one(c, 2, 30000);
@@ -398,7 +391,7 @@ static void a_long_step_is_taken_for_hung_only_past_the_step_timeout(void)
               (unsigned long long)st.resumed, st.worker[0].restarts);
     coordinator_cluster_close(c);
 
-    c = start_slow("6000000", 1000, 1);
+    c = start_fake("6000000", 1000, 1);
     if (!c)
         return;
     init_results(got, 1);
