@@ -823,6 +823,13 @@ static enum MHD_Result generate(http_req *r)
     r->body = NULL;
     const coordinator_request *q = &r->req;
     r->n = q->n;
+    if (r->n > h->streams_max) { /* never fits: a 429 would be retried for ever */
+        coordinator_api_error_set(&e, 400, "invalid_request_error", "n",
+                                  "'n' is %d, more than the %d streams this server runs at once "
+                                  "(--max-streams)",
+                                  r->n, h->streams_max);
+        return send_error(r, &e);
+    }
     if (atomic_fetch_add(&h->streams, r->n) + r->n > h->streams_max) {
         atomic_fetch_sub(&h->streams, r->n);
         return send_simple_error(r, 429, "rate_limit_error", NULL,

@@ -341,6 +341,22 @@ const tests = [
       }
     }, 10000, 'room for 16 again');
   }],
+
+  ['n_past_max_streams_is_a_400_not_a_429', async () => {
+    // more choices than the server ever runs at once can never fit: a 429
+    // would have the client retry it for ever
+    const small = await Server.start(['--max-streams', '4']);
+    try {
+      const r = await small.request('POST', '/v1/chat/completions',
+        { body: chat({ n: 5, max_tokens: 1 }) });
+      isError(r, 400, 'n', 'n 5 with --max-streams 4');
+      const ok = await small.request('POST', '/v1/chat/completions',
+        { body: chat({ n: 4, max_tokens: 1 }) });
+      eq(ok.status, 200, `n 4 with --max-streams 4 (${ok.text.slice(0, 200)})`);
+    } finally {
+      await small.stop();
+    }
+  }],
 ];
 
 await run(server, tests, stopCleanly);
