@@ -239,6 +239,19 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         goto out;
     }
+    /* a stream never holds more pages than the pool has: the context
+     * (and with it the default max_tokens a client gets) is cut to the
+     * pool, where it used to be refused at its first request */
+    const int pool_tokens = worker_model_kv_pages(m) * mo->page_tokens;
+    if (max_model_len > pool_tokens) {
+        LOG_WARN("worker %d: %d KV pages hold %d tokens, less than the context of %d: a "
+                 "stream's context is cut to %d tokens (give more --kv-pages, or a "
+                 "--max-model-len of at most %d)",
+                 index, worker_model_kv_pages(m), pool_tokens, max_model_len, pool_tokens,
+                 pool_tokens);
+        max_model_len = eo.max_model_len = pool_tokens;
+    }
+    so.max_model_len = max_model_len;
     if (cl) {
         eo.segment = worker_cluster_segment(cl);
         eo.worker_index = index;

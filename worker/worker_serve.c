@@ -324,7 +324,9 @@ static shoal_err send_hello(serve *sv)
         h.vocab = c->vocab;
         h.page_tokens = worker_model_kv_layout(sv->m)->page_tokens;
         h.fingerprint = *worker_model_fingerprint(sv->m);
-        h.max_model_len = worker_model_max_pages_per_stream(sv->m) * h.page_tokens;
+        h.max_model_len = sv->o->max_model_len > 0
+                              ? sv->o->max_model_len
+                              : worker_model_max_pages_per_stream(sv->m) * h.page_tokens;
     } else {
         h.vocab = sv->o->fake_vocab;
         h.page_tokens = 16;

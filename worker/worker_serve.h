@@ -23,6 +23,7 @@ typedef struct worker_serve_options {
      * the heartbeats, up to this many seconds into the step (0: always);
      * past it the worker falls silent, to be restarted as hung */
     int step_timeout_s;
+    int max_model_len; /* the context a stream gets (0: the model's pages a stream) */
     const char *device;
     worker_cluster *cluster; /* the shared segment's slot, or NULL */
     worker_states *states;   /* --learn-conversations: its counters go in the load */
