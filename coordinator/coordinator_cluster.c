@@ -81,6 +81,8 @@ typedef struct cworker {
     long long last_seen_ms;
     long long restart_at_ms;
     int restarts;
+    int streak;        /* deaths in a row (restart_reset_ms): the backoff */
+    long long ready_ms; /* its last HELLO; 0 since its last start */
     int exit_code; /* of its last process: status, -signal, or SHM_EXIT_* */
     bool draining; /* its row's drain flag was seen: no new streams go there */
     bool bye_sent; /* draining and idle: SHUTDOWN went out, its exit is awaited */
@@ -126,6 +128,7 @@ void coordinator_cluster_options_default(coordinator_cluster_options *o)
     o->dead_after_ms = 3000;
     o->step_timeout_s = SHOAL_STEP_TIMEOUT_S;
     o->start_timeout_ms = 600000;
+    o->restart_reset_ms = 60000;
 }
 
 /* ---- stream table (callers hold the lock) ---- */
@@ -361,6 +364,7 @@ static void spawn(coordinator_cluster *c, cworker *w)
         return;
     }
     w->pid = pid;
+    w->ready_ms = 0;
     w->state = W_STARTING;
     w->last_seen_ms = common_mono_ms();
     LOG_INFO("worker %d: started pid %d on device %s", w->index, (int)pid, w->device);
@@ -386,11 +390,17 @@ static void declare_dead(coordinator_cluster *c, cworker *w, const char *why, vo
     w->state = drained ? W_DRAINED : W_DEAD;
     w->draining = w->bye_sent = false;
     w->restarts += !drained;
+    if (!drained) { /* the backoff grows with deaths in a row, not for ever */
+        long long now = common_mono_ms();
+        if (w->ready_ms && now - w->ready_ms >= c->o.restart_reset_ms)
+            w->streak = 0;
+        w->streak++;
+    }
     c->reader_check_due = c->state_dir != NULL;
     if (c->seg) /* its pages leave the index; leases on them end */
         shm_worker_forget(c->seg, w->index, drained ? SHM_WORKER_DRAINED : SHM_WORKER_DEAD,
                           w->exit_code);
-    int backoff = 500 << (w->restarts < 6 ? w->restarts : 6);
+    int backoff = 500 << (w->streak < 6 ? w->streak : 6);
     w->restart_at_ms = common_mono_ms() + (backoff > 30000 ? 30000 : backoff);
     memset(w->prefix, 0, PREFIX_SLOTS * sizeof *w->prefix);
     for (int b = 0; b < BUCKETS; b++)
@@ -465,6 +475,7 @@ static void on_hello(coordinator_cluster *c, cworker *w, const shm_hello *h)
     }
     snprintf(w->device, sizeof w->device, "%s", h->device);
     w->state = W_ALIVE;
+    w->ready_ms = common_mono_ms();
     w->draining = w->bye_sent = false; /* a drain flag still set drains it again */
     w->load = h->load;
     LOG_INFO("worker %d (pid %d, device %s) is ready", w->index, (int)h->pid, h->device);
@@ -596,7 +607,7 @@ static bool drain_watch(coordinator_cluster *c, cworker *w)
         atomic_store(&row->state, SHM_WORKER_DRAINED);
     } else if (!drain && w->state == W_DRAINED && w->ours) {
         LOG_INFO("worker %d: undrained; starting it again", w->index);
-        w->restarts = 0;
+        w->restarts = w->streak = 0;
         spawn(c, w);
     }
     if (w->draining && !w->bye_sent && w->inflight == 0 && w->state == W_ALIVE) {
@@ -1064,6 +1075,7 @@ void coordinator_cluster_stats_get(coordinator_cluster *c, coordinator_cluster_s
         snprintf(ws->device, sizeof ws->device, "%s", w->device);
         ws->alive = w->state == W_ALIVE;
         ws->restarts = w->restarts;
+        ws->streak = w->streak;
         ws->load = w->load;
         ws->inflight = w->inflight;
         ws->draining = w->draining;

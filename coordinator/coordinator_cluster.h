@@ -61,6 +61,10 @@ typedef struct coordinator_cluster_options {
     int dead_after_ms;   /* silence after which a worker is declared dead */
     int step_timeout_s;  /* a worker heartbeats through one step this long (0: any) */
     int start_timeout_ms; /* model loading included */
+    /* A dead worker restarts after 1 s, doubling with each death in a
+     * row up to 30 s; a worker that was ready this long before it died
+     * starts the row again (default 60 s). */
+    int restart_reset_ms;
 } coordinator_cluster_options;
 
 /* Defaults: auto workers, prefix routing, heartbeat 200 ms, dead after
@@ -120,6 +124,7 @@ typedef struct coordinator_worker_stats {
     char device[16];
     bool alive;
     int restarts;
+    int streak; /* deaths in a row, each soon after its start: the backoff's exponent */
     shm_load load;
     uint64_t import_tokens;  /* from the segment's worker row */
     uint64_t import_ns;      /* time its imports took */

@@ -24,6 +24,7 @@ typedef ts_stream result;
 static char runtime_dir[64];
 static int kv_pages = 128;   /* 0: not passed; the workers size their arenas */
 static int segment_pages = 0; /* 0: the coordinator's default */
+static int restart_reset_ms = 60000;
 
 static coordinator_cluster *start(const char *workers, coordinator_route route)
 {
@@ -355,6 +356,7 @@ static coordinator_cluster *start_fake(const char *step_us, int dead_after_ms, i
     o.heartbeat_ms = 50;
     o.dead_after_ms = dead_after_ms;
     o.step_timeout_s = step_timeout_s;
+    o.restart_reset_ms = restart_reset_ms;
     coordinator_cluster *c = NULL;
     shoal_diag diag = {{0}};
     CHECK_MSG(coordinator_cluster_open(&o, &c, &diag) == SHOAL_OK, "%s", diag.msg);
@@ -412,6 +414,54 @@ static void a_long_step_is_taken_for_hung_only_past_the_step_timeout(void)
     coordinator_cluster_close(c);
 }
 
+/* Worker 0's pid once it is ready with a pid other than `not` (0: any). */
+static int ready_pid(coordinator_cluster *c, int not)
+{
+    coordinator_cluster_stats st;
+    for (int t = 0; t < 30000; t += 10) {
+        coordinator_cluster_stats_get(c, &st);
+        if (st.worker[0].alive && st.worker[0].pid > 0 && st.worker[0].pid != not)
+            return st.worker[0].pid;
+        usleep(10000);
+    }
+    return -1;
+}
+
+/* The restart backoff counts deaths in a row (1 s, 2 s, ... 30 s), where
+ * it counted every death of the process's life, so that a worker that had
+ * died six times ever waited 30 s at each restart after: two deaths right
+ * after their starts make a row of 2; a death after the worker was ready
+ * for longer than restart_reset_ms (1.5 s here) starts the row again. */
+static void restart_backoff_counts_deaths_in_a_row(void)
+{
+    restart_reset_ms = 1500;
+    coordinator_cluster *c = start_fake(NULL, 3000, 300);
+    restart_reset_ms = 60000;
+    if (!c)
+        return;
+    int streak[3] = {0, 0, 0}, pid = 0;
+    for (int k = 0; k < 3; k++) {
+        pid = ready_pid(c, pid);
+        if (pid <= 0)
+            break;
+        if (k == 2)
+            usleep(2000000);
+        kill(pid, SIGKILL);
+        coordinator_cluster_stats st;
+        for (int t = 0; t < 10000; t += 10) {
+            coordinator_cluster_stats_get(c, &st);
+            if (st.worker[0].restarts == k + 1)
+                break;
+            usleep(10000);
+        }
+        streak[k] = st.worker[0].streak;
+    }
+    CHECK_MSG(streak[0] == 1 && streak[1] == 2 && streak[2] == 1,
+              "deaths in a row after each kill: %d, %d, %d (want 1, 2, 1)", streak[0], streak[1],
+              streak[2]);
+    coordinator_cluster_close(c);
+}
+
 /* A worker given no --kv-pages sizes its arena from free memory; it stays
  * within the rows the segment holds for it, where it used to ask for more
  * (a small model on a machine with memory to spare: up to its streams'
@@ -453,6 +503,7 @@ int main(void)
     TEST_RUN(prefix_routing_follows_the_cache);
     TEST_RUN(fake_workers_stream_tokens);
     TEST_RUN(a_long_step_is_taken_for_hung_only_past_the_step_timeout);
+    TEST_RUN(restart_backoff_counts_deaths_in_a_row);
     TEST_RUN(workers_sized_from_free_memory_fit_the_segment);
     rmdir(runtime_dir);
     return TEST_EXIT();
