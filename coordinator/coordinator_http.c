@@ -1198,10 +1198,16 @@ static enum MHD_Result on_headers(http_req *r, const char *url, const char *meth
             return send_error(r, &r->early);
         }
         if (!r->has_early && !r->preflight && len > 0) {
-            r->body = malloc((size_t)len + 1);
+            /* the declared length, up to COORDINATOR_BODY_FIRST_BYTES; the
+             * rest as it arrives: a client that declares 32 MiB and sends
+             * nothing holds no more than that (1,000 such connections
+             * reserved 33 GB when the whole length was taken at once) */
+            size_t cap = len < COORDINATOR_BODY_FIRST_BYTES ? (size_t)len
+                                                              : COORDINATOR_BODY_FIRST_BYTES;
+            r->body = malloc(cap + 1);
             if (!r->body)
                 return MHD_NO;
-            r->body_cap = (size_t)len;
+            r->body_cap = cap;
         }
     }
     return MHD_YES;

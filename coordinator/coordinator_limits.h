@@ -53,6 +53,10 @@
  * a whole worker. */
 #define COORDINATOR_CHOICES_MAX 16
 
+/* A request body's first buffer: its Content-Length up to this, then grown
+ * (doubled) as the bytes arrive, up to --max-body-bytes. */
+#define COORDINATOR_BODY_FIRST_BYTES (64u << 10)
+
 /* Stop strings of one request, and bytes of each. OpenAI allows 4; vLLM
  * sets no bound. Matching costs (stop strings x output bytes), and each
  * stop string keeps a table of its bytes per choice. */

@@ -210,6 +210,18 @@ const tests = [
     eq(llama.json.tokens, t.json.tokens, "llama.cpp's content");
   }],
 
+  ['a_body_past_its_first_buffer_is_read_whole', async (s) => {
+    // a Content-Length body of 150 KB (JSON padded with spaces before its
+    // closing brace): the server takes 64 KiB at its headers and grows
+    // the buffer as the bytes come
+    const text = 'The sea, the sea.';
+    const small = await s.request('POST', '/tokenize', { body: { prompt: text } });
+    const body = JSON.stringify({ prompt: text }).slice(0, -1) + ' '.repeat(150000) + '}';
+    const big = await s.request('POST', '/tokenize', { body });
+    eq(big.status, 200, `tokenize (${big.text.slice(0, 200)})`);
+    eq(big.json.tokens, small.json.tokens, 'the same tokens as the small body');
+  }],
+
   ['unknown_fields_are_ignored', async () => {
     const r = await client.chat.completions.create({ model: MODEL, messages: HELLO,
       max_tokens: 3, temperature: 0, store: false, metadata: { a: 'b' },
