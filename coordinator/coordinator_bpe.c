@@ -41,6 +41,9 @@ struct coordinator_bpe {
     int32_t unk_id; /* -1 if no unk_token */
     int32_t max_id;
     bool ignore_merges;
+    /* the most text bytes one token stands for (its characters: one a
+     * byte): a word of n bytes gives at least n / longest ids */
+    size_t longest;
 };
 
 /* ---- the byte-level alphabet ---- */
@@ -194,6 +197,11 @@ static shoal_err build_vocab(coordinator_bpe *bpe, const cJSON *vocab, const cha
                                       label, e->string);
             i = (i + 1) & bpe->vocab_mask;
         }
+        size_t chars = 0;
+        for (size_t k = 0; k < len; k++)
+            chars += ((unsigned char)e->string[k] & 0xC0) != 0x80;
+        if (chars > bpe->longest)
+            bpe->longest = chars;
         vocab_entry *v = &bpe->vocab[bpe->vocab_count];
         v->off = (uint32_t)bpe->arena_bytes;
         v->bytes = (uint32_t)len;
@@ -652,6 +660,11 @@ shoal_err coordinator_bpe_word(const coordinator_bpe *bpe, coordinator_bpe_scrat
             return SHOAL_OK;
         }
     }
+    /* a word whose fewest possible ids do not fit is refused before its
+     * merge, which for a word of megabytes takes seconds */
+    size_t longest = bpe->longest ? bpe->longest : 1;
+    if ((bytes + longest - 1) / longest > cap - *n)
+        return SHOAL_ERR_LIMIT;
     size_t count;
     shoal_err err = merge_word(bpe, s, word, bytes, &count);
     if (err != SHOAL_OK)

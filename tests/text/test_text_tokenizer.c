@@ -185,6 +185,25 @@ static void text_over_the_prompt_limit_is_refused(void)
     free(text);
 }
 
+/* A word whose fewest possible ids (a byte count over the longest token's,
+ * 128 bytes in Qwen3: a run of 128 spaces) do not fit the cap is refused
+ * before its merge; one whose ids fit exactly is not: 256 spaces are two
+ * ids of 128, within a cap of 2, over a cap of 1. */
+static void a_word_is_refused_before_its_merge_only_when_it_cannot_fit(void)
+{
+    shoal_diag diag = {{0}};
+    size_t n = 0;
+    char spaces[257];
+    memset(spaces, ' ', 256);
+    spaces[256] = 0;
+    CHECK_EQ_INT(encode(spaces, 256, 0, 2, &n, &diag), SHOAL_OK);
+    CHECK(n == 2 && ids_buf[0] == ids_buf[1]);
+    CHECK_EQ_INT(encode(spaces, 128, 0, 1, &n, &diag), SHOAL_OK);
+    CHECK_EQ_INT(n, 1);
+    CHECK_EQ_INT(encode(spaces, 256, 0, 1, &n, &diag), SHOAL_ERR_LIMIT);
+    CHECK_HAS(diag.msg, "more than 1 tokens");
+}
+
 static void special_tokens_as_text_cannot_end_a_turn(void)
 {
     shoal_diag diag = {{0}};
@@ -738,6 +757,7 @@ int main(void)
     TEST_RUN(decode_replaces_each_maximal_bad_subpart_once);
     TEST_RUN(added_tokens_match_leftmost_longest_and_win_in_decode);
     TEST_RUN(invalid_utf8_is_refused_with_its_offset);
+    TEST_RUN(a_word_is_refused_before_its_merge_only_when_it_cannot_fit);
     TEST_RUN(text_over_the_prompt_limit_is_refused);
     TEST_RUN(special_tokens_as_text_cannot_end_a_turn);
     TEST_RUN(decode_skips_special_and_unknown_ids_and_measures);
