@@ -1358,12 +1358,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     else if (left && (r->state == RS_WAIT || r->state == RS_STREAM || r->state == RS_BODY))
         status = 499;
     coordinator_metrics_request(&h->metrics, r->endpoint, status);
-    if (r->choices && r->status == 200) {
+    if (r->choices) { /* a request the client left was computed too (as vLLM counts) */
         coordinator_usage u = usage_of(r);
         coordinator_metrics_tokens(&h->metrics, (uint64_t)u.prompt_tokens,
                                    (uint64_t)u.completion_tokens, (uint64_t)u.cached_tokens);
-        coordinator_metrics_observe(&h->metrics.duration, common_mono_ns() - r->start_ns);
     }
+    if (r->choices && status == 200)
+        coordinator_metrics_observe(&h->metrics.duration, common_mono_ns() - r->start_ns);
     atomic_fetch_sub(&h->active, 1);
     req_unref(r);
 }

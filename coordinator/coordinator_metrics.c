@@ -288,9 +288,11 @@ bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_
                                    endpoint_paths[r], status, (unsigned long long)v);
         }
     }
-    counter(out, "prompt_tokens_total", "Prompt tokens of finished generation requests.",
+    counter(out, "prompt_tokens_total",
+            "Prompt tokens of ended generation requests, those the client left included.",
             load(&m->prompt_tokens));
-    counter(out, "generation_tokens_total", "Tokens generated for finished requests.",
+    counter(out, "generation_tokens_total",
+            "Tokens generated for ended requests, those the client left included.",
             load(&m->generation_tokens));
     counter(out, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
             load(&m->prefix_queries));

@@ -5,7 +5,7 @@
 // metrics. The model's weights are random: outputs are checked for
 // consistency (streamed == whole, greedy is deterministic, ids decode to
 // the text, stop strings cut at their first occurrence), not for meaning.
-import { MODEL, Server, assert, collect, eq, run, stopCleanly } from './harness.mjs';
+import { MODEL, Server, assert, collect, eq, run, stopCleanly, until } from './harness.mjs';
 
 const server = await Server.start();
 const client = server.client();
@@ -238,6 +238,30 @@ const tests = [
     assert(await s.metric('shoal_time_to_first_token_seconds_count') > 10, 'ttft samples');
     assert(await s.metric('shoal_inter_token_latency_seconds_count') > 100, 'itl samples');
     assert(await s.metric('shoal_stream_chunks_total') > 50, 'SSE events');
+  }],
+
+  ['tokens_of_a_request_the_client_left_are_counted', async (s) => {
+    // computed all the same (vLLM counts them too); they went uncounted
+    const before = await s.metric('shoal_generation_tokens_total');
+    const left = await s.metric(
+      'shoal_http_requests_total{route="/v1/chat/completions",status="499"}') || 0;
+    const controller = new AbortController();
+    const stream = await client.chat.completions.create({ model: MODEL, messages: HELLO,
+      max_tokens: 400, ignore_eos: true, stream: true }, { signal: controller.signal });
+    let got = 0;
+    try {
+      for await (const chunk of stream) {
+        got += chunk.choices[0]?.delta?.content ? 1 : 0; /* a token at least */
+        if (got === 20) controller.abort();
+      }
+    } catch (e) {
+      if (e.name !== 'APIUserAbortError') throw e;
+    }
+    await until(async () => (await s.metric(
+      'shoal_http_requests_total{route="/v1/chat/completions",status="499"}')) === left + 1,
+    10000, 'the left request counted as a 499');
+    const after = await s.metric('shoal_generation_tokens_total');
+    assert(after - before >= got, `generation tokens rose by ${after - before}; ${got} were received`);
   }],
 ];
 
