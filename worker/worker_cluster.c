@@ -292,6 +292,11 @@ worker_prefix_source worker_cluster_import_source(worker_cluster *cl)
     return (worker_prefix_source){import_fill, cl};
 }
 
+void worker_cluster_beat(worker_cluster *cl)
+{
+    atomic_store(&shm_segment_worker(cl->seg, cl->index)->heartbeat_ns, common_wall_ns());
+}
+
 void worker_cluster_report(worker_cluster *cl, worker_engine *e)
 {
     shm_worker_row *w = shm_segment_worker(cl->seg, cl->index);

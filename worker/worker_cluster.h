@@ -44,6 +44,11 @@ worker_prefix_source worker_cluster_import_source(worker_cluster *cl);
  * row and stream table, with a heartbeat. After each step. */
 void worker_cluster_report(worker_cluster *cl, worker_engine *e);
 
+/* The row's heartbeat alone: from the thread that heartbeats while one
+ * step runs long (worker_serve.c), so that shoalctl does not call a busy
+ * worker "not answering" where its coordinator hears it. */
+void worker_cluster_beat(worker_cluster *cl);
+
 /* While idle: maps the arena of every ready peer not mapped yet (the first
  * mapping of a large GPU arena takes a while; an import should not pay
  * it). A peer whose mapping failed is not retried until it restarts. */

@@ -150,6 +150,8 @@ static void *beat_main(void *arg)
         shoal_err err = shm_channel_send(sv->ch, &hb, sizeof hb, (int)every);
         if (err && err != SHOAL_ERR_TIMEOUT)
             break; /* the serve loop finds the channel failed too */
+        if (sv->o->cluster)
+            worker_cluster_beat(sv->o->cluster);
     }
     pthread_mutex_unlock(&b->lock);
     return NULL;
@@ -377,6 +379,9 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
     }
     sv.beat.running = true;
     long long last_sent = common_mono_ms(), next_step_ns = 0;
+    /* tests: every engine step this much longer (a long step on demand) */
+    const char *slow = getenv("SHOAL_TEST_STEP_SLEEP_MS");
+    const long long step_sleep_ms = slow ? atoll(slow) : 0;
     while (!(sv.shutdown && !busy(&sv)) && !stop_requested) {
         /* everything that arrived; wait for it only when idle */
         int wait = busy(&sv) ? 0 : o->heartbeat_ms;
@@ -402,6 +407,10 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
             atomic_store(&sv.beat.step_since_ms, common_mono_ms());
             if (e) {
                 err = worker_engine_step(e, sv.events, &n, diag);
+                if (step_sleep_ms > 0)
+                    nanosleep(&(struct timespec){(time_t)(step_sleep_ms / 1000),
+                                                 (long)(step_sleep_ms % 1000 * 1000000)},
+                              NULL);
             } else {
                 if (o->fake_step_us > 0)
                     fake_pace(&next_step_ns, o->fake_step_us);

@@ -16,6 +16,7 @@
  * started on (none resumed elsewhere), no new stream lands on worker 1,
  * worker 1 exits 0 and stays DRAINED; `shoalctl undrain 1` brings it back
  * and it takes streams again. */
+#include "common/common_time.h"
 #include "coordinator/coordinator_cluster.h"
 #include "shm/shm_segment.h"
 #include "tests/stream_test_util.h"
@@ -818,6 +819,41 @@ static void drain_loses_no_stream_and_places_none_on_the_drained_worker(void)
     CHECK(system(rm) == 0);
 }
 
+/* A worker inside one step longer than SHOAL_REPORT_LATE_MS (every step
+ * made 3 s longer by SHOAL_TEST_STEP_SLEEP_MS) answers its coordinator
+ * from the step's heartbeat thread; shoalctl says so too, where it called
+ * the worker "not answering" 2 s into each such step. */
+static void a_worker_in_a_long_step_is_not_called_silent(void)
+{
+    snprintf(name, sizeof name, "ctl-slow-%d", (int)getpid());
+    setenv("SHOAL_TEST_STEP_SLEEP_MS", "3000", 1);
+    coordinator_cluster *c = start(COORDINATOR_ROUTE_LEAST_LOADED, 10000, NULL);
+    unsetenv("SHOAL_TEST_STEP_SLEEP_MS");
+    if (!c)
+        return;
+    submit(c, 0, 2, &res[0]);
+    int samples = 0, silent = 0;
+    char said[160] = "";
+    for (long long t0 = common_mono_ms(); common_mono_ms() - t0 < 5000;) {
+        const char *args[] = {"workers", "--json", "--sample", "0", "--cluster", name, NULL};
+        cJSON *j = ctl_json(args);
+        for (int w = 0; j && w < 2; w++) {
+            const char *health = str(worker_json(j, w), "health");
+            samples++;
+            if (strstr(health, "not answering")) {
+                silent++;
+                snprintf(said, sizeof said, "worker %d: %s", w, health);
+            }
+        }
+        cJSON_Delete(j);
+        usleep(100000);
+    }
+    CHECK_MSG(samples > 0 && silent == 0, "%d of %d samples say a worker in a step is silent (%s)",
+              silent, samples, said);
+    check_complete("one stream in 3 s steps", res, 1, 2);
+    coordinator_cluster_close(c);
+}
+
 int main(void)
 {
     snprintf(runtime_dir, sizeof runtime_dir, "/tmp/shoal-ctl-%d", (int)getpid());
@@ -827,6 +863,7 @@ int main(void)
     TEST_RUN(stale_segment_is_named_as_such);
     TEST_RUN(several_clusters_and_bad_arguments);
     TEST_RUN(drain_loses_no_stream_and_places_none_on_the_drained_worker);
+    TEST_RUN(a_worker_in_a_long_step_is_not_called_silent);
     rmdir(runtime_dir);
     return TEST_EXIT();
 }
