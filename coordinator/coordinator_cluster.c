@@ -113,6 +113,9 @@ struct coordinator_cluster {
     int rr_next;
     pthread_t supervisor;
     bool supervisor_started;
+    /* close: the supervisor left its rounds, and waits (parked) until the
+     * workers are gone (lock, `changed`) */
+    bool supervisor_parked, workers_gone;
     _Atomic long long supervisor_ran_ms; /* the supervisor's last round */
     atomic_bool stopping;
 };
@@ -698,6 +701,15 @@ static void *supervisor_main(void *arg)
         if (check)
             states_reader_check(c);
     }
+    /* The workers this thread restarted die with it (PR_SET_PDEATHSIG
+     * follows the thread that forked, not the process): it stays until
+     * close has let them finish, a learning one writing its states. */
+    pthread_mutex_lock(&c->lock);
+    c->supervisor_parked = true;
+    pthread_cond_broadcast(&c->changed);
+    while (!c->workers_gone)
+        pthread_cond_wait(&c->changed, &c->lock);
+    pthread_mutex_unlock(&c->lock);
     return NULL;
 }
 
@@ -914,9 +926,9 @@ void coordinator_cluster_close(coordinator_cluster *c)
     shm_header_init(&bye, SHM_MSG_SHUTDOWN, sizeof bye, 0);
     pthread_mutex_lock(&c->lock);
     atomic_store(&c->stopping, true);
+    while (c->supervisor_started && !c->supervisor_parked) /* no more restarts */
+        pthread_cond_wait(&c->changed, &c->lock);
     pthread_mutex_unlock(&c->lock);
-    if (c->supervisor_started)
-        pthread_join(c->supervisor, NULL);
     for (int i = 0; i < c->n; i++)
         if (c->w[i].ch && c->w[i].state == W_ALIVE)
             shm_channel_send(c->w[i].ch, &bye, sizeof bye, 200);
@@ -939,6 +951,12 @@ void coordinator_cluster_close(coordinator_cluster *c)
         }
         w->pid = 0;
     }
+    pthread_mutex_lock(&c->lock);
+    c->workers_gone = true;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+    if (c->supervisor_started)
+        pthread_join(c->supervisor, NULL);
     if (c->state_dir) /* one may have been killed above */
         states_reader_check(c);
     for (int i = 0; i < c->n; i++) {

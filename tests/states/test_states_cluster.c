@@ -564,6 +564,40 @@ out:
     tu_rmtree(dir);
 }
 
+/* A worker the coordinator restarted (after a SIGKILL) writes what it
+ * learned when the cluster stops, as one it started first does: it was
+ * killed at the stop instead, its states lost, because the supervisor
+ * thread that forked it exited first (PR_SET_PDEATHSIG is a thread's). */
+static void a_restarted_worker_writes_what_it_learned_at_the_stop(void)
+{
+    char dir[64];
+    tu_tempdir(dir, sizeof dir, "restart");
+    coordinator_cluster *c = start(dir);
+    if (!c)
+        goto out;
+    coordinator_cluster_stats st;
+    coordinator_cluster_stats_get(c, &st);
+    int first = st.worker[0].pid;
+    CHECK(first > 0 && kill(first, SIGKILL) == 0);
+    bool back = false;
+    for (int t = 0; t < 30000 && !back; t += 20) {
+        usleep(20000);
+        coordinator_cluster_stats_get(c, &st);
+        back = st.worker[0].alive && st.worker[0].pid > 0 && st.worker[0].pid != first;
+    }
+    CHECK_MSG(back, "worker 0 was not restarted after a SIGKILL");
+    turn_expect(c, 0, 0); /* its pages stay cached: nothing spilled */
+    int b1 = blocks_after(conv_len[0]);
+    common_hash h[LEN_MAX / PT];
+    chain(conv[1], b1, h);
+    CHECK_EQ_INT(stored(dir, h, b1), 0);
+    coordinator_cluster_close(c);
+    CHECK_MSG(stored(dir, h, b1) == b1, "%d of %d blocks stored by the restarted worker",
+              stored(dir, h, b1), b1);
+out:
+    tu_rmtree(dir);
+}
+
 /* Runs shoal-worker with args; its exit status, stderr into err. */
 static int worker_flags(char *err, size_t bytes, const char *const *args)
 {
@@ -647,6 +681,7 @@ int main(void)
     TEST_RUN(overlap_computes_the_head_and_restores_the_tail);
     TEST_RUN(a_history_computed_whole_is_not_written_again);
     TEST_RUN(sigterm_writes_what_the_worker_learned);
+    TEST_RUN(a_restarted_worker_writes_what_it_learned_at_the_stop);
     worker_model_close(ref_model);
     rmdir(runtime_dir);
     return TEST_EXIT();
