@@ -276,7 +276,9 @@ shoal_err shm_segment_attach(const char *name, bool read_only, shm_segment **out
     if (!s)
         return SHOAL_ERR_NOMEM;
     snprintf(s->path, sizeof s->path, "/shoal.%s", name);
-    int fd = shm_open(s->path, read_only ? O_RDONLY : O_RDWR, 0);
+    /* O_NONBLOCK: a FIFO that someone left under the name must not hang
+     * the open (/dev/shm is writable by every local user) */
+    int fd = shm_open(s->path, (read_only ? O_RDONLY : O_RDWR) | O_NONBLOCK, 0);
     if (fd < 0) {
         err = shoal_diag_set(diag, errno == ENOENT ? SHOAL_ERR_NOT_FOUND : SHOAL_ERR_IO,
                              "/dev/shm%s: %s (is the cluster '%s' running?)", s->path,
@@ -286,6 +288,14 @@ shoal_err shm_segment_attach(const char *name, bool read_only, shm_segment **out
     struct stat st;
     if (fstat(fd, &st) != 0) {
         err = shoal_diag_set(diag, SHOAL_ERR_IO, "/dev/shm%s: %s", s->path, strerror(errno));
+        goto out_close_fd;
+    }
+    if (!S_ISREG(st.st_mode) || (size_t)st.st_size < sizeof(shm_segment_header)) {
+        err = shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                             "/dev/shm%s is not a shoal segment (%s of %lld bytes); remove it "
+                             "if nothing of yours uses it",
+                             s->path, S_ISREG(st.st_mode) ? "a file" : "not a plain file",
+                             (long long)st.st_size);
         goto out_close_fd;
     }
     if ((err = map_fd(fd, (size_t)st.st_size, read_only, s, diag)))

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,6 +92,41 @@ static void stale_segments_of_other_names_are_swept(void)
     CHECK(shm_segment_attach(other, true, &s, &diag) == SHOAL_ERR_NOT_FOUND);
     shm_segment_close(s);
     shm_segment_close(mine);
+}
+
+/* What is not a segment under a segment's name, a FIFO or an empty file
+ * (anyone may make them in /dev/shm), is refused at once by name, and a
+ * sweep of stale segments passes it by: opening the FIFO hung the
+ * coordinator's start for ever (blocked in open, SIGTERM masked). */
+static void a_fifo_or_an_empty_file_under_a_segment_name_is_refused_at_once(void)
+{
+    char fifo[40], empty[40], path[64];
+    snprintf(fifo, sizeof fifo, "%s-fifo", name);
+    snprintf(empty, sizeof empty, "%s-empty", name);
+    snprintf(path, sizeof path, "/dev/shm/shoal.%s", fifo);
+    CHECK(mkfifo(path, 0600) == 0);
+    snprintf(path, sizeof path, "/dev/shm/shoal.%s", empty);
+    int fd = open(path, O_CREAT | O_WRONLY, 0600);
+    CHECK(fd >= 0);
+    close(fd);
+    alarm(20); /* a hang fails the test instead of holding ctest */
+    const char *names[] = {fifo, empty};
+    for (int i = 0; i < 2; i++) {
+        shm_segment *s = NULL;
+        shoal_diag diag = {{0}};
+        CHECK_EQ_INT(shm_segment_attach(names[i], true, &s, &diag), SHOAL_ERR_FORMAT);
+        CHECK_HAS(diag.msg, "is not a shoal segment");
+        shm_segment_close(s);
+    }
+    shm_segment *mine = NULL; /* sweeps the stale ones of other names */
+    shoal_diag diag = {{0}};
+    CHECK(shm_segment_create(name, &sizes, &mine, &diag) == SHOAL_OK);
+    shm_segment_close(mine);
+    alarm(0);
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "/dev/shm/shoal.%s", names[i]);
+        unlink(path);
+    }
 }
 
 static void another_layout_is_refused(void)
@@ -290,6 +326,7 @@ int main(void)
     TEST_RUN(create_attach_and_refuse_a_second_creator);
     TEST_RUN(segment_of_a_killed_cluster_is_replaced);
     TEST_RUN(stale_segments_of_other_names_are_swept);
+    TEST_RUN(a_fifo_or_an_empty_file_under_a_segment_name_is_refused_at_once);
     TEST_RUN(another_layout_is_refused);
     TEST_RUN(holder_killed_inside_the_lock_leaves_it_repairable);
     TEST_RUN(index_and_leases);
