@@ -346,6 +346,23 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
     if (e->direct_fd >= 0 && fstat(e->direct_fd, &data_st) == 0)
         e->data_ino = data_st.st_ino;
     MDB_envinfo info;
+    MDB_stat mst;
+    if (mdb_env_info(e->env, &info) == 0 && mdb_env_stat(e->env, &mst) == 0) {
+        /* every page the last commit uses lies in the file: a file cut
+         * short (a copy that stopped, a disk that filled) would fault
+         * (SIGBUS) at the first read of a missing page */
+        uint64_t need = ((uint64_t)info.me_last_pgno + 1) * mst.ms_psize;
+        uint64_t have = file_bytes(e->dir, STORE_ENV_DATA_FILE);
+        if (have < need) {
+            err = shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                                 "%s/%s is %llu bytes, but the store's pages reach %llu: the "
+                                 "file was cut short (a copy that stopped, a full disk); move "
+                                 "the directory aside and a new store starts empty",
+                                 e->dir, STORE_ENV_DATA_FILE, (unsigned long long)have,
+                                 (unsigned long long)need);
+            goto fail;
+        }
+    }
     if (mdb_env_info(e->env, &info) == 0 && info.me_mapsize > e->map_bytes)
         e->map_bytes = info.me_mapsize; /* another process grew it */
     find_map_base(e);

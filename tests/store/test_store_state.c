@@ -100,6 +100,36 @@ static void test_open_makes_a_private_directory(void)
     tu_rmtree(dir);
 }
 
+/* A data.mdb cut short (a copy that stopped, a full disk) is refused at
+ * open, naming the file and what to do, where the first read of a missing
+ * page was a SIGBUS in every worker that restored from it, and in
+ * shoalctl states list and verify. A whole file opens. */
+static void test_a_data_file_cut_short_is_refused_at_open(void)
+{
+    char dir[128], path[200];
+    tu_tempdir(dir, sizeof dir, "cut");
+    store_page_layout l = tu_layout(2, 2, 64, 16);
+    store_state_options o = tu_options(dir, 64ull << 20, 1, l);
+    store_state *s = open_store(&o);
+    for (uint64_t i = 0; s && i < 64; i++)
+        CHECK_EQ_INT(put_block(s, &l, 7, i, (long)i - 1, 16), SHOAL_OK);
+    store_state_close(s);
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && st.st_size > 64 * 1024);
+    s = open_store(&o); /* whole: it opens */
+    CHECK(s && stored(s, 7, 63));
+    store_state_close(s);
+    CHECK(truncate(path, st.st_size / 2) == 0);
+    store_state *cut = NULL;
+    shoal_diag d = {{0}};
+    CHECK_EQ_INT(store_state_open(&o, &cut, &d), SHOAL_ERR_FORMAT);
+    CHECK_HAS(d.msg, "data.mdb");
+    CHECK_HAS(d.msg, "cut short");
+    CHECK(cut == NULL);
+    tu_rmtree(dir);
+}
+
 static void test_put_get_round_trips_page_sized_payloads(void)
 {
     char dir[128];
@@ -730,6 +760,7 @@ int main(int argc, char **argv)
 {
     tu_holder_main(argc, argv);
     TEST_RUN(test_open_makes_a_private_directory);
+    TEST_RUN(test_a_data_file_cut_short_is_refused_at_open);
     TEST_RUN(test_put_get_round_trips_page_sized_payloads);
     TEST_RUN(test_lookup_counts_the_leading_stored_blocks);
     TEST_RUN(test_other_fingerprint_and_flipped_byte_are_refused_and_counted);
