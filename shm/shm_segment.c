@@ -124,6 +124,8 @@ static shoal_err check_header(const shm_segment_header *h, size_t bytes, const c
     shm_segment_header want;
     if (!good_sizes(&z) || h->total_bytes != bytes || h->header_bytes != sizeof *h ||
         layout(&z, &want) != bytes || want.index_slots != h->index_slots ||
+        want.workers_offset != h->workers_offset || want.pages_offset != h->pages_offset ||
+        want.index_offset != h->index_offset || want.leases_offset != h->leases_offset ||
         want.streams_offset != h->streams_offset)
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
                               "/dev/shm%s: header says %llu bytes, the object has %zu", path,

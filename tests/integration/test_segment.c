@@ -141,6 +141,23 @@ static void another_layout_is_refused(void)
     CHECK_HAS(diag.msg, "layout version");
     CHECK(shm_segment_create(name, &sizes, &t, &diag) == SHOAL_ERR_FORMAT); /* never replaced */
     CHECK_HAS(diag.msg, "layout version");
+    shm_segment_header_of(s)->version = SHM_SEGMENT_VERSION;
+    /* a table's offset out of place (a crafted header): readers would
+     * go past the object (shoalctl did) */
+    uint64_t *offsets[] = {&shm_segment_header_of(s)->workers_offset,
+                           &shm_segment_header_of(s)->pages_offset,
+                           &shm_segment_header_of(s)->index_offset,
+                           &shm_segment_header_of(s)->leases_offset};
+    for (int i = 0; i < 4; i++) {
+        uint64_t was = *offsets[i];
+        *offsets[i] = 1ull << 40;
+        CHECK_MSG(shm_segment_attach(name, true, &t, &diag) == SHOAL_ERR_FORMAT,
+                  "offset %d out of place: attached", i);
+        *offsets[i] = was;
+    }
+    CHECK(shm_segment_attach(name, true, &t, &diag) == SHOAL_OK);
+    shm_segment_close(t);
+    t = NULL;
     shm_segment_close(s);
     /* an object that is not shoal's at all */
     char path[64];
