@@ -255,6 +255,10 @@ static shoal_err gate_take(const char *dir, int how, int wait_ms, int *fd_out, s
                       "wait for it to finish and start again",
                 dir);
         }
+        if (waited == 1000 && how == LOCK_SH) /* once: a start that waits says why */
+            LOG_WARN("%s: waiting up to %d s for the holder of %s (a compaction, shoalctl "
+                     "states compact) to finish",
+                     dir, wait_ms / 1000, STORE_ENV_GATE_FILE);
         sleep_ms(GATE_POLL_MS);
     }
     *fd_out = fd;
