@@ -273,7 +273,10 @@ shoal_err shm_segment_attach(const char *name, bool read_only, shm_segment **out
     shoal_err err;
     *out = NULL;
     if (!shm_cluster_name_ok(name))
-        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "cluster name '%s' is not valid", name);
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "cluster name '%.64s' is not valid: 1 to %d letters, digits, '-' "
+                              "or '_'",
+                              name, SHM_CLUSTER_NAME_MAX - 1);
     shm_segment *s = calloc(1, sizeof *s);
     if (!s)
         return SHOAL_ERR_NOMEM;

@@ -637,6 +637,12 @@ static void several_clusters_and_bad_arguments(void)
                   r.status);
         ctl_free(&r);
     }
+    /* a name no cluster can have: the rule is named */
+    const char *odd[] = {"pages", "--cluster", "a/b", NULL};
+    r = ctl(odd);
+    CHECK_MSG(r.status != 0 && strstr(r.err, "'a/b' is not valid: 1 to 31 letters"),
+              "--cluster a/b: exit %d, '%s'", r.status, r.err);
+    ctl_free(&r);
 }
 
 /* ---- drain ---- */
