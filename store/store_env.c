@@ -156,8 +156,16 @@ shoal_err store_env_error(const store_env *e, int rc, const char *what, shoal_di
         err = SHOAL_ERR_IO;
         break;
     }
-    return shoal_diag_set(diag, err, "%s: %s: %s", e ? e->dir : "state store", what,
-                          mdb_strerror(rc));
+    /* what to do next, where the error says it */
+    const char *hint = err == SHOAL_ERR_FORMAT && rc != MDB_VERSION_MISMATCH
+                           ? " (the store is damaged: shoalctl states verify names what; "
+                             "shoalctl states rm --all, or moving the directory aside, starts "
+                             "an empty one)"
+                       : rc == ENOSPC || rc == EIO || rc == EDQUOT
+                           ? " (check the free space and health of its file system)"
+                           : "";
+    return shoal_diag_set(diag, err, "%s: %s: %s%s", e ? e->dir : "state store", what,
+                          mdb_strerror(rc), hint);
 }
 
 /* ---- small file helpers ---- */

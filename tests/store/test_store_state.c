@@ -127,6 +127,16 @@ static void test_a_data_file_cut_short_is_refused_at_open(void)
     CHECK_HAS(d.msg, "data.mdb");
     CHECK_HAS(d.msg, "cut short");
     CHECK(cut == NULL);
+    /* meta pages of garbage: damaged, and the message says what to do */
+    int fd = open(path, O_WRONLY);
+    static unsigned char junk[8192];
+    memset(junk, 0xab, sizeof junk);
+    CHECK(fd >= 0 && pwrite(fd, junk, sizeof junk, 0) == (ssize_t)sizeof junk);
+    close(fd);
+    CHECK_EQ_INT(store_state_open(&o, &cut, &d), SHOAL_ERR_FORMAT);
+    CHECK_HAS(d.msg, "the store is damaged");
+    CHECK_HAS(d.msg, "shoalctl states verify");
+    CHECK(cut == NULL);
     tu_rmtree(dir);
 }
 
