@@ -359,7 +359,8 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
         e->data_ino = data_st.st_ino;
     MDB_envinfo info;
     MDB_stat mst;
-    if (mdb_env_info(e->env, &info) == 0 && mdb_env_stat(e->env, &mst) == 0) {
+    bool have_info = mdb_env_info(e->env, &info) == 0;
+    if (have_info && mdb_env_stat(e->env, &mst) == 0) {
         /* every page the last commit uses lies in the file: a file cut
          * short (a copy that stopped, a disk that filled) would fault
          * (SIGBUS) at the first read of a missing page */
@@ -375,7 +376,7 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
             goto fail;
         }
     }
-    if (mdb_env_info(e->env, &info) == 0 && info.me_mapsize > e->map_bytes)
+    if (have_info && info.me_mapsize > e->map_bytes)
         e->map_bytes = info.me_mapsize; /* another process grew it */
     find_map_base(e);
 
