@@ -297,13 +297,13 @@ static void pick_kernels(cuda_state *st)
     st->graphs = env_int("SHOAL_CUDA_GRAPHS", legacy ? 0 : 1) != 0;
     st->attn_fill = env_int("SHOAL_CUDA_ATTN_FILL", legacy ? 0 : 2);
     st->attn_stages = env_int("SHOAL_CUDA_ATTN_STAGES", legacy ? 3 : 2) == 3 ? 3 : 2;
-    st->attn_blocks = env_int("SHOAL_CUDA_ATTN_BLOCKS", 4);
-    if (st->attn_blocks < 1 || st->attn_blocks > 64)
-        st->attn_blocks = 4;
+    st->attn_blocks = env_int("SHOAL_CUDA_ATTN_BLOCKS", 0);
+    if (st->attn_blocks < 0 || st->attn_blocks > 64)
+        st->attn_blocks = 0;
     st->attn_wave = env_int("SHOAL_CUDA_ATTN_WAVE", legacy ? 0 : 1) != 0;
-    st->attn_tma = env_int("SHOAL_CUDA_ATTN_TMA", legacy ? 0 : 4);
-    if (st->attn_tma != 0 && st->attn_tma != 6)
-        st->attn_tma = 4;
+    st->attn_tma = env_int("SHOAL_CUDA_ATTN_TMA", legacy ? 0 : 6);
+    if (st->attn_tma != 0 && st->attn_tma != 4)
+        st->attn_tma = 6;
     st->attn_tma_rows = env_int("SHOAL_CUDA_ATTN_TMA_ROWS", 1) != 0;
     st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
@@ -317,6 +317,7 @@ static void pick_kernels(cuda_state *st)
     st->gemm_splitk_s = env_int("SHOAL_CUDA_GEMM_SPLITK_S", 0);
     if (st->gemm_splitk_s > 8)
         st->gemm_splitk_s = 8;
+    st->gemm_splitk_stages = env_int("SHOAL_CUDA_GEMM_SPLITK_STAGES", 0);
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)

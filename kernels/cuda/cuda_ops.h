@@ -135,13 +135,15 @@ typedef struct cuda_state {
     bool attn_tc;
     int attn_fill;
     int attn_stages; /* 2 or 3 */
-    int attn_blocks; /* partial blocks a multiprocessor the segment rule aims at */
+    /* partial blocks a multiprocessor the segment rule aims at
+     * (SHOAL_CUDA_ATTN_BLOCKS; 0 = 1 for the TMA partials, 4 for others) */
+    int attn_blocks;
     int prompt_tile;   /* 1 to 3: attention_prompt.cu's prompt_shape, 4 = wgmma, 5 = ws */
     bool sm90a;        /* this build holds sm_90a code for this GPU (wgmma, TMA) */
     bool prompt_wgmma; /* tile 4 or 5 asked for, and this build and GPU run it */
     /* Decode attention's partials with K and V staged by the tensor
      * memory accelerator (attn_partial_tma) in this many 32-token stages
-     * (SHOAL_CUDA_ATTN_TMA, default 4; 6; 0 = the cp.async kernel), a
+     * (SHOAL_CUDA_ATTN_TMA, default 6; 4; 0 = the cp.async kernel), a
      * copy 16 whole rows (SHOAL_CUDA_ATTN_TMA_ROWS, default 1) or a
      * 64-column half of them (0; cuda_kv_map), promoted in L2 by 128
      * bytes (SHOAL_CUDA_ATTN_TMA_L2, default 128; 0 or 256: 256 ran the L2
@@ -168,9 +170,12 @@ typedef struct cuda_state {
     /* The split-K GEMM for rounds of 2 to 64 rows, bf16
      * (SHOAL_CUDA_GEMM_SPLITK, default 0 until measured; 1 = on), its
      * blocks a tile (SHOAL_CUDA_GEMM_SPLITK_S, 1 to 8; 0 = to fill the GPU),
+     * its stages (SHOAL_CUDA_GEMM_SPLITK_STAGES, 4 or 8; 0 = by the grid),
      * and its tensor maps (matmul_splitk.cu). */
     bool gemm_splitk;
     int gemm_splitk_s;
+    int gemm_splitk_stages;
+    int gemm_clusters[2][9]; /* [8 stages, 4][S]: clusters that fit at once */
     cuda_gemm_tmap gemm_maps[CUDA_GEMM_MAPS];
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];

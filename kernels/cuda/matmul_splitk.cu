@@ -37,7 +37,8 @@ enum {
     SK_BN = 128,       /* weight rows a block (two m64 halves) */
     SK_BM = 64,        /* rows of the round at most (wgmma's n) */
     SK_BK = 64,        /* k a stage: one 128-byte swizzled row */
-    SK_STAGES = 4,     /* two blocks a multiprocessor */
+    SK_STAGES_2 = 4,   /* stages where two blocks share a multiprocessor */
+    SK_STAGES_1 = 8,   /* where a block has one to itself */
     SK_THREADS = 160,  /* a warpgroup and the producer warp */
     SK_SPLITS_MAX = 8, /* the portable cluster size */
     SK_W_BYTES = SK_BN * SK_BK * 2,
@@ -46,14 +47,15 @@ enum {
     SK_RED_STRIDE = SK_BN + 4, /* f32 a row of the sums: no bank conflicts */
 };
 
-static constexpr size_t splitk_smem_bytes()
+static constexpr size_t splitk_smem_bytes(int stages)
 {
-    return 1024 /* alignment to the swizzle's repeat */ + (size_t)SK_STAGES * SK_STAGE_BYTES;
+    return 1024 /* alignment to the swizzle's repeat */ + (size_t)stages * SK_STAGE_BYTES;
 }
-static_assert((size_t)SK_BM * SK_RED_STRIDE * 4 <= (size_t)SK_STAGES * SK_STAGE_BYTES,
+static_assert((size_t)SK_BM * SK_RED_STRIDE * 4 <= (size_t)SK_STAGES_2 * SK_STAGE_BYTES,
               "the sums fit in the stages' memory");
 
-static __global__ void __launch_bounds__(SK_THREADS, 2)
+template <int SK_STAGES>
+static __global__ void __launch_bounds__(SK_THREADS, SK_STAGES == SK_STAGES_2 ? 2 : 1)
     gemm_splitk(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
                 bf16 *out, int rows, int n, int ksteps)
 {
@@ -143,28 +145,40 @@ static __global__ void __launch_bounds__(SK_THREADS, 2)
     cluster.sync(); /* every block's sums written */
     pdl_wait();     /* out may still be read by the kernel before (passed already) */
     /* block `rank` adds the cluster's sums of its share of the round's rows,
-     * two weight rows a thread, the blocks in rank order */
+     * four weight rows a thread; every block's four loaded before the first
+     * add (distributed shared memory is far: one wait, not `splits`), then
+     * added in rank order */
     const int m0 = rank * SK_BM / splits, m1 = (rank + 1) * SK_BM / splits;
     const int m_end = m1 < rows ? m1 : rows;
     const float *red = (const float *)smem;
-    for (int idx = threadIdx.x; idx < (m_end - m0) * (SK_BN / 2); idx += SK_THREADS) {
-        const int m = m0 + idx / (SK_BN / 2), j = 2 * (idx % (SK_BN / 2));
+    for (int idx = threadIdx.x; idx < (m_end - m0) * (SK_BN / 4); idx += SK_THREADS) {
+        const int m = m0 + idx / (SK_BN / 4), j = 4 * (idx % (SK_BN / 4));
         const int col = tile * SK_BN + j;
         if (col >= n)
             continue;
-        float a = 0.0f, b = 0.0f;
-        for (int q = 0; q < splits; q++) {
-            const float *r = cluster.map_shared_rank(red, q) + m * SK_RED_STRIDE + j;
-            a += r[0];
-            b += r[1];
-        }
+        float4 part[SK_SPLITS_MAX];
+#pragma unroll
+        for (int q = 0; q < SK_SPLITS_MAX; q++)
+            if (q < splits)
+                part[q] = *(const float4 *)(cluster.map_shared_rank(red, q) +
+                                            m * SK_RED_STRIDE + j);
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int q = 0; q < SK_SPLITS_MAX; q++)
+            if (q < splits) {
+                v[0] += part[q].x;
+                v[1] += part[q].y;
+                v[2] += part[q].z;
+                v[3] += part[q].w;
+            }
         bf16 *o = out + (size_t)m * n + col;
-        if (col + 1 < n && (uintptr_t)o % 4 == 0) {
-            *(__nv_bfloat162 *)o = __floats2bfloat162_rn(a, b);
+        if (col + 3 < n && (uintptr_t)o % 8 == 0) {
+            __nv_bfloat162 h[2] = {__floats2bfloat162_rn(v[0], v[1]),
+                                   __floats2bfloat162_rn(v[2], v[3])};
+            *(uint2 *)o = *(const uint2 *)h;
         } else {
-            o[0] = __float2bfloat16_rn(a);
-            if (col + 1 < n)
-                o[1] = __float2bfloat16_rn(b);
+            for (int e = 0; e < 4 && col + e < n; e++)
+                o[e] = __float2bfloat16_rn(v[e]);
         }
     }
     cluster.sync(); /* no block leaves while another reads its sums */
@@ -198,14 +212,37 @@ static bool splitk_map(cuda_state *st, const void *p, int k, int height, int box
     return true;
 }
 
-/* The blocks a tile's k is split over: as many as keep tiles x splits
- * within two blocks a multiprocessor (SHOAL_CUDA_GEMM_SPLITK_S fixes it),
- * at most a stage of k each. */
-static int splitk_splits(const cuda_state *st, int tiles, int ksteps)
+/* The launch's shape: the blocks a tile's k is split over (S) and the
+ * stages a block. Of the shapes whose clusters all fit on the GPU at once
+ * (one wave; clusters of 4 with eight stages do not for 32 tiles on the
+ * H200: 30 fit), the one with the most stages in flight, at most eight a
+ * multiprocessor; on a tie the fewer blocks (fewer sums to add).
+ * SHOAL_CUDA_GEMM_SPLITK_S and _STAGES fix either. */
+static void splitk_shape(const cuda_state *st, int tiles, int ksteps, int *splits, int *stages)
 {
-    int s = st->gemm_splitk_s > 0 ? st->gemm_splitk_s : 2 * st->sm_count / tiles;
-    s = s < 1 ? 1 : s > SK_SPLITS_MAX ? SK_SPLITS_MAX : s;
-    return s < ksteps ? s : ksteps;
+    static const int stage_counts[2] = {SK_STAGES_1, SK_STAGES_2};
+    int best_score = -1;
+    *splits = 1;
+    *stages = SK_STAGES_2;
+    for (int si = 0; si < 2; si++) {
+        const int t = stage_counts[si];
+        if (st->gemm_splitk_stages > 0 && st->gemm_splitk_stages != t)
+            continue;
+        for (int s = 1; s <= SK_SPLITS_MAX && s <= ksteps; s++) {
+            if (st->gemm_splitk_s > 0 && st->gemm_splitk_s != s)
+                continue;
+            const bool fits = tiles <= st->gemm_clusters[si][s];
+            const int slots = tiles * s * t, cap = st->sm_count * SK_STAGES_1;
+            const int score = slots < cap ? slots : cap;
+            /* a fixed shape is taken even where it takes two waves */
+            const bool fixed = st->gemm_splitk_s > 0 && st->gemm_splitk_stages > 0;
+            if ((fits || fixed) && score > best_score) {
+                best_score = score;
+                *splits = s;
+                *stages = t;
+            }
+        }
+    }
 }
 
 bool cuda_matmul_splitk(kernels_backend *be, void *out, const void *in, const void *w, int rows,
@@ -222,11 +259,12 @@ bool cuda_matmul_splitk(kernels_backend *be, void *out, const void *in, const vo
     if (!splitk_map(st, w, k, n, SK_BN, &wmap) || !splitk_map(st, in, k, rows, rows, &xmap))
         return false;
     const int tiles = (n + SK_BN - 1) / SK_BN, ksteps = k / SK_BK;
-    const int splits = splitk_splits(st, tiles, ksteps);
+    int splits, stages;
+    splitk_shape(st, tiles, ksteps, &splits, &stages);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(tiles * splits));
     cfg.blockDim = dim3(SK_THREADS);
-    cfg.dynamicSmemBytes = splitk_smem_bytes();
+    cfg.dynamicSmemBytes = splitk_smem_bytes(stages);
     cfg.stream = st->stream;
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -237,7 +275,12 @@ bool cuda_matmul_splitk(kernels_backend *be, void *out, const void *in, const vo
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 2;
-    cudaLaunchKernelEx(&cfg, gemm_splitk, wmap, xmap, (bf16 *)out, rows, n, ksteps);
+    if (stages == SK_STAGES_1)
+        cudaLaunchKernelEx(&cfg, gemm_splitk<SK_STAGES_1>, wmap, xmap, (bf16 *)out, rows, n,
+                           ksteps);
+    else
+        cudaLaunchKernelEx(&cfg, gemm_splitk<SK_STAGES_2>, wmap, xmap, (bf16 *)out, rows, n,
+                           ksteps);
     cuda_launched(be, "matmul (split-k)");
     return true;
 }
@@ -254,9 +297,43 @@ shoal_err cuda_matmul_splitk_init(kernels_backend *be)
         st->gemm_splitk = false;
         return SHOAL_OK;
     }
-    cudaError_t e = cudaFuncSetAttribute(gemm_splitk, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)splitk_smem_bytes());
+    cudaError_t e = cudaFuncSetAttribute(gemm_splitk<SK_STAGES_1>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)splitk_smem_bytes(SK_STAGES_1));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gemm_splitk<SK_STAGES_2>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)splitk_smem_bytes(SK_STAGES_2));
+    /* how many clusters of each size fit at once, for splitk_shape */
+    for (int si = 0; si < 2 && e == cudaSuccess; si++)
+        for (int s = 1; s <= SK_SPLITS_MAX && e == cudaSuccess; s++) {
+            const int stages = si == 0 ? SK_STAGES_1 : SK_STAGES_2;
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)s);
+            cfg.blockDim = dim3(SK_THREADS);
+            cfg.dynamicSmemBytes = splitk_smem_bytes(stages);
+            cudaLaunchAttribute attr;
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = (unsigned)s;
+            attr.val.clusterDim.y = 1;
+            attr.val.clusterDim.z = 1;
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            int n = 0;
+            e = si == 0 ? cudaOccupancyMaxActiveClusters(&n, gemm_splitk<SK_STAGES_1>, &cfg)
+                        : cudaOccupancyMaxActiveClusters(&n, gemm_splitk<SK_STAGES_2>, &cfg);
+            st->gemm_clusters[si][s] = n;
+        }
     if (e != cudaSuccess)
-        cuda_fail(be, "matmul split-k: raise the shared-memory limit", e);
+        cuda_fail(be, "matmul split-k: raise the shared-memory limit, count its clusters", e);
+    else
+        LOG_INFO("cuda: split-K GEMM: clusters of 1-8 at once: %d %d %d %d %d %d %d %d (8 "
+                 "stages), %d %d %d %d %d %d %d %d (4)",
+                 st->gemm_clusters[0][1], st->gemm_clusters[0][2], st->gemm_clusters[0][3],
+                 st->gemm_clusters[0][4], st->gemm_clusters[0][5], st->gemm_clusters[0][6],
+                 st->gemm_clusters[0][7], st->gemm_clusters[0][8], st->gemm_clusters[1][1],
+                 st->gemm_clusters[1][2], st->gemm_clusters[1][3], st->gemm_clusters[1][4],
+                 st->gemm_clusters[1][5], st->gemm_clusters[1][6], st->gemm_clusters[1][7],
+                 st->gemm_clusters[1][8]);
     return st->err;
 }

@@ -362,8 +362,8 @@ static kernels_backend *open_gpu_with(const char *name, const char *value)
 
 /* The split-K GEMM (SHOAL_CUDA_GEMM_SPLITK=1, bf16, 2 to 64 rows) against
  * the CPU within bf16's tolerance, with its tile's k split over the
- * cluster's blocks as the GPU's size picks them and over 1, 3 and 8 fixed
- * (SHOAL_CUDA_GEMM_SPLITK_S); odd rows, n not a multiple of the 128-row
+ * cluster's blocks and its stages as the GPU's size picks them, and fixed
+ * (SHOAL_CUDA_GEMM_SPLITK_S 1, 2, 3 and 8 with _STAGES 8, 4, 4, 8); odd rows, n not a multiple of the 128-row
  * tile, k of one to 192 stages (the 8B model's q/k/v, o and down shapes
  * but under the sanitizer), and k not a multiple of 64 (cuBLAS serves).
  * The same call twice gives the same bits: the blocks' sums are added in
@@ -373,12 +373,15 @@ static void matmul_split_k_matches_cpu(void)
     static const int nk[][2] = {{128, 64},    {200, 192},   {1024, 4096}, {6144, 4096},
                                 {4096, 4096}, {4096, 12288}, {256, 96}};
     static const int rowss[] = {2, 7, 33, 64};
-    static const char *splits[] = {"0", "1", "3", "8"};
+    static const char *splits[] = {"0", "1", "2", "3", "8"};
+    static const char *stages[] = {"0", "8", "4", "4", "8"};
     if (act != SHOAL_DTYPE_BF16)
         return;
     setenv("SHOAL_CUDA_GEMM_SPLITK", "1", 1);
-    for (int si = 0; si < 4; si++) {
+    for (int si = 0; si < 5; si++) {
+        setenv("SHOAL_CUDA_GEMM_SPLITK_STAGES", stages[si], 1);
         kernels_backend *be = open_gpu_with("SHOAL_CUDA_GEMM_SPLITK_S", splits[si]);
+        unsetenv("SHOAL_CUDA_GEMM_SPLITK_STAGES");
         for (int s = 0; s < 7; s++)
             for (int ri = 0; ri < 4; ri++) {
                 int rows = rowss[ri], n = nk[s][0], k = nk[s][1];
@@ -402,8 +405,8 @@ static void matmul_split_k_matches_cpu(void)
                     f32_from_dev(be, run ? again : got, dout, on, act);
                 }
                 char shape[96];
-                snprintf(shape, sizeof shape, "rows %d n %d k %d, splits %s", rows, n, k,
-                         splits[si]);
+                snprintf(shape, sizeof shape, "rows %d n %d k %d, splits %s, stages %s", rows, n,
+                         k, splits[si], stages[si]);
                 report("matmul (split-k)", shape, rel_err(got, ref, on), tol_for(act));
                 size_t bad = count_differing(got, again, on);
                 CHECK_MSG(bad == 0, "matmul (split-k) %s: %zu elements differ between two runs",
@@ -1043,13 +1046,6 @@ int main(int argc, char **argv)
             continue;
         }
         printf("-- activations %s\n", act_name(act));
-        /* the split-K GEMM alone, its own step in tools/gpu-run until it has
-         * run on a GPU: a new kernel that hangs costs that step only */
-        if (getenv("SHOAL_TEST_SPLITK")) {
-            TEST_RUN(matmul_split_k_matches_cpu);
-            kernels_backend_close(gpu);
-            continue;
-        }
         if (!test_sanitize) {
             TEST_RUN(embed_matches_cpu_exactly);
             TEST_RUN(rmsnorm_with_and_without_residual_matches_cpu);
@@ -1061,6 +1057,7 @@ int main(int argc, char **argv)
         }
         TEST_RUN(matmul_every_weight_dtype_matches_cpu);
         TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
+        TEST_RUN(matmul_split_k_matches_cpu);
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
