@@ -3,18 +3,21 @@
  * 151936, bf16 weights, activations and KV in 16-token pages), each variant
  * of a kernel beside the others, on the same buffers, in one process.
  *
- *   shoal-lab-ops [--device N] [--quick] [--prompt N] [--decode]
- *                 [--attention B C] [--swiglu R]
+ *   shoal-lab-ops [--device N] [--quick] [--prompt N] [--decode] [--gemm]
+ *                 [--attention B C] [--swiglu R] [--matmul N K R]
  *
  * --prompt N times the prompt kernel alone at N tokens (16 to 4,096), the
  * variant the environment picks (for a profiler); --decode times decode
- * attention alone, "new" against "tma6" (SHOAL_CUDA_ATTN_TMA=6: six
- * stages), "cpasync" (SHOAL_CUDA_ATTN_TMA=0: the cp.async partials),
- * "halves" (SHOAL_CUDA_ATTN_TMA_ROWS=0: a copy a 64-column half) and
- * "blocks2" (SHOAL_CUDA_ATTN_BLOCKS=2); --attention B C (decode attention
- * at batch B, context C) and --swiglu R (swiglu of R rows) time one op
- * alone, four calls a replay, as the environment picks it (a profiler's
- * target).
+ * attention alone, "new" against "prev" (SHOAL_CUDA_ATTN_TMA=4
+ * SHOAL_CUDA_ATTN_BLOCKS=4: four stages, segments for four blocks a
+ * multiprocessor, the eleventh session's), "blocks4" (six stages,
+ * SHOAL_CUDA_ATTN_BLOCKS=4), "cpasync" (SHOAL_CUDA_ATTN_TMA=0: the
+ * cp.async partials) and "halves" (SHOAL_CUDA_ATTN_TMA_ROWS=0: a copy a
+ * 64-column half); --gemm times the decode rounds' GEMMs, cuBLAS against
+ * the split-K GEMM's shapes; --attention B C (decode attention at batch B,
+ * context C), --swiglu R (swiglu of R rows) and --matmul N K R (a bf16
+ * matmul of R rows) time one op alone, as the environment picks it (a
+ * profiler's target).
  *
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
@@ -28,7 +31,7 @@
  * (SHOAL_CUDA_ATTN_STAGES=3 with cpasync's: three K/V tile stages), "nowave"
  * (SHOAL_CUDA_ATTN_WAVE=0: the segment rule without raising the count to
  * fill the last wave), "blocks8" (SHOAL_CUDA_ATTN_BLOCKS=8: segments for 8
- * blocks a multiprocessor instead of 4), for the prompt kernel "wgmma"
+ * blocks a multiprocessor instead of 1), for the prompt kernel "wgmma"
  * (SHOAL_CUDA_PROMPT_TILE=4: the all-threads wgmma kernel), "mma64",
  * "rows32" and "warps8" (tiles 1, 2 and 3: mma.sync on 64-row tiles of 4
  * warps, 128-row tiles of 4 warps of 32 rows and of 8 warps of 16, where
@@ -639,6 +642,7 @@ int main(int argc, char **argv)
     int prompt_only = 0; /* tokens */
     bool decode_only = false, gemm_only = false;
     int one_b = 0, one_c = 0, one_r = 0; /* --attention B C, --swiglu R */
+    int mm_n = 0, mm_k = 0, mm_r = 0;    /* --matmul N K R */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = atoi(argv[++i]);
@@ -655,6 +659,26 @@ int main(int argc, char **argv)
             one_c = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--swiglu") == 0 && i + 1 < argc)
             one_r = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--matmul") == 0 && i + 3 < argc) {
+            mm_n = atoi(argv[++i]);
+            mm_k = atoi(argv[++i]);
+            mm_r = atoi(argv[++i]);
+        }
+    }
+    if (mm_n || mm_k || mm_r) { /* one matmul alone, as the environment picks it (profiling) */
+        if (mm_n < 1 || mm_n > INTER || mm_k < 1 || mm_k > INTER || mm_r < 1 || mm_r > 64) {
+            fprintf(stderr, "shoal-lab-ops: --matmul takes n and k of 1 to %d and 1 to 64 rows\n",
+                    INTER);
+            return 2;
+        }
+        kernels_backend *be = open_variant(device, false, 0, NULL);
+        bufs mbuf;
+        setup(be, &mbuf);
+        op o = {.kind = OP_MATMUL, .be = be, .b = &mbuf, .rows = mm_r, .n = mm_n, .k = mm_k};
+        double w = (double)mm_n * mm_k * 2 + (double)mm_r * (mm_n + mm_k) * 2;
+        row("matmul", "env", mm_r, time_op(&o, 32, 3), w, 2.0 * mm_r * mm_n * mm_k, 0, NULL);
+        kernels_backend_close(be);
+        return 0;
     }
     if (one_b || one_c || one_r) { /* one op alone, as the environment picks it (profiling) */
         if ((one_b || one_c) &&
@@ -696,9 +720,10 @@ int main(int argc, char **argv)
         return 0;
     }
     static const char *const cpasync_env[] = {"SHOAL_CUDA_ATTN_TMA=0", NULL};
-    static const char *const tma6_env[] = {"SHOAL_CUDA_ATTN_TMA=6", NULL};
+    static const char *const prev_tma_env[] = {"SHOAL_CUDA_ATTN_TMA=4",
+                                               "SHOAL_CUDA_ATTN_BLOCKS=4", NULL};
     static const char *const halves_env[] = {"SHOAL_CUDA_ATTN_TMA_ROWS=0", NULL};
-    static const char *const b2_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=2", NULL};
+    static const char *const b4_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=4", NULL};
     const char *pt_env = getenv("SHOAL_LAB_PAGE_TOKENS");
     if (pt_env) {
         PT = atoi(pt_env);
@@ -710,11 +735,11 @@ int main(int argc, char **argv)
     }
     if (decode_only) { /* decode attention alone: the partials' staging variants */
         kernels_backend *bes[] = {open_variant(device, false, 0, NULL),
-                                  open_variant(device, false, 0, tma6_env),
+                                  open_variant(device, false, 0, prev_tma_env),
+                                  open_variant(device, false, 0, b4_env),
                                   open_variant(device, false, 0, cpasync_env),
-                                  open_variant(device, false, 0, halves_env),
-                                  open_variant(device, false, 0, b2_env)};
-        const char *names[] = {"new", "tma6", "cpasync", "halves", "blocks2"};
+                                  open_variant(device, false, 0, halves_env)};
+        const char *names[] = {"new", "prev", "blocks4", "cpasync", "halves"};
         enum { NV = sizeof bes / sizeof bes[0] };
         bufs dbuf;
         setup(bes[0], &dbuf);
@@ -724,20 +749,26 @@ int main(int argc, char **argv)
         return 0;
     }
     if (gemm_only) { /* the decode GEMMs alone: cuBLAS against the split-K GEMM */
-        static const char *const sk_env[] = {"SHOAL_CUDA_GEMM_SPLITK=1", NULL};
-        static const char *const sk2_env[] = {"SHOAL_CUDA_GEMM_SPLITK=1",
-                                              "SHOAL_CUDA_GEMM_SPLITK_S=2", NULL};
-        static const char *const sk4_env[] = {"SHOAL_CUDA_GEMM_SPLITK=1",
-                                              "SHOAL_CUDA_GEMM_SPLITK_S=4", NULL};
-        static const char *const sk8_env[] = {"SHOAL_CUDA_GEMM_SPLITK=1",
-                                              "SHOAL_CUDA_GEMM_SPLITK_S=8", NULL};
-        kernels_backend *bes[] = {open_variant(device, false, 0, NULL),
-                                  open_variant(device, false, 0, sk_env),
-                                  open_variant(device, false, 0, sk2_env),
-                                  open_variant(device, false, 0, sk4_env),
-                                  open_variant(device, false, 0, sk8_env)};
-        const char *names[] = {"cublas", "splitk", "splitk2", "splitk4", "splitk8"};
-        enum { NV = sizeof bes / sizeof bes[0] };
+        /* the split-K GEMM's blocks a tile (S) and stages fixed: sSxT */
+        static const char *const names[] = {"cublas", "splitk", "s1x8", "s2x8",
+                                            "s3x8",   "s4x4",   "s6x4"};
+        static const char *const sk_env[][4] = {
+            {NULL},
+            {"SHOAL_CUDA_GEMM_SPLITK=1", NULL},
+            {"SHOAL_CUDA_GEMM_SPLITK=1", "SHOAL_CUDA_GEMM_SPLITK_S=1",
+             "SHOAL_CUDA_GEMM_SPLITK_STAGES=8", NULL},
+            {"SHOAL_CUDA_GEMM_SPLITK=1", "SHOAL_CUDA_GEMM_SPLITK_S=2",
+             "SHOAL_CUDA_GEMM_SPLITK_STAGES=8", NULL},
+            {"SHOAL_CUDA_GEMM_SPLITK=1", "SHOAL_CUDA_GEMM_SPLITK_S=3",
+             "SHOAL_CUDA_GEMM_SPLITK_STAGES=8", NULL},
+            {"SHOAL_CUDA_GEMM_SPLITK=1", "SHOAL_CUDA_GEMM_SPLITK_S=4",
+             "SHOAL_CUDA_GEMM_SPLITK_STAGES=4", NULL},
+            {"SHOAL_CUDA_GEMM_SPLITK=1", "SHOAL_CUDA_GEMM_SPLITK_S=6",
+             "SHOAL_CUDA_GEMM_SPLITK_STAGES=4", NULL}};
+        enum { NV = sizeof names / sizeof names[0] };
+        kernels_backend *bes[NV];
+        for (int i = 0; i < NV; i++)
+            bes[i] = open_variant(device, false, 0, sk_env[i][0] ? sk_env[i] : NULL);
         bufs gbuf;
         setup(bes[0], &gbuf);
         gemm_sweep(bes, names, NV, &gbuf, 7);
