@@ -5,7 +5,8 @@
  * cap, fill) segments of whole pages of 16 (attention_mma.cuh). The cap
  * comes from the round's row count and the shape (enough blocks to fill
  * the GPU about four times, within the per-row scratch; eight measured
- * slower at batch 32 and 64, kernels/lab/README.md), and so does fill
+ * slower at batch 32 and 64, kernels/lab/README.md; once for the TMA
+ * kernel, whose blocks run on from item to item), and so does fill
  * (segments a row of a small round should have for one full wave; the
  * cap is raised to that wave and never past it, attn_splits_filled), never
  * from a slice or the page table's capacity, so a sliced round equals an
@@ -29,7 +30,9 @@
  *     SIMT kernel of the first version, one block per (row, KV head, chunk
  *     of up to ATTN_GQ query heads, segment).
  * The merge kernel, one block per (row, query head), rescales and adds the
- * segments in order and writes the output row.
+ * segments in order and writes the output row. Where a round has one
+ * segment a row (a round that fills the GPU alone, as batch 64 at 1k) the
+ * TMA kernel writes the output rows itself and no merge runs.
  *
  * The scratch has rows for KERNELS_ATTN_SLICE_ROWS rows; kernels_attention_
  * slices() cuts longer rounds, and each slice is one partial + merge pair.
@@ -602,8 +605,8 @@ template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, in
 /* ---- the partial kernel fed by the tensor memory accelerator ---- */
 
 /* The tensor-core partials with K and V staged by TMA (sm_90a; head dim
- * 128, bf16 pages of 8 tokens or more; SHOAL_CUDA_ATTN_TMA, default 4
- * stages). The cp.async kernel keeps one 64-token tile in flight a block
+ * 128, bf16 pages of 8 tokens or more; SHOAL_CUDA_ATTN_TMA, default 6
+ * stages, two blocks a multiprocessor; 4 gives three). The cp.async kernel keeps one 64-token tile in flight a block
  * while it reads the other, and ramps up anew in every block. Here the
  * same shared memory holds S stages of 32 tokens (16 KB of K and V), S - 1
  * of them in flight, and a block is persistent: it takes the launch's

@@ -122,7 +122,8 @@ typedef struct cuda_state {
      * attention partials' K/V tile stages (SHOAL_CUDA_ATTN_STAGES, default
      * 2; 3 = the third session's, two blocks a multiprocessor instead of
      * three), and the blocks a multiprocessor the segment rule aims at
-     * (SHOAL_CUDA_ATTN_BLOCKS, default 4), and the prompt kernel's tile
+     * (SHOAL_CUDA_ATTN_BLOCKS, default 0: 1 for the TMA partials, 4 for
+     * the others), and the prompt kernel's tile
      * (SHOAL_CUDA_PROMPT_TILE, default 5 = the warp-specialized wgmma
      * kernel, its tiles copied by the tensor memory accelerator, where the
      * build, GPU, driver and page size allow, else 4; 4 = the wgmma kernel

@@ -1,6 +1,7 @@
 /* The split-K GEMM of a decode round: out[rows][n] = in[rows][k] x
  * w[n][k]^T, bf16, for 2 to SK_BM rows (matmul.cu sends it those where
- * SHOAL_CUDA_GEMM_SPLITK=1; off by default until measured on the H200).
+ * SHOAL_CUDA_GEMM_SPLITK=1; off by default: measured slower than cuBLAS
+ * in the model, kernels/lab/README.md row 18.1).
  *
  * Why: at 64 rows cuBLAS's GEMMs read the weights at 2.8-3.7 TB/s on the
  * H200 (the q/k/v, o and down projections of the 8B shape) where a copy
@@ -8,10 +9,11 @@
  * 4,096 makes 32 tiles for 132 multiprocessors.
  *
  * How: each tile's k is split over the S blocks of a thread-block cluster
- * (S up to 8, so that tiles x S fills the GPU at two blocks a
- * multiprocessor). A block streams its k range in stages of 64: a producer
- * warp copies the tile's 128 weight rows (past n: zeros) and the round's
- * rows by the tensor memory accelerator, and one
+ * (splitk_shape picks S and the stages: the most stages in flight of the
+ * shapes whose clusters all fit at once). A block streams its k range in
+ * stages of 64 (eight where it has a multiprocessor to itself, four where
+ * two share one): a producer warp copies the tile's 128 weight rows (past
+ * n: zeros) and the round's rows by the tensor memory accelerator, and one
  * warpgroup multiplies them on the tensor cores (wgmma m64n64k16, twice a
  * k16 step: weight rows 0-63 and 64-127). At the end every block writes
  * its f32 sums to its shared memory, and block r of the cluster adds the
@@ -20,7 +22,11 @@
  * depend on scheduling, with no workspace, atomics or second kernel.
  *
  * The weights of the first stages are copied before the wait on the
- * kernel before (programmatic launch): they do not depend on it. */
+ * kernel before (programmatic launch): they do not depend on it.
+ *
+ * Measured (H200, shoal-lab-ops --gemm): 1-3 us faster than cuBLAS at 2
+ * to 32 rows for o and down, 1-3 us slower at 64 rows for q/k/v and o,
+ * even for down; in the model slower at batch 16 and 64 all the same. */
 #include "cuda_ops.h"
 #include "wgmma.cuh"
 
