@@ -87,6 +87,12 @@ typedef struct cworker {
     bool draining; /* its row's drain flag was seen: no new streams go there */
     bool bye_sent; /* draining and idle: SHUTDOWN went out, its exit is awaited */
     long long bye_ms; /* when */
+    /* A process killed and not yet reaped (0: none), since when: the
+     * supervisor reaps it, and starts no new one on its device until it
+     * has (a GPU worker's memory is freed as its process ends, which can
+     * take seconds) */
+    pid_t dying;
+    long long dying_ms;
     shm_load load;
     int inflight;
     uint64_t *prefix;
@@ -99,6 +105,7 @@ struct coordinator_cluster {
     char *model_dir, *runtime_dir, *worker_path, *load_format, *kv_dtype;
     char *state_dir, *spill_gib, *restore_mode;
     bool reader_check_due; /* a worker exited since the last check (lock) */
+    int test_reap_hold_ms; /* SHOAL_TEST_REAP_HOLD_MS: a killed worker takes that long to end */
     pthread_mutex_t lock;
     pthread_cond_t changed;
     cworker w[COORDINATOR_WORKERS_MAX];
@@ -385,9 +392,10 @@ static void declare_dead(coordinator_cluster *c, cworker *w, const char *why, vo
         LOG_INFO("worker %d: drained (%s)", w->index, why);
     else
         LOG_WARN("worker %d: %s; resuming its streams elsewhere", w->index, why);
-    if (w->ours && w->pid > 0) {
+    if (w->ours && w->pid > 0) { /* reaped by the supervisor, not here under the lock */
         kill(w->pid, SIGKILL);
-        waitpid(w->pid, NULL, 0);
+        w->dying = w->pid;
+        w->dying_ms = common_mono_ms();
     }
     w->pid = 0;
     w->state = drained ? W_DRAINED : W_DEAD;
@@ -423,6 +431,20 @@ static void declare_dead(coordinator_cluster *c, cworker *w, const char *why, vo
                 }
             }
         }
+}
+
+/* Reaps w's killed process once it has ended (lock held; never waits). */
+static void reap_dying(coordinator_cluster *c, cworker *w, long long now)
+{
+    if (!w->dying || now - w->dying_ms < c->test_reap_hold_ms)
+        return;
+    pid_t r = waitpid(w->dying, NULL, WNOHANG);
+    if (r == 0)
+        return;
+    if (now - w->dying_ms > 1000)
+        LOG_INFO("worker %d: its killed process %d took %lld ms to end", w->index,
+                 (int)w->dying, now - w->dying_ms);
+    w->dying = 0;
 }
 
 /* Places streams that wait for a worker (lock held). */
@@ -608,7 +630,7 @@ static bool drain_watch(coordinator_cluster *c, cworker *w)
     } else if (drain && w->state == W_DEAD) {
         w->state = W_DRAINED; /* it died before its drain ended: leave it stopped */
         atomic_store(&row->state, SHM_WORKER_DRAINED);
-    } else if (!drain && w->state == W_DRAINED && w->ours) {
+    } else if (!drain && w->state == W_DRAINED && w->ours && !w->dying) {
         LOG_INFO("worker %d: undrained; starting it again", w->index);
         w->restarts = w->streak = 0;
         spawn(c, w);
@@ -657,6 +679,7 @@ static void *supervisor_main(void *arg)
         long long now = common_mono_ms();
         for (int i = 0; i < c->n; i++) {
             cworker *w = &c->w[i];
+            reap_dying(c, w, now);
             if (w->ours && w->pid > 0 && (w->state == W_ALIVE || w->state == W_STARTING)) {
                 int status;
                 if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
@@ -689,7 +712,7 @@ static void *supervisor_main(void *arg)
                 w->exit_code = SHM_EXIT_SILENT;
                 declare_dead(c, w, "stopped answering (no heartbeat)", out, out_bytes, out_worker, &n_out,
                              MOVE_MAX);
-            } else if (w->state == W_DEAD && w->ours && now >= w->restart_at_ms) {
+            } else if (w->state == W_DEAD && w->ours && now >= w->restart_at_ms && !w->dying) {
                 spawn(c, w);
             }
         }
@@ -809,6 +832,8 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
     c->next_id = 1;
+    const char *hold = getenv("SHOAL_TEST_REAP_HOLD_MS"); /* a test's fault, never set in use */
+    c->test_reap_hold_ms = hold ? atoi(hold) : 0;
     if (!c->model_dir || !c->runtime_dir || !c->worker_path) {
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM, "cluster: no memory");
         goto out_close;
@@ -938,6 +963,9 @@ void coordinator_cluster_close(coordinator_cluster *c)
         common_mono_ms() + (c->state_dir ? SHOAL_STATES_SHUTDOWN_WRITE_MS + 5000 : 3000);
     for (int i = 0; i < c->n; i++) {
         cworker *w = &c->w[i];
+        if (w->dying > 0) /* killed already: it ends */
+            waitpid(w->dying, NULL, 0);
+        w->dying = 0;
         if (!w->ours || w->pid <= 0)
             continue;
         while (waitpid(w->pid, NULL, WNOHANG) == 0) {

@@ -462,6 +462,60 @@ static void restart_backoff_counts_deaths_in_a_row(void)
     coordinator_cluster_close(c);
 }
 
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A worker the coordinator kills (here: stopped, so silent past dead-after)
+ * may take seconds to end: a GPU worker's memory is freed as its process
+ * goes. The coordinator used to wait for it under the cluster's lock, so
+ * every request, stats call and token waited too. Now the supervisor reaps
+ * it later and starts no new worker until it has. The time to end is a
+ * test hook (SHOAL_TEST_REAP_HOLD_MS = 3 s: the process is reaped no
+ * sooner); no stats call may take 1 s meanwhile, and the new worker starts
+ * only after the hold. */
+static void a_worker_slow_to_end_holds_nothing_up(void)
+{
+    setenv("SHOAL_TEST_REAP_HOLD_MS", "3000", 1);
+    coordinator_cluster *c = start_fake(NULL, 1000, 300);
+    unsetenv("SHOAL_TEST_REAP_HOLD_MS");
+    if (!c)
+        return;
+    int pid = ready_pid(c, 0);
+    CHECK(pid > 0);
+    if (pid <= 0) {
+        coordinator_cluster_close(c);
+        return;
+    }
+    kill(pid, SIGSTOP);
+    coordinator_cluster_stats st;
+    long long dead_at = 0, new_at = 0, slowest = 0;
+    for (long long t0 = now_ms(); now_ms() - t0 < 12000 && !new_at;) {
+        long long a = now_ms();
+        coordinator_cluster_stats_get(c, &st);
+        long long took = now_ms() - a;
+        slowest = took > slowest ? took : slowest;
+        if (!dead_at && st.worker[0].restarts > 0)
+            dead_at = now_ms();
+        if (dead_at && st.worker[0].pid > 0 && st.worker[0].pid != pid)
+            new_at = now_ms();
+        usleep(20000);
+    }
+    printf("  killed worker: stats calls took at most %lld ms; a new worker %lld ms after the "
+           "death (the process ended after 3,000)\n",
+           slowest, new_at && dead_at ? new_at - dead_at : -1);
+    CHECK(dead_at > 0 && new_at > 0);
+    CHECK_MSG(slowest < 1000, "a stats call waited %lld ms on a killed worker's end", slowest);
+    CHECK_MSG(new_at - dead_at >= 2500,
+              "a new worker started %lld ms after the death, before the old one ended",
+              new_at - dead_at);
+    CHECK(ready_pid(c, pid) > 0);
+    coordinator_cluster_close(c);
+}
+
 /* A worker given no --kv-pages sizes its arena from free memory; it stays
  * within the rows the segment holds for it, where it used to ask for more
  * (a small model on a machine with memory to spare: up to its streams'
@@ -504,6 +558,7 @@ int main(void)
     TEST_RUN(fake_workers_stream_tokens);
     TEST_RUN(a_long_step_is_taken_for_hung_only_past_the_step_timeout);
     TEST_RUN(restart_backoff_counts_deaths_in_a_row);
+    TEST_RUN(a_worker_slow_to_end_holds_nothing_up);
     TEST_RUN(workers_sized_from_free_memory_fit_the_segment);
     rmdir(runtime_dir);
     return TEST_EXIT();
