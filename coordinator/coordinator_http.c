@@ -58,6 +58,8 @@ struct coordinator_http {
     char *allowed_origin; /* NULL: no CORS */
     coordinator_request_limits limits;
     size_t body_bytes_max;
+    size_t bodies_bytes_max;
+    _Atomic size_t bodies_bytes; /* the buffers of bodies being read, all requests */
     int streams_max;
     int threads;
     struct MHD_Daemon *daemon;
@@ -171,6 +173,31 @@ struct http_req {
     uint64_t hangup_id;
 };
 
+
+/* Takes what r's body buffer grows to (cap bytes, from r->body_cap) from
+ * the server's budget for bodies being read; false, taking nothing, where
+ * that would pass it. The buffer itself is r's to grow. */
+static bool body_reserve(http_req *r, size_t cap)
+{
+    coordinator_http *h = r->h;
+    size_t more = cap > r->body_cap ? cap - r->body_cap : 0;
+    size_t was = atomic_fetch_add(&h->bodies_bytes, more);
+    if (was + more > h->bodies_bytes_max) {
+        atomic_fetch_sub(&h->bodies_bytes, more);
+        return false;
+    }
+    return true;
+}
+
+/* Frees r's body buffer and gives its bytes back to the budget. */
+static void body_release(http_req *r)
+{
+    atomic_fetch_sub(&r->h->bodies_bytes, r->body_cap);
+    free(r->body);
+    r->body = NULL;
+    r->body_cap = 0;
+}
+
 static void req_free(http_req *r)
 {
     coordinator_http *h = r->h;
@@ -195,7 +222,7 @@ static void req_free(http_req *r)
     coordinator_request_fini(&r->req);
     coordinator_buf_fini(&r->out);
     free(r->prompt);
-    free(r->body);
+    body_release(r);
     free(r->pending);
     free(r->work);
     pthread_mutex_destroy(&r->mu);
@@ -819,8 +846,7 @@ static enum MHD_Result generate(http_req *r)
         build_prompt(r, &e) ||
         coordinator_request_fit(&r->req, r->prompt_len, &h->limits, &r->max_tokens, &e))
         return send_error(r, &e);
-    free(r->body); /* parsed: the request keeps what it needs */
-    r->body = NULL;
+    body_release(r); /* parsed: the request keeps what it needs */
     const coordinator_request *q = &r->req;
     r->n = q->n;
     if (r->n > h->streams_max) { /* never fits: a 429 would be retried for ever */
@@ -1112,10 +1138,18 @@ static void set_early(http_req *r, int status, const char *type, const char *cod
     r->early.code = code;
 }
 
-/* The first call, with the headers: route, key, size. An error is kept
- * and answered once the body is read (answering before would close the
- * connection with the body unread, which resets it before the client
- * reads the answer), but for a body too large, which is not read. */
+/* A body that would pass the budget of all bodies being read: 503, which
+ * OpenAI's clients retry. */
+static void set_bodies_full(http_req *r)
+{
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "Request bodies being read hold the %zu MiB this server buffers for them "
+             "(--max-body-memory-mib); retry shortly",
+             r->h->bodies_bytes_max >> 20);
+    set_early(r, 503, "server_error", "bodies_over_budget", msg);
+}
+
 /* The request's Content-Length headers: whether two of them disagree. */
 typedef struct length_seen {
     const char *first;
@@ -1135,6 +1169,10 @@ static enum MHD_Result see_length(void *cls, enum MHD_ValueKind kind, const char
     return MHD_YES;
 }
 
+/* The first call, with the headers: route, key, size. An error is kept
+ * and answered once the body is read (answering before would close the
+ * connection with the body unread, which resets it before the client
+ * reads the answer), but for a body too large, which is not read. */
 static enum MHD_Result on_headers(http_req *r, const char *url, const char *method)
 {
     coordinator_http *h = r->h;
@@ -1204,9 +1242,15 @@ static enum MHD_Result on_headers(http_req *r, const char *url, const char *meth
              * reserved 33 GB when the whole length was taken at once) */
             size_t cap = len < COORDINATOR_BODY_FIRST_BYTES ? (size_t)len
                                                               : COORDINATOR_BODY_FIRST_BYTES;
+            if (!body_reserve(r, cap)) {
+                set_bodies_full(r); /* the body is read and dropped, then the 503 */
+                return MHD_YES;
+            }
             r->body = malloc(cap + 1);
-            if (!r->body)
+            if (!r->body) {
+                atomic_fetch_sub(&h->bodies_bytes, cap);
                 return MHD_NO;
+            }
             r->body_cap = cap;
         }
     }
@@ -1228,8 +1272,7 @@ static enum MHD_Result on_upload(http_req *r, const char *data, size_t bytes)
         snprintf(msg, sizeof msg, "The request body is over the limit of %zu bytes",
                  h->body_bytes_max);
         set_early(r, 413, "invalid_request_error", "request_too_large", msg);
-        free(r->body);
-        r->body = NULL;
+        body_release(r);
         r->body_discarded = r->body_len + bytes;
         return MHD_YES;
     }
@@ -1238,9 +1281,17 @@ static enum MHD_Result on_upload(http_req *r, const char *data, size_t bytes)
         while (cap < r->body_len + bytes)
             cap *= 2;
         cap = cap > h->body_bytes_max ? h->body_bytes_max : cap;
+        if (!body_reserve(r, cap)) { /* read and dropped; then the 503 */
+            set_bodies_full(r);
+            body_release(r);
+            r->body_discarded = r->body_len + bytes;
+            return MHD_YES;
+        }
         char *grown = realloc(r->body, cap + 1);
-        if (!grown)
+        if (!grown) {
+            atomic_fetch_sub(&h->bodies_bytes, cap - r->body_cap);
             return MHD_NO;
+        }
         r->body = grown;
         r->body_cap = cap;
     }
@@ -1493,6 +1544,15 @@ shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_c
                               "https://example.com (no spaces or control characters, at most "
                               "%d bytes)",
                               o->allowed_origin, COORDINATOR_NAME_BYTES_MAX);
+    size_t one_body = o->body_bytes_max && o->body_bytes_max < COORDINATOR_BODY_BYTES_MAX
+                          ? o->body_bytes_max
+                          : COORDINATOR_BODY_BYTES_MAX;
+    if (o->bodies_bytes_max && o->bodies_bytes_max < one_body)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "the memory for request bodies being read (%zu bytes, "
+                              "--max-body-memory-mib) must hold one body of --max-body-bytes "
+                              "(%zu bytes): raise it or lower --max-body-bytes",
+                              o->bodies_bytes_max, one_body);
     coordinator_http *h = calloc(1, sizeof *h);
     if (!h)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "http: no memory");
@@ -1511,6 +1571,7 @@ shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_c
     if (o->allowed_origin && o->allowed_origin[0])
         h->allowed_origin = strdup(o->allowed_origin);
     h->body_bytes_max = o->body_bytes_max ? o->body_bytes_max : COORDINATOR_BODY_BYTES_MAX;
+    h->bodies_bytes_max = o->bodies_bytes_max ? o->bodies_bytes_max : COORDINATOR_BODIES_BYTES_MAX;
     if (h->body_bytes_max > COORDINATOR_BODY_BYTES_MAX)
         h->body_bytes_max = COORDINATOR_BODY_BYTES_MAX;
     h->streams_max = o->streams_max ? o->streams_max : COORDINATOR_STREAMS_MAX;

@@ -43,6 +43,7 @@ typedef struct coordinator_http_options {
     const char *model_name; /* the served model's name, as /v1/models lists it */
     int threads;            /* HTTP threads, 1..COORDINATOR_HTTP_THREADS_MAX; 0: 2 */
     size_t body_bytes_max;  /* 0: COORDINATOR_BODY_BYTES_MAX */
+    size_t bodies_bytes_max; /* all bodies being read; 0: COORDINATOR_BODIES_BYTES_MAX */
     int connections_max;    /* 0: COORDINATOR_CONNECTIONS_MAX */
     int streams_max;        /* choices in flight; 0: COORDINATOR_STREAMS_MAX */
     int default_max_tokens; /* when a request gives none; 0: the rest of the context */

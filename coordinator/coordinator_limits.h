@@ -53,6 +53,12 @@
  * a whole worker. */
 #define COORDINATOR_CHOICES_MAX 16
 
+/* The bytes of all request bodies being read at once (--max-body-memory-mib
+ * lowers it): a body that would pass it is answered 503, retry shortly.
+ * Without it 4,096 connections of --max-body-bytes each could hold 128
+ * GiB. */
+#define COORDINATOR_BODIES_BYTES_MAX (1024ull << 20)
+
 /* A request body's first buffer: its Content-Length up to this, then grown
  * (doubled) as the bytes arrive, up to --max-body-bytes. */
 #define COORDINATOR_BODY_FIRST_BYTES (64u << 10)

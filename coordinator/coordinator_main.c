@@ -48,6 +48,8 @@ static void usage(FILE *f)
         "                          as vLLM's; none: no CORS headers, OPTIONS is a 405)\n"
         "  --http-threads N        HTTP threads (default 2)\n"
         "  --max-body-bytes N      largest request body (default and most %u)\n"
+        "  --max-body-memory-mib N all request bodies being read at once; past it a 503\n"
+        "                          (default 1024)\n"
         "  --max-streams N         choices in flight before 429 (default %d)\n"
         "  --max-tokens-default N  max_tokens of a request that gives none (default: the\n"
         "                          rest of the context)\n"
@@ -166,6 +168,7 @@ int main(int argc, char **argv)
         OPT_NAME,
         OPT_HTTP_THREADS,
         OPT_BODY,
+        OPT_BODIES,
         OPT_STREAMS,
         OPT_MAX_TOKENS,
         OPT_DRAIN,
@@ -204,6 +207,7 @@ int main(int argc, char **argv)
         {"served-model-name", required_argument, 0, OPT_NAME},
         {"http-threads", required_argument, 0, OPT_HTTP_THREADS},
         {"max-body-bytes", required_argument, 0, OPT_BODY},
+        {"max-body-memory-mib", required_argument, 0, OPT_BODIES},
         {"max-streams", required_argument, 0, OPT_STREAMS},
         {"max-tokens-default", required_argument, 0, OPT_MAX_TOKENS},
         {"drain-timeout-s", required_argument, 0, OPT_DRAIN},
@@ -239,7 +243,7 @@ int main(int argc, char **argv)
     coordinator_cluster_options_default(&co);
     coordinator_http_options ho = {.host = "127.0.0.1", .port = 8000, .allowed_origin = "*"};
     const char *port_file = NULL;
-    int body_max = 0, drain_s = 30, start_s = 600;
+    int body_max = 0, bodies_mib = 0, drain_s = 30, start_s = 600;
     bool learn = false;
     const char *state_dir = NULL;
     char worker_path[PATH_MAX + 32];
@@ -255,6 +259,7 @@ int main(int argc, char **argv)
         {OPT_PORT, "--port", 0, 65535, &ho.port},
         {OPT_HTTP_THREADS, "--http-threads", 1, COORDINATOR_HTTP_THREADS_MAX, &ho.threads},
         {OPT_BODY, "--max-body-bytes", 1024, COORDINATOR_BODY_BYTES_MAX, &body_max},
+        {OPT_BODIES, "--max-body-memory-mib", 1, 1 << 20, &bodies_mib},
         {OPT_STREAMS, "--max-streams", 1, COORDINATOR_STREAMS_MAX, &ho.streams_max},
         {OPT_MAX_TOKENS, "--max-tokens-default", 1, SHOAL_CONTEXT_TOKENS_MAX,
          &ho.default_max_tokens},
@@ -404,6 +409,15 @@ int main(int argc, char **argv)
     if (!ho.model_name)
         ho.model_name = co.model_dir;
     ho.body_bytes_max = (size_t)body_max;
+    ho.bodies_bytes_max = (size_t)bodies_mib << 20;
+    size_t one_body = body_max ? (size_t)body_max : COORDINATOR_BODY_BYTES_MAX;
+    if (bodies_mib && ho.bodies_bytes_max < one_body) {
+        fprintf(stderr,
+                "shoal-coordinator: --max-body-memory-mib %d cannot hold one body of "
+                "--max-body-bytes (%zu bytes): raise it to %zu or lower --max-body-bytes\n",
+                bodies_mib, one_body, (one_body + (1u << 20) - 1) >> 20);
+        return 2;
+    }
     co.start_timeout_ms = start_s * 1000;
 
     /* Signals are taken by sigtimedwait below, in this thread only: block

@@ -4,11 +4,14 @@
 // missing keys. Every one gets a 4xx with OpenAI's error body (never a
 // 500), the official client raises the matching error class, and the
 // server keeps serving throughout.
+import net from 'node:net';
 import { MODEL, Server, assert, eq, run, stopCleanly, until } from './harness.mjs';
 
 const KEY = 'sk-e2e-secret';
 const BODY_MAX = 65536;
-const server = await Server.start(['--max-body-bytes', String(BODY_MAX), '--max-streams', '20'],
+// 1 MiB for all bodies being read: sixteen of BODY_MAX
+const server = await Server.start(['--max-body-bytes', String(BODY_MAX), '--max-streams', '20',
+  '--max-body-memory-mib', '1'],
   { SHOAL_API_KEY: KEY });
 server.authHeaders = { Authorization: `Bearer ${KEY}` };
 const client = server.client(KEY);
@@ -174,6 +177,42 @@ const tests = [
     const under = JSON.stringify({ prompt: 'y'.repeat(BODY_MAX - 40) });
     isError(await s.request('POST', '/v1/completions', { body: under, headers: AUTH }), 400,
       'prompt', 'a body under the limit');
+    await stillServes(s);
+  }],
+
+  ['bodies_past_the_memory_budget_are_a_503_until_they_go', async (s) => {
+    // Seventeen clients each declare a body of BODY_MAX and send part of
+    // it: sixteen hold the 1 MiB budget (--max-body-memory-mib 1), so the
+    // next body, however small, is a 503 (which clients retry); /health
+    // still answers; once they hang up the budget is free again. Without
+    // the budget 4,096 such connections held 128 GiB.
+    const holders = [];
+    for (let i = 0; i < 17; i++) {
+      const sock = net.connect(s.port, '127.0.0.1');
+      sock.on('error', () => {});
+      await new Promise((res) => sock.on('connect', res));
+      sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}` +
+        `\r\nContent-Type: application/json\r\nContent-Length: ${BODY_MAX}\r\n\r\n` +
+        '{"prompt":"' + 'z'.repeat(1000));
+      holders.push(sock);
+    }
+    try {
+      await until(async () => {
+        const r = await s.request('POST', '/v1/completions', { headers: AUTH,
+          body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }) });
+        if (r.status === 200) return false; // the holders' headers not all read yet
+        isError(r, 503, undefined, 'a small body past the budget');
+        eq(r.json.error.code, 'bodies_over_budget', 'its code');
+        assert(r.json.error.message.includes('--max-body-memory-mib'), 'the message names the flag');
+        return true;
+      }, 10000, 'the budget full');
+      eq((await s.request('GET', '/health')).status, 200, 'health without a body');
+    } finally {
+      for (const h of holders) h.destroy();
+    }
+    await until(async () => (await s.request('POST', '/v1/completions', { headers: AUTH,
+      body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }) })).status === 200, 10000,
+    'the budget given back');
     await stillServes(s);
   }],
 
