@@ -107,6 +107,18 @@ _Bool common_file_exists(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+shoal_err common_dir_check(const char *dir, const char *what, shoal_diag *diag)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return shoal_diag_set(diag, errno == ENOENT ? SHOAL_ERR_NOT_FOUND : SHOAL_ERR_IO,
+                              "%s %s: %s", what, dir,
+                              errno == ENOENT ? "no such directory" : strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return shoal_diag_set(diag, SHOAL_ERR_NOT_FOUND, "%s %s: not a directory", what, dir);
+    return SHOAL_OK;
+}
+
 shoal_err common_path_join(char *buf, size_t bytes, const char *dir, const char *name)
 {
     int n = snprintf(buf, bytes, "%s/%s", dir, name);

@@ -27,6 +27,11 @@ void common_map_close(common_map *map);
 /* True if path names an existing regular file. */
 _Bool common_file_exists(const char *path);
 
+/* SHOAL_OK if dir names a directory; else SHOAL_ERR_NOT_FOUND (with diag
+ * "WHAT DIR: no such directory" or "...: not a directory") or SHOAL_ERR_IO
+ * (another error, named). what names the flag or role, e.g. "--model". */
+shoal_err common_dir_check(const char *dir, const char *what, shoal_diag *diag);
+
 /* Joins dir and name into buf (bytes long). SHOAL_ERR_LIMIT if it does not fit. */
 shoal_err common_path_join(char *buf, size_t bytes, const char *dir, const char *name);
 

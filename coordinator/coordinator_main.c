@@ -454,6 +454,12 @@ int main(int argc, char **argv)
     coordinator_cluster *cluster = NULL;
     coordinator_http *http = NULL;
     char path[SHOAL_PATH_BYTES_MAX];
+    if (common_dir_check(co.model_dir, "--model", &diag)) {
+        fprintf(stderr, "shoal-coordinator: %s (a Hugging Face model directory: config.json, "
+                        "tokenizer.json and the weights)\n",
+                diag.msg);
+        goto out;
+    }
     if (common_path_join(path, sizeof path, co.model_dir, "tokenizer.json") ||
         coordinator_tokenizer_open(path, &tok, &diag)) {
         fprintf(stderr, "shoal-coordinator: %s\n", diag.msg[0] ? diag.msg : "path too long");

@@ -270,7 +270,10 @@ shoal_err worker_config_load(const char *dir, worker_config *cfg, shoal_diag *di
 {
     char path[SHOAL_PATH_BYTES_MAX];
     char *text = NULL;
-    shoal_err err = common_path_join(path, sizeof path, dir, "config.json");
+    shoal_err err = common_dir_check(dir, "model directory", diag);
+    if (err)
+        return err;
+    err = common_path_join(path, sizeof path, dir, "config.json");
     if (err)
         return shoal_diag_set(diag, err, "%s: model path too long", dir);
     err = common_file_read(path, SHOAL_JSON_FILE_BYTES_MAX, &text, NULL, diag);

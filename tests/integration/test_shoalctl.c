@@ -637,6 +637,12 @@ static void several_clusters_and_bad_arguments(void)
                   r.status);
         ctl_free(&r);
     }
+    /* a negative index is named as an index, not as an unknown option */
+    const char *negative[] = {"drain", "-1", NULL};
+    r = ctl(negative);
+    CHECK_MSG(r.status == 2 && strstr(r.err, "'-1' is not a worker index (0 to"),
+              "drain -1: exit %d, '%s'", r.status, r.err);
+    ctl_free(&r);
     /* a name no cluster can have: the rule is named */
     const char *odd[] = {"pages", "--cluster", "a/b", NULL};
     r = ctl(odd);

@@ -173,6 +173,13 @@ static void missing_or_bad_config_is_refused(void)
     char dir[256];
     shoal_diag diag;
     snprintf(dir, sizeof dir, "%s/empty", tmp_root);
+    CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_NOT_FOUND);
+    CHECK_HAS(diag.msg, "no such directory"); /* not "no config.json" */
+    write_file(tmp_root, "a-file", "x", 1);
+    char file[300];
+    snprintf(file, sizeof file, "%s/a-file", tmp_root);
+    CHECK(open_model(file, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_NOT_FOUND);
+    CHECK_HAS(diag.msg, "not a directory");
     mkdir(dir, 0755);
     CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_NOT_FOUND);
     CHECK_HAS(diag.msg, "no config.json");

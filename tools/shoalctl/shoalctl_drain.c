@@ -64,7 +64,7 @@ static int parse(const char *cmd, int argc, char **argv, args *out)
                 out->name = v;
             else if (!shoalctl_parse_seconds(v, 0, 7 * 86400, &out->timeout_s))
                 return usage_error(cmd, "--timeout '%s': give seconds", v);
-        } else if (a[0] != '-' && out->index < 0) {
+        } else if ((a[0] != '-' || (a[1] >= '0' && a[1] <= '9')) && out->index < 0) {
             if (!shoalctl_parse_int(a, 0, SHM_SEGMENT_WORKERS_MAX - 1, &out->index))
                 return usage_error(cmd, "'%s' is not a worker index (0 to %d)", a,
                                    SHM_SEGMENT_WORKERS_MAX - 1);
