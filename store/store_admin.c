@@ -80,9 +80,13 @@ shoal_err store_admin_stats_get(store_admin *a, store_admin_stats *out, shoal_di
 {
     memset(out, 0, sizeof *out);
     MDB_txn *txn;
-    shoal_err err = store_env_read_begin(a->env, &txn, diag);
+    store_guard g;
+    shoal_err err = store_env_read_begin(a->env, &txn, &g, diag);
     if (err != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(a->env, &g, diag);
+    g.armed = 1;
     uint64_t t[STORE_TOTALS];
     MDB_stat st;
     int rc = store_index_totals(txn, ix_of(a), t);
@@ -96,7 +100,7 @@ shoal_err store_admin_stats_get(store_admin *a, store_admin_stats *out, shoal_di
      * the first word being their count. */
     if (rc == 0) {
         MDB_cursor *c;
-        if ((rc = mdb_cursor_open(txn, 0, &c)) == 0) {
+        if ((rc = store_guard_cursor_open(txn, 0, &c)) == 0) {
             MDB_val k, v;
             int r = mdb_cursor_get(c, &k, &v, MDB_FIRST);
             while (r == 0) {
@@ -107,7 +111,7 @@ shoal_err store_admin_stats_get(store_admin *a, store_admin_stats *out, shoal_di
                 }
                 r = mdb_cursor_get(c, &k, &v, MDB_NEXT);
             }
-            mdb_cursor_close(c);
+            store_guard_cursor_close(c);
             if (r != MDB_NOTFOUND)
                 rc = r;
         }
@@ -177,11 +181,15 @@ shoal_err store_admin_chains(store_admin *a, bool (*fn)(void *ctx, const store_a
                              void *ctx, shoal_diag *diag)
 {
     MDB_txn *txn;
-    shoal_err err = store_env_read_begin(a->env, &txn, diag);
+    store_guard g;
+    shoal_err err = store_env_read_begin(a->env, &txn, &g, diag);
     if (err != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(a->env, &g, diag);
+    g.armed = 1;
     MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, ix_of(a)->ends, &cur);
+    int rc = store_guard_cursor_open(txn, ix_of(a)->ends, &cur);
     if (rc == 0) {
         MDB_val k, v;
         int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
@@ -197,7 +205,7 @@ shoal_err store_admin_chains(store_admin *a, bool (*fn)(void *ctx, const store_a
         }
         if (rc == 0 && r != 0 && r != MDB_NOTFOUND)
             rc = r;
-        mdb_cursor_close(cur);
+        store_guard_cursor_close(cur);
     }
     store_env_read_end(a->env, txn);
     return store_env_error(a->env, rc, "listing chains", diag);
@@ -218,12 +226,16 @@ shoal_err store_admin_find(store_admin *a, const char *hex, common_hash *fingerp
     }
     want[len] = '\0';
     MDB_txn *txn;
-    shoal_err err = store_env_read_begin(a->env, &txn, diag);
+    store_guard g;
+    shoal_err err = store_env_read_begin(a->env, &txn, &g, diag);
     if (err != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(a->env, &g, diag);
+    g.armed = 1;
     MDB_cursor *cur;
     int matches = 0;
-    int rc = mdb_cursor_open(txn, ix_of(a)->blocks, &cur);
+    int rc = store_guard_cursor_open(txn, ix_of(a)->blocks, &cur);
     if (rc == 0) {
         MDB_val k, v;
         int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
@@ -243,7 +255,7 @@ shoal_err store_admin_find(store_admin *a, const char *hex, common_hash *fingerp
         }
         if (r != MDB_NOTFOUND)
             rc = r;
-        mdb_cursor_close(cur);
+        store_guard_cursor_close(cur);
     }
     store_env_read_end(a->env, txn);
     if (rc != 0)
@@ -264,16 +276,20 @@ shoal_err store_admin_show(store_admin *a, const common_hash *fingerprint, const
                            shoal_diag *diag)
 {
     MDB_txn *txn;
-    shoal_err err = store_env_read_begin(a->env, &txn, diag);
+    store_guard g;
+    shoal_err err = store_env_read_begin(a->env, &txn, &g, diag);
     if (err != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(a->env, &g, diag);
+    g.armed = 1;
     /* Collect the path end to root, then report it root first. */
     uint8_t *path = NULL;
     long n = 0, cap = 0;
     MDB_cursor *children = NULL;
     uint8_t cur[STORE_KEY_BYTES];
     key_of(cur, fingerprint, hash);
-    int rc = mdb_cursor_open(txn, ix_of(a)->children, &children);
+    int rc = store_guard_cursor_open(txn, ix_of(a)->children, &children);
     while (rc == 0 && n < SHOAL_STORE_CHAIN_BLOCKS_MAX) {
         store_block b;
         rc = store_index_block(txn, ix_of(a), cur, &b);
@@ -323,7 +339,7 @@ shoal_err store_admin_show(store_admin *a, const common_hash *fingerprint, const
             break;
     }
     if (children)
-        mdb_cursor_close(children);
+        store_guard_cursor_close(children);
     store_env_read_end(a->env, txn);
     free(path);
     if (rc == MDB_NOTFOUND)
@@ -341,14 +357,18 @@ static shoal_err scan_records(store_admin *a,
                               void *ctx, shoal_diag *diag)
 {
     uint8_t last[KEY_BYTES_MAX];
-    size_t last_bytes = 0;
+    volatile size_t last_bytes = 0; /* written after the guard's sigsetjmp */
     for (;;) {
         MDB_txn *txn;
-        shoal_err err = store_env_read_begin(a->env, &txn, diag);
+        store_guard g;
+        shoal_err err = store_env_read_begin(a->env, &txn, &g, diag);
         if (err != SHOAL_OK)
             return err;
+        if (sigsetjmp(g.jb, 1) != 0)
+            return store_env_read_fault(a->env, &g, diag);
+        g.armed = 1;
         MDB_cursor *cur;
-        int rc = mdb_cursor_open(txn, ix_of(a)->records, &cur);
+        int rc = store_guard_cursor_open(txn, ix_of(a)->records, &cur);
         MDB_val k, v;
         if (rc == 0) {
             if (last_bytes == 0) {
@@ -370,7 +390,7 @@ static shoal_err scan_records(store_admin *a,
                     break;
                 rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
             }
-            mdb_cursor_close(cur);
+            store_guard_cursor_close(cur);
         }
         store_env_read_end(a->env, txn);
         if (rc == MDB_NOTFOUND)
@@ -525,11 +545,11 @@ static int check_index(store_admin *a, MDB_txn *txn, verify_ctx *c)
     MDB_cursor *cur = NULL, *kids = NULL;
     MDB_val k, v;
     uint64_t blocks = 0, bytes = 0;
-    int rc = mdb_cursor_open(txn, ix->children, &kids);
+    int rc = store_guard_cursor_open(txn, ix->children, &kids);
     if (rc != 0)
         return rc;
 
-    if ((rc = mdb_cursor_open(txn, ix->blocks, &cur)) != 0)
+    if ((rc = store_guard_cursor_open(txn, ix->blocks, &cur)) != 0)
         goto out;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
@@ -545,11 +565,11 @@ static int check_index(store_admin *a, MDB_txn *txn, verify_ctx *c)
     }
     if (rc != MDB_NOTFOUND)
         goto out;
-    mdb_cursor_close(cur);
+    store_guard_cursor_close(cur);
     cur = NULL;
 
     /* records: each indexed */
-    if ((rc = mdb_cursor_open(txn, ix->records, &cur)) != 0)
+    if ((rc = store_guard_cursor_open(txn, ix->records, &cur)) != 0)
         goto out;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
@@ -566,11 +586,11 @@ static int check_index(store_admin *a, MDB_txn *txn, verify_ctx *c)
     }
     if (rc != MDB_NOTFOUND)
         goto out;
-    mdb_cursor_close(cur);
+    store_guard_cursor_close(cur);
     cur = NULL;
 
     /* ends: each a stored block, at its stamp, without children */
-    if ((rc = mdb_cursor_open(txn, ix->ends, &cur)) != 0)
+    if ((rc = store_guard_cursor_open(txn, ix->ends, &cur)) != 0)
         goto out;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
@@ -596,7 +616,7 @@ static int check_index(store_admin *a, MDB_txn *txn, verify_ctx *c)
     }
     if (rc != MDB_NOTFOUND)
         goto out;
-    mdb_cursor_close(cur);
+    store_guard_cursor_close(cur);
     cur = NULL;
 
     /* children: each a stored block whose parent is the entry's key */
@@ -635,8 +655,8 @@ static int check_index(store_admin *a, MDB_txn *txn, verify_ctx *c)
     rc = 0;
 out:
     if (cur)
-        mdb_cursor_close(cur);
-    mdb_cursor_close(kids);
+        store_guard_cursor_close(cur);
+    store_guard_cursor_close(kids);
     return rc;
 }
 
@@ -647,8 +667,12 @@ static shoal_err verify_run(store_admin *a, verify_ctx *c, shoal_diag *diag)
     if (err != SHOAL_OK)
         return err;
     MDB_txn *txn;
-    if ((err = store_env_read_begin(a->env, &txn, diag)) != SHOAL_OK)
+    store_guard g;
+    if ((err = store_env_read_begin(a->env, &txn, &g, diag)) != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(a->env, &g, diag);
+    g.armed = 1;
     int rc = check_index(a, txn, c);
     store_env_read_end(a->env, txn);
     if (rc != 0)
@@ -708,9 +732,13 @@ shoal_err store_admin_remove(store_admin *a, const common_hash *fingerprint,
     uint8_t key[STORE_KEY_BYTES];
     key_of(key, fingerprint, hash);
     MDB_txn *txn;
-    shoal_err err = store_env_read_begin(a->env, &txn, diag);
+    store_guard g;
+    shoal_err err = store_env_read_begin(a->env, &txn, &g, diag);
     if (err != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(a->env, &g, diag);
+    g.armed = 1;
     store_block b;
     int rc = store_index_block(txn, ix_of(a), key, &b);
     store_env_read_end(a->env, txn);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,12 +24,21 @@ enum {
 
 #define MAP_SLACK_BYTES (64ull << 20)
 
+/* write_once's code for a fault in its transaction (not one of LMDB's) */
+#define STORE_ENV_FAULTED (-31000)
+
 struct store_env {
     MDB_env *env;
     store_index ix;
     int gate_fd;
     int direct_fd;      /* data.mdb opened O_DIRECT for reads; -1 where refused */
     ino_t data_ino;      /* data.mdb's, to find its map in /proc/self/maps */
+    /* A read of the map faulted (store_guard.h): no transaction begins
+     * again; where, in the map, and the signal */
+    atomic_bool damaged;
+    atomic_bool write_faulted; /* in a write transaction: LMDB left as it is */
+    _Atomic uint64_t fault_at;
+    atomic_int fault_sig;
     uintptr_t map_base; /* where LMDB mapped data.mdb (under resize); 0 unknown */
     pid_t pid;
     bool registered;
@@ -47,13 +57,14 @@ struct store_env {
 
 /* LMDB keeps the address of its map to itself (mdb_env_info's me_mapaddr
  * is only MDB_FIXEDMAP's request), and a direct read needs a value's offset
- * in the file: the map of data.mdb is found in /proc/self/maps, by inode and
- * file offset 0, after every mapping (open, and each map size change, under
- * the resize lock). 0 when not found: reads then copy from the map. */
+ * in the file, and a guard the map's range: the map of data.mdb is found in
+ * /proc/self/maps, by inode and file offset 0, after every mapping (open,
+ * and each map size change, under the resize lock). 0 when not found:
+ * reads then copy from the map, and a fault in it is not caught. */
 static void find_map_base(store_env *e)
 {
     e->map_base = 0;
-    if (e->direct_fd < 0)
+    if (e->data_ino == 0)
         return;
     FILE *f = fopen("/proc/self/maps", "re");
     if (!f)
@@ -127,12 +138,46 @@ static void registry_remove(store_env *e)
 
 /* ---- errors ---- */
 
+/* A fault in a guarded transaction (store_guard.h): recorded once, said
+ * once in the log; the handle begins no transaction after. */
+static void mark_damaged(store_env *e, const store_guard *g)
+{
+    uint64_t none = 0;
+    uint64_t at = g->lo && g->addr >= g->lo ? (uint64_t)(g->addr - g->lo) + 1 : 1;
+    if (atomic_compare_exchange_strong(&e->fault_at, &none, at))
+        atomic_store(&e->fault_sig, (int)g->sig);
+    if (!atomic_exchange(&e->damaged, true))
+        LOG_ERROR("%s/%s: a read of the store faulted at byte %llu of its map (%s): the file "
+                  "is damaged; this process reads it no more (learned states are off). Stop "
+                  "the workers and move %s aside: a new store starts empty",
+                  e->dir, STORE_ENV_DATA_FILE, (unsigned long long)(at - 1),
+                  g->sig == SIGBUS ? "past the file's end"
+                  : g->sig == SIGFPE ? "a division by zero"
+                                     : "an address outside the map",
+                  e->dir);
+}
+
+static shoal_err damaged_error(const store_env *e, shoal_diag *diag)
+{
+    uint64_t at = atomic_load(&e->fault_at);
+    return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                          "%s/%s is damaged: a read of it faulted at byte %llu of its map (%s); "
+                          "stop the workers and move %s aside (a new store starts empty)",
+                          e->dir, STORE_ENV_DATA_FILE, (unsigned long long)(at ? at - 1 : 0),
+                          atomic_load(&e->fault_sig) == SIGBUS   ? "past the file's end"
+                          : atomic_load(&e->fault_sig) == SIGFPE ? "a division by zero"
+                                                                 : "outside the map",
+                          e->dir);
+}
+
 shoal_err store_env_error(const store_env *e, int rc, const char *what, shoal_diag *diag)
 {
     shoal_err err;
     switch (rc) {
     case 0:
         return SHOAL_OK;
+    case STORE_ENV_FAULTED:
+        return damaged_error(e, diag);
     case MDB_NOTFOUND:
         err = SHOAL_ERR_NOT_FOUND;
         break;
@@ -275,6 +320,38 @@ static shoal_err gate_take(const char *dir, int how, int wait_ms, int *fd_out, s
 
 /* ---- open and close ---- */
 
+/* The databases of an existing store, in a guarded read transaction
+ * (committed: the handles stay). MDB_NOTFOUND where one is missing, with
+ * *entries the main database's (0: a new environment);
+ * STORE_ENV_FAULTED where a read faulted. */
+static int open_databases(store_env *e, uint32_t *format, size_t *entries, shoal_diag *diag)
+{
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(e->env, NULL, MDB_RDONLY, &txn);
+    if (rc != 0)
+        return rc;
+    store_guard g;
+    store_guard_push(&g, e->map_base, e->map_base + e->map_bytes, txn);
+    if (sigsetjmp(g.jb, 1) != 0) {
+        mdb_txn_abort(txn);
+        mark_damaged(e, &g);
+        return STORE_ENV_FAULTED;
+    }
+    g.armed = 1;
+    rc = store_index_open(txn, false, &e->ix, format);
+    MDB_dbi main_db;
+    MDB_stat st;
+    if (rc == MDB_NOTFOUND && mdb_dbi_open(txn, NULL, 0, &main_db) == 0 &&
+        mdb_stat(txn, main_db, &st) == 0)
+        *entries = st.ms_entries;
+    store_guard_pop(txn);
+    if (rc == 0)
+        rc = mdb_txn_commit(txn);
+    else
+        mdb_txn_abort(txn);
+    return rc;
+}
+
 static shoal_err env_open(const store_env_options *opt, bool take_gate, store_env **out,
                           shoal_diag *diag)
 {
@@ -286,6 +363,7 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
                               "state directory path of %zu bytes passes "
                               "SHOAL_PATH_BYTES_MAX",
                               strlen(opt->dir));
+    store_guard_install();
     store_env *e = calloc(1, sizeof *e);
     if (!e)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "out of memory");
@@ -355,7 +433,7 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
     struct stat data_st;
     if (common_path_join(data_path, sizeof data_path, e->dir, STORE_ENV_DATA_FILE) == SHOAL_OK)
         e->direct_fd = open(data_path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (e->direct_fd >= 0 && fstat(e->direct_fd, &data_st) == 0)
+    if (mdb_env_get_fd(e->env, &data_fd) == 0 && fstat(data_fd, &data_st) == 0)
         e->data_ino = data_st.st_ino;
     MDB_envinfo info;
     MDB_stat mst;
@@ -388,17 +466,27 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
     if (dead > 0)
         LOG_INFO("%s: cleared %d reader slot(s) of dead processes", e->dir, dead);
 
-    MDB_txn *txn;
-    if ((rc = mdb_txn_begin(e->env, NULL, opt->create ? 0 : MDB_RDONLY, &txn)) != 0) {
-        err = store_env_error(e, rc, "beginning a transaction", diag);
+    /* The databases, read first in a guarded read transaction (a damaged
+     * file faults there, and a read transaction ends cleanly after a
+     * fault: a write one may not), then created where the environment is
+     * new (its main database empty). */
+    uint32_t format = 0;
+    size_t entries = 0;
+    if ((rc = open_databases(e, &format, &entries, diag)) == STORE_ENV_FAULTED) {
+        err = damaged_error(e, diag);
         goto fail;
     }
-    uint32_t format = 0;
-    rc = store_index_open(txn, opt->create, &e->ix, &format);
-    if (rc == 0) {
-        rc = mdb_txn_commit(txn); /* keeps the database handles */
-    } else {
-        mdb_txn_abort(txn);
+    if (rc == MDB_NOTFOUND && opt->create && entries == 0) {
+        MDB_txn *txn;
+        if ((rc = mdb_txn_begin(e->env, NULL, 0, &txn)) != 0) {
+            err = store_env_error(e, rc, "beginning a transaction", diag);
+            goto fail;
+        }
+        rc = store_index_open(txn, true, &e->ix, &format);
+        if (rc == 0)
+            rc = mdb_txn_commit(txn); /* keeps the database handles */
+        else
+            mdb_txn_abort(txn);
     }
     if (rc == MDB_NOTFOUND) {
         err = shoal_diag_set(diag, SHOAL_ERR_FORMAT,
@@ -436,10 +524,11 @@ void store_env_close(store_env *e)
         return;
     if (!store_env_owned(e))
         return; /* a forked child: the parent's LMDB state is not ours to touch */
-    if (e->env) {
-        (void)mdb_env_sync(e->env, 1); /* the last NOMETASYNC commit's meta page */
+    if (e->env && !atomic_load(&e->write_faulted)) {
+        if (!atomic_load(&e->damaged))
+            (void)mdb_env_sync(e->env, 1); /* the last NOMETASYNC commit's meta page */
         mdb_env_close(e->env);
-    }
+    } /* a fault in a write: LMDB's state is half-changed (write_once); left */
     if (e->gate_fd >= 0)
         close(e->gate_fd);
     if (e->direct_fd >= 0)
@@ -513,14 +602,18 @@ static int grow_map(store_env *e, bool *grown)
     return rc;
 }
 
-shoal_err store_env_read_begin(store_env *e, MDB_txn **txn, shoal_diag *diag)
+shoal_err store_env_read_begin(store_env *e, MDB_txn **txn, store_guard *g, shoal_diag *diag)
 {
+    if (atomic_load(&e->damaged))
+        return damaged_error(e, diag);
     int rc = 0;
     for (int attempt = 0; attempt < 3; attempt++) {
         pthread_rwlock_rdlock(&e->resize);
         rc = mdb_txn_begin(e->env, NULL, MDB_RDONLY, txn);
-        if (rc == 0)
-            return SHOAL_OK; /* the lock is held until read_end */
+        if (rc == 0) { /* the lock is held until read_end */
+            store_guard_push(g, e->map_base, e->map_base + e->map_bytes, *txn);
+            return SHOAL_OK;
+        }
         pthread_rwlock_unlock(&e->resize);
         if (rc != MDB_MAP_RESIZED || (rc = adopt_map(e)) != 0)
             break;
@@ -530,8 +623,18 @@ shoal_err store_env_read_begin(store_env *e, MDB_txn **txn, shoal_diag *diag)
 
 void store_env_read_end(store_env *e, MDB_txn *txn)
 {
+    store_guard_pop(txn);
     mdb_txn_abort(txn);
     pthread_rwlock_unlock(&e->resize);
+}
+
+shoal_err store_env_read_fault(store_env *e, store_guard *g, shoal_diag *diag)
+{
+    store_guard_close_cursors(g);
+    mdb_txn_abort((MDB_txn *)g->txn); /* a read transaction: gives its slot back */
+    pthread_rwlock_unlock(&e->resize);
+    mark_damaged(e, g);
+    return damaged_error(e, diag);
 }
 
 bool store_env_can_read_direct(const store_env *e)
@@ -570,6 +673,8 @@ ssize_t store_env_read_direct(store_env *e, const void *value, size_t bytes, voi
 static int write_once(store_env *e, store_env_write_fn fn, void *ctx, int map_full_before,
                       store_env_write_report *rep)
 {
+    if (atomic_load(&e->damaged))
+        return STORE_ENV_FAULTED;
     pthread_rwlock_rdlock(&e->resize);
     MDB_txn *txn;
     int rc = mdb_txn_begin(e->env, NULL, 0, &txn);
@@ -577,6 +682,20 @@ static int write_once(store_env *e, store_env_write_fn fn, void *ctx, int map_fu
         pthread_rwlock_unlock(&e->resize);
         return rc;
     }
+    store_guard g;
+    store_guard_push(&g, e->map_base, e->map_base + e->map_bytes, txn);
+    if (sigsetjmp(g.jb, 1) != 0) {
+        /* Not aborted: LMDB's write state is half-changed, and an abort
+         * frees what it holds (heap corruption, seen). The transaction
+         * and LMDB's write lock stay with this process until it exits
+         * (other processes' writes wait: their writers queue and drop);
+         * the handle begins nothing more, and close leaves LMDB alone. */
+        pthread_rwlock_unlock(&e->resize);
+        atomic_store(&e->write_faulted, true);
+        mark_damaged(e, &g);
+        return STORE_ENV_FAULTED;
+    }
+    g.armed = 1;
     store_wtx w;
     rc = store_wtx_begin(&w, txn, &e->ix);
     if (rc == 0) {
@@ -591,6 +710,7 @@ static int write_once(store_env *e, store_env_write_fn fn, void *ctx, int map_fu
         rc = mdb_txn_commit(txn);
     else
         mdb_txn_abort(txn);
+    store_guard_pop(txn);
     pthread_rwlock_unlock(&e->resize);
     if (rc == 0) {
         rep->evicted += w.evicted;
@@ -675,11 +795,15 @@ static uint64_t record_count(store_env *e)
 {
     MDB_txn *txn;
     MDB_stat st;
-    uint64_t n = UINT64_MAX;
-    if (store_env_read_begin(e, &txn, NULL) != SHOAL_OK)
-        return n;
-    if (mdb_stat(txn, store_env_index(e)->records, &st) == 0)
-        n = st.ms_entries;
+    store_guard g;
+    if (store_env_read_begin(e, &txn, &g, NULL) != SHOAL_OK)
+        return UINT64_MAX;
+    if (sigsetjmp(g.jb, 1) != 0) {
+        store_env_read_fault(e, &g, NULL);
+        return UINT64_MAX;
+    }
+    g.armed = 1;
+    uint64_t n = mdb_stat(txn, store_env_index(e)->records, &st) == 0 ? st.ms_entries : UINT64_MAX;
     store_env_read_end(e, txn);
     return n;
 }

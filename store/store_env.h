@@ -30,6 +30,7 @@
 #define SHOAL_STORE_ENV_H
 
 #include "common/common_error.h"
+#include "store/store_guard.h"
 #include "store/store_index.h"
 
 #include <lmdb.h>
@@ -72,9 +73,23 @@ MDB_env *store_env_mdb(store_env *e);
 bool store_env_owned(const store_env *e);
 
 /* A read transaction, from any thread; end it with store_env_read_end. A
- * map grown by another process is adopted here. */
-shoal_err store_env_read_begin(store_env *e, MDB_txn **txn, shoal_diag *diag);
+ * map grown by another process is adopted here. g is pushed as the
+ * thread's guard of the transaction (store_guard.h); the caller arms it:
+ *
+ *     if ((err = store_env_read_begin(e, &txn, &g, diag)) != SHOAL_OK)
+ *         return err;
+ *     if (sigsetjmp(g.jb, 1) != 0)
+ *         return store_env_read_fault(e, &g, diag);
+ *     g.armed = 1;
+ *
+ * A store found damaged (a read of its map faulted, in any thread) refuses
+ * every later transaction of this handle with SHOAL_ERR_FORMAT. */
+shoal_err store_env_read_begin(store_env *e, MDB_txn **txn, store_guard *g, shoal_diag *diag);
 void store_env_read_end(store_env *e, MDB_txn *txn);
+
+/* After a fault in g's transaction: ends it, marks the store damaged, and
+ * says so (SHOAL_ERR_FORMAT, naming the file and what to do). */
+shoal_err store_env_read_fault(store_env *e, store_guard *g, shoal_diag *diag);
 
 /* Reads past the page cache. A value of a read transaction (a pointer
  * into the map, `bytes` long) is read from data.mdb with O_DIRECT into buf

@@ -461,9 +461,13 @@ static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int 
     uint8_t key[STORE_KEY_BYTES];
     store_record_key(key, &s->fingerprint, hash);
     MDB_txn *txn;
-    shoal_err err = store_env_read_begin(s->env, &txn, diag);
+    store_guard g;
+    shoal_err err = store_env_read_begin(s->env, &txn, &g, diag);
     if (err != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(s->env, &g, diag);
+    g.armed = 1;
     MDB_val k = {STORE_KEY_BYTES, key}, v;
     uint8_t kept[STORE_RECORD_HEADER_BYTES];
     const uint8_t *header = kept, *payload = dst->page;
@@ -569,9 +573,13 @@ static shoal_err lookup(store_state *s, const common_hash *hashes, int n, bool h
                               "state store handle used in a process "
                               "that did not open it (open it after fork)");
     MDB_txn *txn;
-    shoal_err err = store_env_read_begin(s->env, &txn, diag);
+    store_guard g;
+    shoal_err err = store_env_read_begin(s->env, &txn, &g, diag);
     if (err != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(s->env, &g, diag);
+    g.armed = 1;
     MDB_dbi records = store_env_index(s->env)->records;
     int i = 0, rc = 0;
     for (; i < n; i++) {
@@ -603,9 +611,13 @@ shoal_err store_state_resident(store_state *s, const common_hash *hashes, int n,
 {
     *resident = *total = 0;
     MDB_txn *txn;
-    shoal_err err = store_env_read_begin(s->env, &txn, diag);
+    store_guard g;
+    shoal_err err = store_env_read_begin(s->env, &txn, &g, diag);
     if (err != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(s->env, &g, diag);
+    g.armed = 1;
     MDB_dbi records = store_env_index(s->env)->records;
     for (int i = 0; i < n; i++) {
         uint8_t key[STORE_KEY_BYTES];
@@ -678,9 +690,13 @@ shoal_err store_state_stats_get(store_state *s, store_state_stats *out, shoal_di
                               "that did not open it (open it after fork)");
     out->map_bytes = store_env_map_bytes(s->env);
     MDB_txn *txn;
-    shoal_err err = store_env_read_begin(s->env, &txn, diag);
+    store_guard g;
+    shoal_err err = store_env_read_begin(s->env, &txn, &g, diag);
     if (err != SHOAL_OK)
         return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(s->env, &g, diag);
+    g.armed = 1;
     uint64_t totals[STORE_TOTALS];
     int rc = store_index_totals(txn, store_env_index(s->env), totals);
     store_env_read_end(s->env, txn);

@@ -100,6 +100,20 @@ static void test_open_makes_a_private_directory(void)
     tu_rmtree(dir);
 }
 
+/* A new store in a new directory (dir, 128 bytes) holding one chain of 64
+ * blocks of seed, open. */
+static store_state *open_with_chain(char *dir, const char *name, uint64_t seed,
+                                    store_page_layout *l, store_state_options *o)
+{
+    tu_tempdir(dir, 128, name);
+    *l = tu_layout(2, 2, 64, 16);
+    *o = tu_options(dir, 64ull << 20, 1, *l);
+    store_state *s = open_store(o);
+    for (uint64_t i = 0; s && i < 64; i++)
+        CHECK_EQ_INT(put_block(s, l, seed, i, (long)i - 1, 16), SHOAL_OK);
+    return s;
+}
+
 /* A data.mdb cut short (a copy that stopped, a full disk) is refused at
  * open, naming the file and what to do, where the first read of a missing
  * page was a SIGBUS in every worker that restored from it, and in
@@ -107,12 +121,9 @@ static void test_open_makes_a_private_directory(void)
 static void test_a_data_file_cut_short_is_refused_at_open(void)
 {
     char dir[128], path[200];
-    tu_tempdir(dir, sizeof dir, "cut");
-    store_page_layout l = tu_layout(2, 2, 64, 16);
-    store_state_options o = tu_options(dir, 64ull << 20, 1, l);
-    store_state *s = open_store(&o);
-    for (uint64_t i = 0; s && i < 64; i++)
-        CHECK_EQ_INT(put_block(s, &l, 7, i, (long)i - 1, 16), SHOAL_OK);
+    store_page_layout l;
+    store_state_options o;
+    store_state *s = open_with_chain(dir, "cut", 7, &l, &o);
     store_state_close(s);
     snprintf(path, sizeof path, "%s/data.mdb", dir);
     struct stat st;
@@ -766,11 +777,59 @@ static void test_read_goes_past_the_page_cache_for_a_record_on_disk(void)
     tu_rmtree(dir);
 }
 
+
+/* A data.mdb cut short while a process has it open (a disk that filled, a
+ * copy swapped in): LMDB's next read of a page past the new end faults
+ * (SIGBUS), which killed the process, a worker at every restart. Now the
+ * read returns SHOAL_ERR_FORMAT naming the file and what to do, every
+ * later call fails at once the same way, and the process lives on; also
+ * for an admin handle's verify. A fault outside the store's map still
+ * crashes (not tested: it would end this test). */
+static void test_a_file_cut_short_under_an_open_store_is_an_error_not_a_crash(void)
+{
+    char dir[128], path[200];
+    store_page_layout l;
+    store_state_options o;
+    store_state *s = open_with_chain(dir, "cut-open", 9, &l, &o);
+    CHECK_EQ_INT(store_state_flush(s, 30000), SHOAL_OK);
+    int tokens = 0;
+    shoal_diag d = {{0}};
+    CHECK_EQ_INT(get_block(s, &l, 9, 63, &tokens, &d), SHOAL_OK);
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    CHECK(truncate(path, 2 * 4096) == 0); /* the two meta pages alone */
+    CHECK_EQ_INT(get_block(s, &l, 9, 63, &tokens, &d), SHOAL_ERR_FORMAT);
+    CHECK_HAS(d.msg, "data.mdb is damaged");
+    CHECK_HAS(d.msg, "past the file's end");
+    CHECK_HAS(d.msg, "move");
+    memset(&d, 0, sizeof d);
+    common_hash h = tu_hash(9, 1);
+    int stored = -1;
+    CHECK_EQ_INT(store_state_lookup(s, &h, 1, &stored, &d), SHOAL_ERR_FORMAT);
+    CHECK_HAS(d.msg, "data.mdb is damaged");
+    store_state_close(s);
+
+    /* an admin handle opened on the whole file, then the file cut */
+    tu_rmtree(dir);
+    s = open_with_chain(dir, "cut-open-admin", 9, &l, &o);
+    store_state_close(s);
+    store_admin *a = NULL;
+    CHECK_EQ_INT(store_admin_open(dir, &a, &d), SHOAL_OK);
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    CHECK(truncate(path, 2 * 4096) == 0);
+    store_admin_verify_result r;
+    memset(&d, 0, sizeof d);
+    CHECK_EQ_INT(store_admin_verify(a, NULL, NULL, &r, &d), SHOAL_ERR_FORMAT);
+    CHECK_HAS(d.msg, "data.mdb is damaged");
+    store_admin_close(a);
+    tu_rmtree(dir);
+}
+
 int main(int argc, char **argv)
 {
     tu_holder_main(argc, argv);
     TEST_RUN(test_open_makes_a_private_directory);
     TEST_RUN(test_a_data_file_cut_short_is_refused_at_open);
+    TEST_RUN(test_a_file_cut_short_under_an_open_store_is_an_error_not_a_crash);
     TEST_RUN(test_put_get_round_trips_page_sized_payloads);
     TEST_RUN(test_lookup_counts_the_leading_stored_blocks);
     TEST_RUN(test_other_fingerprint_and_flipped_byte_are_refused_and_counted);
