@@ -259,10 +259,20 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
         so.cluster = cl;
     }
     if (learn.on) { /* opened here, in the worker process, never across a fork */
-        if (worker_states_open(&learn.o, m, &states, &diag)) {
+        shoal_err serr = worker_states_open(&learn.o, m, &states, &diag);
+        if (serr == SHOAL_ERR_FORMAT) {
+            /* a store damaged or of another format: serving goes on without
+             * learned states (refusing to start would take the worker out,
+             * and restarts would meet the same store) */
+            LOG_ERROR("worker %d: learned states are off: %s", index, diag.msg);
+            learn.on = false;
+            states = NULL;
+        } else if (serr) {
             fprintf(stderr, "shoal-worker: %s\n", diag.msg);
             goto out;
         }
+    }
+    if (learn.on) {
         eo.restore = worker_states_restore_source(states);
         so.states = states;
         /* SIGTERM ends serving at the next step; the learned pages are

@@ -667,6 +667,35 @@ static void flags_are_checked_by_name(void)
     CHECK_HAS(err, "works only when serving");
 }
 
+/* A store whose data.mdb was cut short (a disk that filled): the worker
+ * used to refuse to start, and every restart met the same store, so the
+ * cluster served nothing. Now it serves without learned states (the error
+ * in its log names the file and what to do), and the answers are those of
+ * a full computation. */
+static void a_damaged_store_leaves_the_worker_serving_without_states(void)
+{
+    char dir[64], path[96];
+    tu_tempdir(dir, sizeof dir, "damaged");
+    coordinator_cluster *c = start(dir);
+    if (!c)
+        goto out;
+    turn_expect(c, 0, 0);
+    evict_all(c, 0);
+    CHECK(wait_stored(dir, conv[1], blocks_after(conv_len[0])));
+    coordinator_cluster_close(c);
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && truncate(path, st.st_size / 2) == 0);
+    c = start(dir);
+    if (!c)
+        goto out;
+    turn_expect(c, 1, 0); /* served, nothing restored */
+    CHECK_EQ_INT(settled_load(c).restore_tokens, 0);
+    coordinator_cluster_close(c);
+out:
+    tu_rmtree(dir);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -682,6 +711,7 @@ int main(void)
     TEST_RUN(a_history_computed_whole_is_not_written_again);
     TEST_RUN(sigterm_writes_what_the_worker_learned);
     TEST_RUN(a_restarted_worker_writes_what_it_learned_at_the_stop);
+    TEST_RUN(a_damaged_store_leaves_the_worker_serving_without_states);
     worker_model_close(ref_model);
     rmdir(runtime_dir);
     return TEST_EXIT();
