@@ -606,8 +606,9 @@ template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, in
 
 /* The tensor-core partials with K and V staged by TMA (sm_90a; head dim
  * 128, bf16 pages of 8 tokens or more; SHOAL_CUDA_ATTN_TMA, default 6
- * stages, two blocks a multiprocessor; 4 gives three). The cp.async kernel keeps one 64-token tile in flight a block
- * while it reads the other, and ramps up anew in every block. Here the
+ * stages, two blocks a multiprocessor; 4 gives three). The cp.async
+ * kernel keeps one 64-token tile in flight a block while it reads the
+ * other, and ramps up anew in every block. Here the
  * same shared memory holds S stages of 32 tokens (16 KB of K and V), S - 1
  * of them in flight, and a block is persistent: it takes the launch's
  * items (row, KV head, query-head group, segment) i = blockIdx.x, +

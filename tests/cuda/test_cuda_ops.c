@@ -363,8 +363,8 @@ static kernels_backend *open_gpu_with(const char *name, const char *value)
 /* The split-K GEMM (SHOAL_CUDA_GEMM_SPLITK=1, bf16, 2 to 64 rows) against
  * the CPU within bf16's tolerance, with its tile's k split over the
  * cluster's blocks and its stages as the GPU's size picks them, and fixed
- * (SHOAL_CUDA_GEMM_SPLITK_S 1, 2, 3 and 8 with _STAGES 8, 4, 4, 8); odd rows, n not a multiple of the 128-row
- * tile, k of one to 192 stages (the 8B model's q/k/v, o and down shapes
+ * (SHOAL_CUDA_GEMM_SPLITK_S 1, 2, 3 and 8 with _STAGES 8, 4, 4, 8); odd
+ * rows, n not a multiple of the 128-row tile, k of one to 192 stages (the 8B model's q/k/v, o and down shapes
  * but under the sanitizer), and k not a multiple of 64 (cuBLAS serves).
  * The same call twice gives the same bits: the blocks' sums are added in
  * rank order, whatever the scheduling. */
