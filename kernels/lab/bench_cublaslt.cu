@@ -5,8 +5,10 @@
  * through 3 GiB (nothing served from L2) as graph replays. It says whether
  * choosing the algorithm per shape would pay (kernels/lab/README.md).
  *
- *   shoal-lab-cublaslt [--device N] [--algos N]
- */
+ *   shoal-lab-cublaslt [--device N] [--algos N] [--lm-head]
+ *
+ * --lm-head: the 8B shape's lm_head alone (151936 x 4096, f32 logits, as
+ * the backend's head writes them) at 16 to 128 rows. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -98,11 +100,14 @@ template <typename F> static double time_calls(bench &b, F run)
 int main(int argc, char **argv)
 {
     int device = 0, algos_max = 32;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--device") == 0)
-            device = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--algos") == 0)
-            algos_max = atoi(argv[i + 1]);
+    bool lm_head = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--lm-head") == 0)
+            lm_head = true;
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+            device = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--algos") == 0 && i + 1 < argc)
+            algos_max = atoi(argv[++i]);
     }
     bench b;
     CK(cudaSetDevice(device));
@@ -113,17 +118,22 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&b.pool, POOL_BYTES));
     CK(cudaMalloc(&b.ws, WS_BYTES));
     CK(cudaMalloc(&b.x, 256 * 12288 * 2));
-    CK(cudaMalloc(&b.out, 256 * 24576 * 2));
+    CK(cudaMalloc(&b.out, (size_t)128 * 151936 * 4));
     CK(cudaMemset(b.pool, 0x3c, POOL_BYTES)); /* small bf16 values */
     CK(cudaMemset(b.x, 0x3c, 256 * 12288 * 2));
     CB(cublasSetWorkspace(b.blas, b.ws, WS_BYTES));
-    static const struct {
+    struct shape {
         const char *what;
         int n, k;
-    } shapes[] = {{"q+k+v 6144x4096", 6144, 4096},
-                  {"o 4096x4096", 4096, 4096},
-                  {"gate+up 24576x4096", 24576, 4096},
-                  {"down 4096x12288", 4096, 12288}};
+        cudaDataType out_type;
+    };
+    static const shape layers[] = {{"q+k+v 6144x4096", 6144, 4096, CUDA_R_16BF},
+                                   {"o 4096x4096", 4096, 4096, CUDA_R_16BF},
+                                   {"gate+up 24576x4096", 24576, 4096, CUDA_R_16BF},
+                                   {"down 4096x12288", 4096, 12288, CUDA_R_16BF}};
+    static const shape head[] = {{"lm_head 151936x4096", 151936, 4096, CUDA_R_32F}};
+    std::vector<shape> shapes(lm_head ? head : layers,
+                              lm_head ? head + 1 : layers + sizeof layers / sizeof layers[0]);
     static const int rowss[] = {16, 32, 64, 128};
     printf("decode matmuls, bf16, cublasGemmEx default against cublasLt's heuristic "
            "algorithms (us a call, GB/s of weights)\n");
@@ -134,7 +144,7 @@ int main(int argc, char **argv)
             double dflt = time_calls(b, [&](int i) {
                 return cublasGemmEx(b.blas, CUBLAS_OP_T, CUBLAS_OP_N, s.n, rows, s.k, &alpha,
                                     weight_at(b, wbytes, i), CUDA_R_16BF, s.k, b.x, CUDA_R_16BF,
-                                    s.k, &beta, b.out, CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F,
+                                    s.k, &beta, b.out, s.out_type, s.n, CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
             });
             /* the same problem for cublasLt: column-major out^T (n x rows)
@@ -147,7 +157,7 @@ int main(int argc, char **argv)
             CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
             CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.k, s.n, s.k));
             CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, rows, s.k));
-            CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, s.n, rows, s.n));
+            CB(cublasLtMatrixLayoutCreate(&lc, s.out_type, s.n, rows, s.n));
             cublasLtMatmulPreference_t pref;
             CB(cublasLtMatmulPreferenceCreate(&pref));
             size_t ws = WS_BYTES;
