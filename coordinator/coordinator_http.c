@@ -1053,6 +1053,7 @@ static enum MHD_Result metrics(http_req *r)
     coordinator_metrics_cluster c = {
         .worker_count = st->workers, .workers = w, .resumed = st->resumed};
     atomic_store(&h->metrics.http_running, atomic_load(&h->active));
+    atomic_store(&h->metrics.http_body_bytes, (int64_t)atomic_load(&h->bodies_bytes));
     res = coordinator_metrics_render(&h->metrics, &c, &b)
               ? send_body(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, b.len)
               : send_nomem(r);

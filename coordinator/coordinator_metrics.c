@@ -55,6 +55,7 @@ void coordinator_metrics_init(coordinator_metrics *m)
     atomic_init(&m->prefix_hits, 0);
     atomic_init(&m->stream_chunks, 0);
     atomic_init(&m->http_running, 0);
+    atomic_init(&m->http_body_bytes, 0);
     histogram_init(&m->ttft, ttft_bounds, (int)(sizeof ttft_bounds / sizeof ttft_bounds[0]));
     histogram_init(&m->itl, itl_bounds, (int)(sizeof itl_bounds / sizeof itl_bounds[0]));
     histogram_init(&m->duration, duration_bounds,
@@ -308,6 +309,9 @@ bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_
               &m->duration);
     gauge(out, "http_requests_running", "HTTP requests being served.",
           (long long)atomic_load_explicit(&m->http_running, memory_order_relaxed));
+    gauge(out, "http_body_bytes",
+          "Buffers of request bodies being read, against --max-body-memory-mib.",
+          (long long)atomic_load_explicit(&m->http_body_bytes, memory_order_relaxed));
     long long running = 0, waiting = 0;
     for (int i = 0; i < c->worker_count; i++) {
         running += c->workers[i].running;

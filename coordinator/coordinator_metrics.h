@@ -17,7 +17,8 @@
  *   time_to_first_token_seconds              histogram, per choice
  *   inter_token_latency_seconds              histogram, per token after the first
  *   request_duration_seconds                 histogram, per generation request
- *   http_requests_running, streams_running, streams_waiting (gauges)
+ *   http_requests_running, http_body_bytes, streams_running, streams_waiting
+ *   (gauges)
  *   worker_up, worker_restarts_total, worker_streams{state},
  *   worker_kv_pages{state="free|active|cached"}, worker_kv_pages_total,
  *   worker_steps_total, worker_computed_tokens_total,
@@ -74,6 +75,7 @@ typedef struct coordinator_metrics {
     _Atomic uint64_t prefix_hits;
     _Atomic uint64_t stream_chunks;
     _Atomic int64_t http_running;
+    _Atomic int64_t http_body_bytes; /* buffers of bodies being read (the budget's use) */
     coordinator_histogram ttft;
     coordinator_histogram itl;
     coordinator_histogram duration;

@@ -35,6 +35,9 @@ async function stillServes(s) {
     temperature: 0 });
   eq(r.choices.length, 1, 'a good request after the bad ones');
   eq((await s.request('GET', '/health')).status, 200, 'health');
+  // every body's buffer went back to the budget (--max-body-memory-mib)
+  await until(async () => (await s.metric('shoal_http_body_bytes')) === 0, 5000,
+    'the bodies\' buffers given back');
 }
 
 const deep = (n) => '{"messages":' + '['.repeat(n) + ']'.repeat(n) + '}';
