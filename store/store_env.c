@@ -138,6 +138,20 @@ static void registry_remove(store_env *e)
 
 /* ---- errors ---- */
 
+/* What a fault's signal says of where the read went. */
+static const char *fault_words(int sig)
+{
+    return sig == SIGBUS ? "past the file's end"
+           : sig == SIGFPE ? "a division by zero"
+                           : "an address outside the map";
+}
+
+/* Pushes g as the thread's guard of txn over e's map (store_guard.h). */
+static void guard_push(const store_env *e, store_guard *g, const MDB_txn *txn)
+{
+    store_guard_push(g, e->map_base, e->map_base + e->map_bytes, txn);
+}
+
 /* A fault in a guarded transaction (store_guard.h): recorded once, said
  * once in the log; the handle begins no transaction after. */
 static void mark_damaged(store_env *e, const store_guard *g)
@@ -150,10 +164,7 @@ static void mark_damaged(store_env *e, const store_guard *g)
         LOG_ERROR("%s/%s: a read of the store faulted at byte %llu of its map (%s): the file "
                   "is damaged; this process reads it no more (learned states are off). Stop "
                   "the workers and move %s aside: a new store starts empty",
-                  e->dir, STORE_ENV_DATA_FILE, (unsigned long long)(at - 1),
-                  g->sig == SIGBUS ? "past the file's end"
-                  : g->sig == SIGFPE ? "a division by zero"
-                                     : "an address outside the map",
+                  e->dir, STORE_ENV_DATA_FILE, (unsigned long long)(at - 1), fault_words(g->sig),
                   e->dir);
 }
 
@@ -164,10 +175,7 @@ static shoal_err damaged_error(const store_env *e, shoal_diag *diag)
                           "%s/%s is damaged: a read of it faulted at byte %llu of its map (%s); "
                           "stop the workers and move %s aside (a new store starts empty)",
                           e->dir, STORE_ENV_DATA_FILE, (unsigned long long)(at ? at - 1 : 0),
-                          atomic_load(&e->fault_sig) == SIGBUS   ? "past the file's end"
-                          : atomic_load(&e->fault_sig) == SIGFPE ? "a division by zero"
-                                                                 : "outside the map",
-                          e->dir);
+                          fault_words(atomic_load(&e->fault_sig)), e->dir);
 }
 
 shoal_err store_env_error(const store_env *e, int rc, const char *what, shoal_diag *diag)
@@ -324,14 +332,14 @@ static shoal_err gate_take(const char *dir, int how, int wait_ms, int *fd_out, s
  * (committed: the handles stay). MDB_NOTFOUND where one is missing, with
  * *entries the main database's (0: a new environment);
  * STORE_ENV_FAULTED where a read faulted. */
-static int open_databases(store_env *e, uint32_t *format, size_t *entries, shoal_diag *diag)
+static int open_databases(store_env *e, uint32_t *format, size_t *entries)
 {
     MDB_txn *txn;
     int rc = mdb_txn_begin(e->env, NULL, MDB_RDONLY, &txn);
     if (rc != 0)
         return rc;
     store_guard g;
-    store_guard_push(&g, e->map_base, e->map_base + e->map_bytes, txn);
+    guard_push(e, &g, txn);
     if (sigsetjmp(g.jb, 1) != 0) {
         mdb_txn_abort(txn);
         mark_damaged(e, &g);
@@ -472,7 +480,7 @@ static shoal_err env_open(const store_env_options *opt, bool take_gate, store_en
      * new (its main database empty). */
     uint32_t format = 0;
     size_t entries = 0;
-    if ((rc = open_databases(e, &format, &entries, diag)) == STORE_ENV_FAULTED) {
+    if ((rc = open_databases(e, &format, &entries)) == STORE_ENV_FAULTED) {
         err = damaged_error(e, diag);
         goto fail;
     }
@@ -611,7 +619,7 @@ shoal_err store_env_read_begin(store_env *e, MDB_txn **txn, store_guard *g, shoa
         pthread_rwlock_rdlock(&e->resize);
         rc = mdb_txn_begin(e->env, NULL, MDB_RDONLY, txn);
         if (rc == 0) { /* the lock is held until read_end */
-            store_guard_push(g, e->map_base, e->map_base + e->map_bytes, *txn);
+            guard_push(e, g, *txn);
             return SHOAL_OK;
         }
         pthread_rwlock_unlock(&e->resize);
@@ -683,7 +691,7 @@ static int write_once(store_env *e, store_env_write_fn fn, void *ctx, int map_fu
         return rc;
     }
     store_guard g;
-    store_guard_push(&g, e->map_base, e->map_base + e->map_bytes, txn);
+    guard_push(e, &g, txn);
     if (sigsetjmp(g.jb, 1) != 0) {
         /* Not aborted: LMDB's write state is half-changed, and an abort
          * frees what it holds (heap corruption, seen). The transaction

@@ -227,6 +227,9 @@ static bool splitk_map(cuda_state *st, const void *p, int k, int height, int box
 static void splitk_shape(const cuda_state *st, int tiles, int ksteps, int *splits, int *stages)
 {
     static const int stage_counts[2] = {SK_STAGES_1, SK_STAGES_2};
+    const int cap = st->sm_count * SK_STAGES_1;
+    /* a fixed shape is taken even where it takes two waves */
+    const bool fixed = st->gemm_splitk_s > 0 && st->gemm_splitk_stages > 0;
     int best_score = -1;
     *splits = 1;
     *stages = SK_STAGES_2;
@@ -238,10 +241,8 @@ static void splitk_shape(const cuda_state *st, int tiles, int ksteps, int *split
             if (st->gemm_splitk_s > 0 && st->gemm_splitk_s != s)
                 continue;
             const bool fits = tiles <= st->gemm_clusters[si][s];
-            const int slots = tiles * s * t, cap = st->sm_count * SK_STAGES_1;
+            const int slots = tiles * s * t;
             const int score = slots < cap ? slots : cap;
-            /* a fixed shape is taken even where it takes two waves */
-            const bool fixed = st->gemm_splitk_s > 0 && st->gemm_splitk_stages > 0;
             if ((fits || fixed) && score > best_score) {
                 best_score = score;
                 *splits = s;
