@@ -58,7 +58,13 @@ void kernels_kv_layout_init(kernels_kv_layout *layout, int layers, int kv_heads,
  * belongs to stream row_stream[r] at absolute position positions[r]; it
  * attends to positions [0, positions[r]] of its stream (causal), whose KV
  * sits in pages page_table[stream * page_table_stride + pos / page_tokens].
- * All arrays are (device). */
+ * All arrays are (device).
+ *
+ * one_row_per_stream: every row is the only row of its stream in this
+ * pass, so the KV a row attends to before its own position was written
+ * by earlier passes; attention may then start reading it before this
+ * pass's KV writes land (the CUDA decode attention copies it while the
+ * kernels before it run). false (zero-initialized) asks for nothing. */
 typedef struct kernels_batch {
     int rows;
     int streams;
@@ -66,6 +72,7 @@ typedef struct kernels_batch {
     const int32_t *row_stream; /* [rows] */
     const int32_t *positions;  /* [rows] */
     const int32_t *page_table; /* [streams * page_table_stride] */
+    bool one_row_per_stream;
 } kernels_batch;
 
 typedef struct kernels_backend kernels_backend;

@@ -66,9 +66,11 @@ struct worker_model {
     int pen_cap;
     /* Attention of a pass, by row ranges (host): runs of one stream of at
      * least WORKER_ATTN_PROMPT_ROWS rows (prompt chunks) take the prompt
-     * kernel, the rest the partials. [max_rows] each. */
+     * kernel, the rest the partials; seg_single: every stream of the
+     * segment has one row (kernels_batch.one_row_per_stream). [max_rows]
+     * each. */
     int32_t *seg_row0, *seg_rows;
-    bool *seg_prompt;
+    bool *seg_prompt, *seg_single;
     int segs;
     /* Decode rounds (every row sampled, no prompt run) are recorded once
      * per (kind, rows) and replayed: graph_ready[slot]. */
@@ -347,13 +349,15 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
     m->seg_row0 = malloc(rows * sizeof *m->seg_row0);
     m->seg_rows = malloc(rows * sizeof *m->seg_rows);
     m->seg_prompt = malloc(rows * sizeof *m->seg_prompt);
+    m->seg_single = malloc(rows * sizeof *m->seg_single);
     m->graph_rows = 0;
     if (m->be->graph_begin) {
         int per_kind = m->be->graph_slots / RUN_KINDS;
         m->graph_rows = m->opt.max_logit_rows < per_kind ? m->opt.max_logit_rows : per_kind;
     }
     m->graph_ready = calloc((size_t)RUN_KINDS * (size_t)(m->graph_rows + 1), sizeof(bool));
-    if (!m->stage || !m->seg_row0 || !m->seg_rows || !m->seg_prompt || !m->graph_ready)
+    if (!m->stage || !m->seg_row0 || !m->seg_rows || !m->seg_prompt || !m->seg_single ||
+        !m->graph_ready)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "no host memory for the step buffers");
     bool ok = (m->dstage = dev_alloc(m, m->stage_bytes)) &&
               (m->x = dev_alloc(m, rows * hid * a)) && (m->h = dev_alloc(m, rows * hid * a)) &&
@@ -489,6 +493,7 @@ void worker_model_close(worker_model *m)
     free(m->seg_row0);
     free(m->seg_rows);
     free(m->seg_prompt);
+    free(m->seg_single);
     free(m->graph_ready);
     worker_weights_close(m->weights);
     kernels_backend_close(m->be);
@@ -631,10 +636,12 @@ static void plan_attention(worker_model *m, const worker_forward *f)
         bool prompt = e - r >= WORKER_ATTN_PROMPT_ROWS && m->be->attention_prompt;
         if (n > 0 && m->seg_prompt[n - 1] == prompt) {
             m->seg_rows[n - 1] += e - r;
+            m->seg_single[n - 1] = m->seg_single[n - 1] && e - r == 1;
         } else {
             m->seg_row0[n] = r;
             m->seg_rows[n] = e - r;
             m->seg_prompt[n] = prompt;
+            m->seg_single[n] = e - r == 1;
             n++;
         }
         r = e;
@@ -737,6 +744,7 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             sb.rows = m->seg_rows[s];
             sb.row_stream = m->row_stream + r0;
             sb.positions = m->positions + r0;
+            sb.one_row_per_stream = m->seg_single[s];
             (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
                 be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
                 (const unsigned char *)q + (size_t)r0 * q_row_bytes, c->heads, m->arena, &m->kv,
@@ -782,9 +790,11 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
 }
 
 /* Runs the pass (and for a step the sampling) after checking and staging
- * its inputs. A decode round (every row sampled, no prompt chunk) of a
- * backend with graphs is recorded the first time its (kind, rows) comes and
- * replayed from then on: one launch instead of some fifteen a layer. */
+ * its inputs. A decode round (every row sampled, one row a stream, no
+ * prompt chunk) of a backend with graphs is recorded the first time its
+ * (kind, rows) comes and replayed from then on: one launch instead of
+ * some fifteen a layer. One row a stream is part of the recording (its
+ * attention may read the KV early), so rounds without it run op by op. */
 static shoal_err model_run(worker_model *m, const worker_forward *f,
                            const kernels_sample_params *params, const worker_penalties *pen,
                            run_kind kind, shoal_diag *diag)
@@ -795,7 +805,7 @@ static shoal_err model_run(worker_model *m, const worker_forward *f,
     kernels_backend *be = m->be;
     plan_attention(m, f);
     bool graph = f->logit_count == f->rows && f->rows <= m->graph_rows && m->segs == 1 &&
-                 !m->seg_prompt[0];
+                 !m->seg_prompt[0] && m->seg_single[0];
     int stride = graph ? m->opt.max_pages_per_stream : f->page_table_stride;
     if ((err = stage_step(m, f, kind == RUN_FORWARD ? NULL : params, stride)))
         return shoal_diag_set(diag, err, "forward: cannot upload the batch");

@@ -37,6 +37,10 @@ extern "C" {
  * launch's results never depend on how many rows the scratch has. */
 #define CUDA_ATTN_ROW_SCRATCH_BYTES (512u << 10)
 #define CUDA_ATTN_SPLITS_MAX 64
+/* The most blocks of a cluster of decode attention's TMA partials, one a
+ * segment, merged in the cluster (attention.cu; 16 is past the portable
+ * 8 and asked for as such). */
+#define CUDA_ATTN_CLUSTER_MAX 16
 
 /* Matmuls of at most this many rows may take our GEMV (matmul.cu), and
  * by default those of one row do: at one row it streams the weights
@@ -152,10 +156,27 @@ typedef struct cuda_state {
     int attn_tma;
     bool attn_tma_rows;
     int attn_tma_l2; /* the copies' L2 promotion: 0, 128 (default) or 256 bytes */
+    /* Where the round has one row a stream (kernels_batch), the TMA
+     * partials launched with programmatic serialization after rope with
+     * the KV write, which lets them start at once: their copies of the KV
+     * before the round's new tokens run under the kernels before them
+     * (SHOAL_CUDA_ATTN_EARLY, default 1; 0 = a plain launch). */
+    bool attn_early;
+    /* bf16 RMSNorm launched with programmatic serialization too, so that
+     * it and the GEMV after it start while the GEMV before drains
+     * (SHOAL_CUDA_NORM_EARLY, default 1; 0 = a plain launch) */
+    bool norm_early;
     /* its blocks a multiprocessor holds at this shared memory (0: not
      * asked yet; the kernel is fixed at open, the memory by the group) */
     size_t attn_tma_smem_known;
     int attn_tma_resident;
+    /* Small rounds' TMA partials as clusters of up to this many blocks
+     * that merge their segments over distributed shared memory, no merge
+     * kernel (SHOAL_CUDA_ATTN_CLUSTER: 16 default, 8, 4, 2; 0 = off), and
+     * how many clusters of 2^i blocks fit at once at that memory */
+    int attn_cluster;
+    size_t attn_cluster_smem_known;
+    int attn_cluster_fit[5];
     /* Tile 5 and the TMA partials: the driver's tensor-map encoder (NULL:
      * the cp.async kernels serve), and the arena's maps last made, one
      * per box height (cuda_kv_map). */
@@ -268,12 +289,15 @@ template <typename F> static void cuda_dispatch_weight(shoal_dtype dt, F f)
 
 /* ---- programmatic dependent launch (sm_90) ----
  * A kernel launched with the programmatic-serialization attribute
- * (cuda_launch_pdl: the GEMV, matmul.cu; rope with the KV write, rope.cu)
- * may start while the kernel before it on the stream finishes; it reads
- * nothing that kernel writes, and writes nothing, before pdl_wait(), which
- * returns once that kernel has completed and its writes are visible.
- * Kernels that come before one call pdl_trigger() at their start so that
- * it may be scheduled early. Both are no-ops where
+ * (cuda_launch_pdl: the GEMV, matmul.cu; rope with the KV write, rope.cu;
+ * decode attention's TMA partials, attention.cu) may start while the
+ * kernel before it on the stream finishes; it reads nothing that kernel
+ * writes, and writes nothing, before pdl_wait(), which returns once that
+ * kernel has completed and its writes are visible. Kernels that come
+ * before one call pdl_trigger() at their start so that it may be
+ * scheduled early; where the kernel before was itself launched so, the
+ * new one may start before the ones further back have completed too, up
+ * to the last plain launch, and must not read what they write either. Both are no-ops where
  * there is no such dependency. */
 static __device__ __forceinline__ void pdl_wait()
 {
@@ -294,12 +318,13 @@ static __device__ __forceinline__ void pdl_trigger()
  * touches what the kernel before it writes. Errors surface at the
  * backend's next check, as for <<<>>> launches. */
 template <typename... Params, typename... Args>
-static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
-                            void (*kernel)(Params...), Args... args)
+static void cuda_launch_pdl_smem(cudaStream_t stream, unsigned blocks, unsigned threads,
+                                 size_t smem, void (*kernel)(Params...), Args... args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -307,6 +332,14 @@ static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threa
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+/* The same with no dynamic shared memory. */
+template <typename... Params, typename... Args>
+static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
+                            void (*kernel)(Params...), Args... args)
+{
+    cuda_launch_pdl_smem(stream, blocks, threads, 0, kernel, args...);
 }
 
 /* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */

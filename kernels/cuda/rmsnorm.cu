@@ -37,6 +37,7 @@ static __global__ void rmsnorm_bf16x8(bf16 *out, bf16 *x, const bf16 *residual,
 {
     __shared__ float red[32];
     pdl_trigger(); /* a GEMV after may start fetching its weights */
+    pdl_wait();    /* launched early (SHOAL_CUDA_NORM_EARLY): x and the residual */
     size_t off = (size_t)blockIdx.x * (size_t)dim;
     uint4 *xr = (uint4 *)(x + off);
     const uint4 *rr = residual ? (const uint4 *)(residual + off) : NULL;
@@ -90,8 +91,13 @@ void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
     if (be->act_dtype == SHOAL_DTYPE_BF16 && dim % 8 == 0 && (uintptr_t)out % 16 == 0 &&
         (uintptr_t)x % 16 == 0 && (uintptr_t)residual % 16 == 0 && (uintptr_t)weight % 16 == 0) {
         int threads = dim / 8 >= 512 ? 512 : dim / 8 >= 256 ? 256 : 128;
-        rmsnorm_bf16x8<<<rows, threads, 0, cuda_of(be)->stream>>>(
-            (bf16 *)out, (bf16 *)x, (const bf16 *)residual, weight, dim, eps);
+        if (cuda_of(be)->norm_early)
+            cuda_launch_pdl(cuda_of(be)->stream, (unsigned)rows, (unsigned)threads,
+                            rmsnorm_bf16x8, (bf16 *)out, (bf16 *)x, (const bf16 *)residual,
+                            weight, dim, eps);
+        else
+            rmsnorm_bf16x8<<<rows, threads, 0, cuda_of(be)->stream>>>(
+                (bf16 *)out, (bf16 *)x, (const bf16 *)residual, weight, dim, eps);
         cuda_launched(be, "rmsnorm");
         return;
     }

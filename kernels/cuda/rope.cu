@@ -131,6 +131,7 @@ static __global__ void rope_kv_kernel(T *q_out, const T *q, T *k, const T *v, in
                                       unsigned char *arena, kernels_kv_layout L,
                                       kernels_batch B, int layer)
 {
+    pdl_trigger(); /* decode attention after may start copying the KV before the new rows */
     const int kvh = L.kv_heads, hd = L.head_dim, per_row = heads + 2 * kvh;
     const int task = blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const bool valid = task < B.rows * per_row;

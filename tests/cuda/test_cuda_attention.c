@@ -80,7 +80,7 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
      * let one reach a result, even times a zero weight */
     unsigned char *arena = xmalloc(arena_bytes);
     memset(arena, 0xff, arena_bytes);
-    kernels_batch kb = {kv_rows, streams, stride, kv_stream, kv_pos, table};
+    kernels_batch kb = {kv_rows, streams, stride, kv_stream, kv_pos, table, false};
     cpu->kv_write(cpu, arena, &Lc, &kb, LAYER, k, v);
 
     /* the round */
@@ -94,7 +94,12 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
     float *q = xmalloc(qn * 4), *ref = xmalloc(qn * 4), *got = xmalloc(qn * 4);
     float *unsliced = xmalloc(qn * 4), *faulty = xmalloc(qn * 4);
     fill_uniform(q, qn, 1.0f, act);
-    kernels_batch cb = {rows, streams, stride, row_stream, positions, table};
+    /* one row a stream: the GPU's TMA partials launch early (nothing
+     * before them here writes, so this is the launch's own correctness) */
+    bool one_row = true;
+    for (int s = 0; s < streams; s++)
+        one_row = one_row && rows_of[s] <= 1;
+    kernels_batch cb = {rows, streams, stride, row_stream, positions, table, one_row};
     float scale = 1.0f / sqrtf((float)sh.head_dim);
     cpu->attention(cpu, ref, q, sh.heads, arena, &Lc, &cb, LAYER, scale);
 
@@ -111,7 +116,7 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
     void *dtable = dev_copy(gpu, table, (size_t)pages * 4);
     size_t out_bytes = qn * shoal_dtype_bytes(act);
     void *dout = dev_alloc(gpu, out_bytes);
-    kernels_batch gb = {rows, streams, stride, drs, dpos, dtable};
+    kernels_batch gb = {rows, streams, stride, drs, dpos, dtable, one_row};
 
     dev_poison(gpu, dout, out_bytes);
     gpu->attention(gpu, dout, dq, sh.heads, darena, &Lg, &gb, LAYER, scale);

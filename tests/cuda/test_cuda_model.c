@@ -12,9 +12,13 @@
  *     on this GPU in both activation dtypes and on the CPU backend; printed
  *     as the table in docs/BENCHMARKS.md.
  * With --sanitize: one forward pass of each KV dtype, for compute-sanitizer. */
+#include "common/common_assert.h"
 #include "tests/cuda/cuda_test.h"
 #include "worker/worker_generate.h"
 #include "worker/worker_safetensors.h"
+
+#include <errno.h>
+#include <unistd.h>
 
 static const char *const models[] = {
     "qwen3-tied-bf16",
@@ -82,13 +86,24 @@ static float margin(const float *x, int n)
     return a - b;
 }
 
+/* A model directory of its own: config.json alone, opened with dummy
+ * weights (open_model_at). */
+static char dummy_dir[64];
+
+/* Opens the fixture `name`, or with name == dummy_dir that directory with
+ * dummy weights. */
 static worker_model *open_model(const char *name, const config *c, int kv_pages)
 {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/parity/%s", SHOAL_FIXTURES, name);
+    bool dummy = name == dummy_dir;
+    if (dummy)
+        snprintf(dir, sizeof dir, "%s", name);
+    else
+        snprintf(dir, sizeof dir, "%s/parity/%s", SHOAL_FIXTURES, name);
     worker_model_options mo;
     worker_model_options_default(&mo);
     mo.model_dir = dir;
+    mo.load_format = dummy ? WORKER_LOAD_DUMMY : WORKER_LOAD_AUTO;
     mo.device = c->device;
     mo.act_dtype = c->act;
     mo.kv_dtype = c->kv;
@@ -471,51 +486,78 @@ static void graph_rounds_equal_op_by_op_rounds(void)
     free(out[1]);
 }
 
-/* A prompt and decode rounds of one row on a model opened with the
- * switch `env` at 0 and at 1 give the same logits, bit for bit. */
-static void one_row_switch_keeps_the_logits(const char *env, const char *what)
+/* A prompt of `prompt_len` rows and `rounds` decode rounds of one row
+ * (the last of them of one row of each of three streams: two more with
+ * prompts of their own) on each of the `n` models opened with the switch
+ * `env` at 0 and at 1 give the same logits, bit for bit. */
+static void rounds_keep_the_logits(const char *env, const char *what,
+                                   const char *const *names, int n, int prompt_len, int rounds)
 {
-    enum { PAGES = 4, ROUNDS = 6, PROMPT = 17 };
-    static const char *const names[] = {"qwen3-tied-bf16", "llama3-scaled-bf16"};
+    enum { PAGES = 8, STREAMS = 3, PROMPT_MAX = 64, ROUNDS_MAX = 96 };
+    SHOAL_ASSERT(prompt_len <= PROMPT_MAX && rounds <= ROUNDS_MAX && rounds >= 2);
+    SHOAL_ASSERT(prompt_len + rounds <= PAGES * 16);
     config c = {test_gpu, SHOAL_DTYPE_BF16, SHOAL_DTYPE_BF16, 16, 64};
-    for (int mi = 0; mi < 2; mi++) {
-        int32_t prompt[PROMPT], ppos[PROMPT], zero[PROMPT] = {0}, toks[ROUNDS];
-        for (int i = 0; i < PROMPT; i++) {
+    for (int mi = 0; mi < n; mi++) {
+        int32_t prompt[PROMPT_MAX], ppos[PROMPT_MAX], zero[PROMPT_MAX] = {0};
+        int32_t toks[ROUNDS_MAX][STREAMS];
+        for (int i = 0; i < prompt_len; i++) {
             prompt[i] = (int32_t)rnd_below(100);
             ppos[i] = i;
         }
-        for (int r = 0; r < ROUNDS; r++)
-            toks[r] = (int32_t)rnd_below(100);
+        for (int r = 0; r < rounds; r++)
+            for (int s = 0; s < STREAMS; s++)
+                toks[r][s] = (int32_t)rnd_below(100);
         float *out[2] = {NULL, NULL};
         int vocab = 0;
-        for (int fused = 0; fused < 2; fused++) {
-            setenv(env, fused ? "1" : "0", 1);
-            worker_model *m = open_model(names[mi], &c, PAGES);
+        size_t logits = 0;
+        for (int on = 0; on < 2; on++) {
+            setenv(env, on ? "1" : "0", 1);
+            worker_model *m = open_model(names[mi], &c, STREAMS * PAGES);
             unsetenv(env);
             if (!m)
                 return;
             vocab = worker_model_config(m)->vocab;
-            out[fused] = xmalloc((size_t)ROUNDS * vocab * 4);
-            int32_t table[PAGES] = {3, 1, 0, 2}, last = PROMPT - 1, lr = 0, rs = 0;
+            /* the prompts' last rows, rounds - 1 of one row, one of all */
+            out[on] = xmalloc((size_t)(rounds - 1 + 2 * STREAMS) * vocab * 4);
+            float *o = out[on];
+            int32_t table[STREAMS * PAGES], last = prompt_len - 1, lr[STREAMS] = {0, 1, 2};
+            int32_t rs[STREAMS] = {0, 1, 2}, pos[STREAMS];
+            for (int p = 0; p < STREAMS * PAGES; p++)
+                table[p] = (p * 7 + 3) % (STREAMS * PAGES); /* scattered */
             shoal_diag diag = {{0}};
-            worker_forward f = {PROMPT, prompt, ppos, zero, 1, PAGES, table, 1, &last};
-            CHECK_MSG(worker_model_forward(m, &f, out[fused], &diag) == SHOAL_OK, "%s", diag.msg);
-            for (int r = 0; r < ROUNDS; r++) {
-                int32_t pos = PROMPT + r;
-                worker_forward d = {1, &toks[r], &pos, &rs, 1, PAGES, table, 1, &lr};
-                CHECK_MSG(worker_model_forward(m, &d, out[fused] + (size_t)r * vocab, &diag) ==
-                              SHOAL_OK,
-                          "%s", diag.msg);
+            for (int s = 0; s < STREAMS; s++) { /* stream s's prompt: the first prompt_len - s */
+                int len = prompt_len - s;
+                last = len - 1;
+                worker_forward f = {len, prompt, ppos, zero, 1, PAGES, table + s * PAGES, 1,
+                                    &last};
+                CHECK_MSG(worker_model_forward(m, &f, o, &diag) == SHOAL_OK, "%s", diag.msg);
+                o += vocab;
+                pos[s] = len;
             }
+            for (int r = 0; r < rounds; r++) {
+                int k = r == rounds - 1 ? STREAMS : 1;
+                worker_forward d = {k, toks[r], pos, rs, k, PAGES, table, k, lr};
+                CHECK_MSG(worker_model_forward(m, &d, o, &diag) == SHOAL_OK, "%s", diag.msg);
+                o += (size_t)k * vocab;
+                for (int s = 0; s < k; s++)
+                    pos[s]++;
+            }
+            logits = (size_t)(o - out[on]);
             worker_model_close(m);
         }
-        size_t differ = count_differing(out[0], out[1], (size_t)ROUNDS * vocab);
-        printf("  %s: %s: %zu logits differ\n", names[mi], what, differ);
-        CHECK_MSG(differ == 0, "%s: one-row rounds, %s: %zu logits differ", names[mi], what,
-                  differ);
+        size_t differ = count_differing(out[0], out[1], logits);
+        const char *name = names[mi] == dummy_dir ? "dummy, head dim 128" : names[mi];
+        printf("  %s: %s: %zu logits differ\n", name, what, differ);
+        CHECK_MSG(differ == 0, "%s: decode rounds, %s: %zu logits differ", name, what, differ);
         free(out[0]);
         free(out[1]);
     }
+}
+
+static void one_row_switch_keeps_the_logits(const char *env, const char *what)
+{
+    static const char *const names[] = {"qwen3-tied-bf16", "llama3-scaled-bf16"};
+    rounds_keep_the_logits(env, what, names, 2, 17, 6);
 }
 
 /* Decode rounds of one row with SwiGLU formed in the gate/up GEMV
@@ -539,6 +581,42 @@ static void one_row_rope_kv_kernel_equals_the_three_kernels(void)
     one_row_switch_keeps_the_logits("SHOAL_CUDA_ROPE_KV", "rope + KV write fused vs three kernels");
 }
 
+/* Decode attention's TMA partials launched early (SHOAL_CUDA_ATTN_EARLY=1,
+ * the default: the KV before each row's position copied while the q/k/v
+ * GEMV and rope with the KV write run) give the logits of a plain launch
+ * (=0), bit for bit: one-row rounds at positions 30 to 95, across the
+ * partials' 32-token stages and their segments (one to 64 tokens, then
+ * two), then a round of three streams. A model of head dim 128 (the TMA partials'; the
+ * fixtures' heads are smaller) with dummy weights. */
+static void early_attention_keeps_the_logits(void)
+{
+    snprintf(dummy_dir, sizeof dummy_dir, "/tmp/shoal-test-model-XXXXXX");
+    if (!mkdtemp(dummy_dir)) {
+        CHECK_MSG(false, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", dummy_dir);
+    FILE *f = fopen(path, "w");
+    CHECK_MSG(f != NULL, "%s: %s", path, strerror(errno));
+    if (!f)
+        return;
+    fputs("{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\",\n"
+          " \"vocab_size\": 4096, \"hidden_size\": 512, \"intermediate_size\": 1536,\n"
+          " \"num_hidden_layers\": 3, \"num_attention_heads\": 8, \"num_key_value_heads\": 2,\n"
+          " \"head_dim\": 128, \"hidden_act\": \"silu\", \"max_position_embeddings\": 4096,\n"
+          " \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000, \"rope_scaling\": null,\n"
+          " \"tie_word_embeddings\": false, \"attention_bias\": false,\n"
+          " \"torch_dtype\": \"bfloat16\"}\n",
+          f);
+    fclose(f);
+    const char *const names[] = {dummy_dir};
+    rounds_keep_the_logits("SHOAL_CUDA_ATTN_EARLY", "attention launched early vs plain", names,
+                           1, 30, 66);
+    unlink(path);
+    rmdir(dummy_dir);
+}
+
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_model", argc, argv);
@@ -547,12 +625,14 @@ int main(int argc, char **argv)
         TEST_RUN(graph_rounds_equal_op_by_op_rounds);
         TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
+        TEST_RUN(early_attention_keeps_the_logits);
     } else {
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
         TEST_RUN(graph_rounds_equal_op_by_op_rounds);
         TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
+        TEST_RUN(early_attention_keeps_the_logits);
     }
     return TEST_EXIT();
 }

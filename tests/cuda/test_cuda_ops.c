@@ -284,14 +284,14 @@ static void kv_write_bytes_equal_cpu_for_bf16_and_fp8(void)
                             Lg.v_scale = (float *)dscales + layers * kvh;
                         }
                         kernels_batch bc = {rows, 2, b.stride, b.row_stream, b.positions,
-                                            b.page_table};
+                                            b.page_table, false};
                         cpu->kv_write(cpu, ha, &Lc, &bc, layer, k, v);
                         void *darena = dev_alloc(gpu, bytes);
                         void *dk = dev_from_f32(gpu, k, w, act), *dv = dev_from_f32(gpu, v, w, act);
                         void *drs = dev_copy(gpu, b.row_stream, (size_t)rows * 4);
                         void *dpos = dev_copy(gpu, b.positions, (size_t)rows * 4);
                         void *dpt = dev_copy(gpu, b.page_table, (size_t)pages * 4);
-                        kernels_batch bg = {rows, 2, b.stride, drs, dpos, dpt};
+                        kernels_batch bg = {rows, 2, b.stride, drs, dpos, dpt, false};
                         gpu->kv_write(gpu, darena, &Lg, &bg, layer, dk, dv);
                         CHECK(gpu->download(gpu, ga, darena, bytes) == SHOAL_OK);
                         size_t bad = 0, first = 0;
@@ -599,7 +599,7 @@ static void rope_kv_three_ways(kernels_backend *be, const rope_kv_case *c, rope_
         Lg.k_scale = dks;
         Lg.v_scale = dvs;
     }
-    kernels_batch bg = {rows, c->B->streams, c->B->page_table_stride, drs, dpos, dpt};
+    kernels_batch bg = {rows, c->B->streams, c->B->page_table_stride, drs, dpos, dpt, false};
     {
         int qw = c->heads * hd, kw = kvh * hd, w = qw + 2 * kw;
         size_t ab = shoal_dtype_bytes(act);
@@ -721,7 +721,7 @@ static void qk_norm_rope_kv_write_matches_cpu_and_the_unfused_ops(void)
                 }
                 for (int r = 0; r < rows; r++)
                     b.positions[r] += base[b.row_stream[r]];
-                kernels_batch B = {rows, 2, 4096, b.row_stream, b.positions, pt_big};
+                kernels_batch B = {rows, 2, 4096, b.row_stream, b.positions, pt_big, false};
                 size_t qn = (size_t)rows * heads * hd, kn = (size_t)rows * kvh * hd;
                 float *q = xmalloc(qn * 4), *k = xmalloc(kn * 4), *v = xmalloc(kn * 4);
                 float *qnw = xmalloc((size_t)hd * 4), *knw = xmalloc((size_t)hd * 4);
