@@ -44,10 +44,7 @@
 
 #include "common/common_limits.h"
 
-#include <cooperative_groups.h>
 #include <type_traits>
-
-namespace cg = cooperative_groups;
 
 enum {
     ATTN_GQ = 8,       /* query heads of one KV head per partial block */
@@ -657,12 +654,6 @@ struct attn_tma_args {
      * stages before are copied while those kernels run; the computing
      * warps wait before they read Q */
     int early;
-    /* > 1: the launch is clusters of this many blocks, one item a block,
-     * a cluster the segments of one (row, KV head, group) (a.splits ==
-     * cluster): each block keeps its record in its shared memory and the
-     * cluster merges them over distributed shared memory into out (no
-     * scratch, no merge kernel; SHOAL_CUDA_ATTN_CLUSTER) */
-    int cluster;
     CUtensorMap kv_map; /* cuda_kv_map, boxes of min(page, 16) rows */
 };
 
@@ -684,18 +675,11 @@ struct sw128_rows256 {
 };
 
 /* Shared memory of a block: the stages, 1,024-byte aligned, then Q's
- * tile or partial_store's rows of the group's gn query heads, then the
- * block's record of those heads for a cluster's merge (tma_cluster_merge). */
-static __host__ __device__ size_t tma_red_bytes(int gn)
-{
-    size_t q = (size_t)TC_GM * TMA_HD * 2, red = (size_t)4 * gn * (TMA_HD + 2) * sizeof(float);
-    return q > red ? q : red;
-}
-
+ * tile or partial_store's rows of the group's gn query heads. */
 template <int S> static size_t tma_partial_smem_bytes(int gn)
 {
-    return 1024 + 2 * S * (size_t)TMA_BN * TMA_HD * 2 + tma_red_bytes(gn) +
-           (size_t)gn * (TMA_HD + 2) * sizeof(float);
+    size_t q = (size_t)TC_GM * TMA_HD * 2, red = (size_t)4 * gn * (TMA_HD + 2) * sizeof(float);
+    return 1024 + 2 * S * (size_t)TMA_BN * TMA_HD * 2 + (q > red ? q : red);
 }
 
 /* An item of the launch: the segment of one (row, KV head, group) block
@@ -727,49 +711,6 @@ static __device__ __forceinline__ bool tma_item_of(int i, const attn_args &a, in
 }
 #endif
 
-#ifdef SHOAL_WGMMA
-/* A cluster's merge: the records of its first nseg blocks (segments), at
- * crec in each block's shared memory ([gn][HD + 2]: max, sum, sum p v),
- * rescaled and added in segment order into the gn output rows at out, as
- * attn_merge adds records from the scratch (the same expressions). Block
- * `rank` of the cluster takes elements rank * TC_THREADS + tid, ... of
- * the gn * HD; the computing threads call it. */
-static __device__ __forceinline__ void tma_cluster_merge(const float *crec, int nseg, int gn,
-                                                         bf16 *out)
-{
-    constexpr int HD = TMA_HD, REC = HD + 2, CL_MAX = CUDA_ATTN_CLUSTER_MAX;
-    cg::cluster_group cluster = cg::this_cluster();
-    const int cs = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
-    for (int e = rank * TC_THREADS + (int)threadIdx.x; e < gn * HD; e += cs * TC_THREADS) {
-        const int g = e / HD, d = e % HD;
-        float ms[CL_MAX], ls[CL_MAX], acc[CL_MAX];
-#pragma unroll
-        for (int s = 0; s < CL_MAX; s++)
-            if (s < nseg) { /* every load in flight at once */
-                const float *r = cluster.map_shared_rank(crec, s) + g * REC;
-                ms[s] = r[0];
-                ls[s] = r[1];
-                acc[s] = r[2 + d];
-            }
-        float mx = -INFINITY;
-#pragma unroll
-        for (int s = 0; s < CL_MAX; s++)
-            if (s < nseg)
-                mx = fmaxf(mx, ms[s]);
-        float den = 0.0f, num = 0.0f;
-#pragma unroll
-        for (int s = 0; s < CL_MAX; s++)
-            if (s < nseg && ms[s] != -INFINITY) {
-                const float w = expf(ms[s] - mx);
-                den += ls[s] * w;
-                num += acc[s] * w;
-            }
-        out[(size_t)g * HD + d] = from_f32<bf16>(num / den);
-    }
-}
-
-#endif
-
 template <int S, bool ROWS>
 static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
     attn_partial_tma(const __grid_constant__ attn_tma_args ta, const bf16 *q,
@@ -791,9 +732,6 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
     const uint32_t base = (mma::smem_addr(smem) + 1023u) & ~1023u;
     const uint32_t ks0 = base, vs0 = base + S * TILE, qs = vs0 + S * TILE;
     float *red = (float *)(smem + (qs - mma::smem_addr(smem))); /* shares Q's area */
-    /* the block's record for a cluster's merge, past the largest group's red */
-    float *crec = (float *)((unsigned char *)red +
-                            tma_red_bytes(min(TC_GM, a.heads / L.kv_heads)));
     const uint32_t full0 = mma::smem_addr(&bars[0]), empty0 = full0 + 8 * S;
 
     if (threadIdx.x == 0) {
@@ -850,10 +788,6 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                 g++;
             }
         }
-        if (ta.cluster) { /* the computing warps' two cluster barriers */
-            cg::this_cluster().sync();
-            cg::this_cluster().sync();
-        }
         return;
     }
 
@@ -901,26 +835,13 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
         g += staged;
         /* every warp is past its last read of Q: the area takes the rows */
         wg::named_sync(1, TC_THREADS);
-        if (ta.cluster) /* the record stays in the block for the cluster's merge */
-            partial_store<HD>(red, o, m, l, it.gn, it.gn, 1.0f, crec, REC,
-                              [] { wg::named_sync(1, TC_THREADS); });
-        else
-            partial_store<HD>(
-                red, o, m, l, it.gn, it.gn, 1.0f,
-                a.scratch +
-                    (((size_t)it.r * a.heads + (size_t)it.h0) * a.splits + it.split) * REC,
-                (size_t)a.splits * REC, [] { wg::named_sync(1, TC_THREADS); },
-                ta.out ? ta.out + ((size_t)it.r * a.heads + (size_t)it.h0) * HD : nullptr);
-    }
-    if (ta.cluster) {
-        /* one item a block: the cluster's first block's is segment 0 of
-         * the same (row, KV head, group), which every row has */
-        cg::this_cluster().sync(); /* every block's record is in */
-        const int i0 = (int)blockIdx.x - (int)cg::this_cluster().block_rank();
-        tma_item_of(i0, a, chunks, positions, it);
-        tma_cluster_merge(crec, attn_splits_of(positions[it.r] + 1, a.splits, a.fill), it.gn,
-                          ta.out + ((size_t)it.r * a.heads + (size_t)it.h0) * HD);
-        cg::this_cluster().sync(); /* no block leaves while another reads its record */
+        partial_store<HD>(red, o, m, l, it.gn, it.gn, 1.0f,
+                          a.scratch +
+                              (((size_t)it.r * a.heads + (size_t)it.h0) * a.splits + it.split) *
+                                  REC,
+                          (size_t)a.splits * REC, [] { wg::named_sync(1, TC_THREADS); },
+                          ta.out ? ta.out + ((size_t)it.r * a.heads + (size_t)it.h0) * HD
+                                 : nullptr);
     }
 #endif
 }
@@ -937,55 +858,6 @@ template <typename F> static bool partial_tma_dispatch(int stages, bool rows, F 
 }
 
 /* ---- launching ---- */
-
-/* The TMA partials as clusters of ta.cluster blocks (one item a block),
- * with programmatic serialization where ta.early. */
-template <typename K>
-static void launch_tma_clusters(cudaStream_t stream, unsigned blocks, size_t smem, K kernel,
-                                const attn_tma_args &ta, const bf16 *q, const int32_t *row_stream,
-                                const int32_t *positions, const int32_t *page_table)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(TMA_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)ta.cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = ta.early ? 2 : 1;
-    cudaLaunchKernelEx(&cfg, kernel, ta, q, row_stream, positions, page_table);
-}
-
-/* How many clusters of 2, 4, 8 and 16 TMA partial blocks of `smem` bytes
- * the GPU holds at once (fit[1..4]; 0 where it cannot launch them). */
-template <typename K> static void tma_cluster_fits(K kernel, size_t smem, int (&fit)[5])
-{
-    for (int i = 1; i <= 4; i++) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1u << i);
-        cfg.blockDim = dim3(TMA_THREADS);
-        cfg.dynamicSmemBytes = smem;
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = 1u << i;
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess)
-            n = 0;
-        fit[i] = n;
-    }
-    fit[0] = 0;
-    (void)cudaGetLastError();
-}
 
 struct slice_ctx {
     kernels_backend *be;
@@ -1009,20 +881,14 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
     if (c->tma) { /* persistent: as many blocks as the items, up to what stays resident */
         c->tma_args.a = c->args;
         c->tma_args.rows = s->rows;
-        /* one segment a row, or clusters that merge: the partials are the
-         * output, no merge kernel */
-        c->tma_args.out =
-            c->args.splits == 1 || c->tma_args.cluster ? (bf16 *)s->out : nullptr;
+        /* one segment a row: the partials are the output, no merge */
+        c->tma_args.out = c->args.splits == 1 ? (bf16 *)s->out : nullptr;
         long long items = (long long)grid.x * grid.y * grid.z;
         long long most = (long long)c->tma_resident * cuda_of(c->be)->sm_count;
-        unsigned blocks = (unsigned)(items < most || c->tma_args.cluster ? items : most);
+        unsigned blocks = (unsigned)(items < most ? items : most);
         cuda_state *st = cuda_of(c->be);
         partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, [&](auto kernel, auto) {
-            if (c->tma_args.cluster)
-                launch_tma_clusters(stream, blocks, c->tma_smem, kernel, c->tma_args,
-                                    (const bf16 *)s->q, s->row_stream, s->positions,
-                                    s->page_table);
-            else if (c->tma_args.early)
+            if (c->tma_args.early)
                 cuda_launch_pdl_smem(stream, blocks, TMA_THREADS, c->tma_smem, kernel,
                                      c->tma_args, (const bf16 *)s->q, s->row_stream,
                                      s->positions, s->page_table);
@@ -1084,11 +950,6 @@ shoal_err cuda_attention_init(kernels_backend *be)
                 if (e == cudaSuccess)
                     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem_of(TC_GM));
-                /* clusters of 16 (tma_cluster_fits says whether they fit) */
-                if (e == cudaSuccess && cudaFuncSetAttribute(
-                                            kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                            1) != cudaSuccess)
-                    (void)cudaGetLastError(); /* then 16 counts 0 */
             });
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
@@ -1148,10 +1009,6 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
                 st->attn_tma_smem_known = c.tma_smem;
             }
             c.tma_resident = st->attn_tma_resident;
-            if (st->attn_cluster_smem_known != c.tma_smem) {
-                tma_cluster_fits(kernel, c.tma_smem, st->attn_cluster_fit);
-                st->attn_cluster_smem_known = c.tma_smem;
-            }
         });
     }
     if (c.tc) {
@@ -1188,19 +1045,6 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
         c.args.splits = attn_splits_cap(st->sm_count, per_sm, batch->rows,
                                         blocks_per_row, heads, hd, false);
         c.args.fill = 0;
-    }
-    /* Small rounds whose segments would need the merge kernel: clusters
-     * of up to SHOAL_CUDA_ATTN_CLUSTER (16) blocks, one a segment, that
-     * merge in the cluster, where all of the round's clusters fit at once
-     * (the largest size that does) */
-    c.tma_args.cluster = 0;
-    if (c.tma && fill && st->attn_cluster >= 2 && c.args.splits > 1) {
-        long long items = (long long)batch->rows * blocks_per_row;
-        for (int i = 4; i >= 1 && !c.tma_args.cluster; i--)
-            if ((1 << i) <= st->attn_cluster && items <= st->attn_cluster_fit[i])
-                c.tma_args.cluster = 1 << i;
-        if (c.tma_args.cluster)
-            c.args.splits = c.args.fill = c.tma_args.cluster;
     }
     /* a slice's records fit the scratch */
     int slice_rows = batch->rows < st->attn_slice_rows ? batch->rows : st->attn_slice_rows;

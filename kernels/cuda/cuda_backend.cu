@@ -307,9 +307,6 @@ static void pick_kernels(cuda_state *st)
     st->attn_tma_rows = env_int("SHOAL_CUDA_ATTN_TMA_ROWS", 1) != 0;
     st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
     st->attn_early = env_int("SHOAL_CUDA_ATTN_EARLY", legacy ? 0 : 1) != 0;
-    st->attn_cluster = env_int("SHOAL_CUDA_ATTN_CLUSTER", legacy ? 0 : 16);
-    if (st->attn_cluster > CUDA_ATTN_CLUSTER_MAX)
-        st->attn_cluster = CUDA_ATTN_CLUSTER_MAX;
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 1) != 0;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)

@@ -37,10 +37,6 @@ extern "C" {
  * launch's results never depend on how many rows the scratch has. */
 #define CUDA_ATTN_ROW_SCRATCH_BYTES (512u << 10)
 #define CUDA_ATTN_SPLITS_MAX 64
-/* The most blocks of a cluster of decode attention's TMA partials, one a
- * segment, merged in the cluster (attention.cu; 16 is past the portable
- * 8 and asked for as such). */
-#define CUDA_ATTN_CLUSTER_MAX 16
 
 /* Matmuls of at most this many rows may take our GEMV (matmul.cu), and
  * by default those of one row do: at one row it streams the weights
@@ -170,13 +166,6 @@ typedef struct cuda_state {
      * asked yet; the kernel is fixed at open, the memory by the group) */
     size_t attn_tma_smem_known;
     int attn_tma_resident;
-    /* Small rounds' TMA partials as clusters of up to this many blocks
-     * that merge their segments over distributed shared memory, no merge
-     * kernel (SHOAL_CUDA_ATTN_CLUSTER: 16 default, 8, 4, 2; 0 = off), and
-     * how many clusters of 2^i blocks fit at once at that memory */
-    int attn_cluster;
-    size_t attn_cluster_smem_known;
-    int attn_cluster_fit[5];
     /* Tile 5 and the TMA partials: the driver's tensor-map encoder (NULL:
      * the cp.async kernels serve), and the arena's maps last made, one
      * per box height (cuda_kv_map). */

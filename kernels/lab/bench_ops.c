@@ -10,9 +10,8 @@
  * variant the environment picks (for a profiler); --decode times decode
  * attention alone, "new" against "prev" (SHOAL_CUDA_ATTN_TMA=4
  * SHOAL_CUDA_ATTN_BLOCKS=4: four stages, segments for four blocks a
- * multiprocessor, the eleventh session's), "mergek" (SHOAL_CUDA_ATTN_CLUSTER=0:
- * small rounds' segments merged by the merge kernel, not in clusters),
- * "cpasync" (SHOAL_CUDA_ATTN_TMA=0: the
+ * multiprocessor, the eleventh session's), "blocks4" (six stages,
+ * SHOAL_CUDA_ATTN_BLOCKS=4), "cpasync" (SHOAL_CUDA_ATTN_TMA=0: the
  * cp.async partials) and "halves" (SHOAL_CUDA_ATTN_TMA_ROWS=0: a copy a
  * 64-column half); --gemm times the decode rounds' GEMMs, cuBLAS against
  * the split-K GEMM's shapes; --attention B C (decode attention at batch B,
@@ -724,7 +723,7 @@ int main(int argc, char **argv)
     static const char *const prev_tma_env[] = {"SHOAL_CUDA_ATTN_TMA=4",
                                                "SHOAL_CUDA_ATTN_BLOCKS=4", NULL};
     static const char *const halves_env[] = {"SHOAL_CUDA_ATTN_TMA_ROWS=0", NULL};
-    static const char *const mergek_env[] = {"SHOAL_CUDA_ATTN_CLUSTER=0", NULL};
+    static const char *const b4_env[] = {"SHOAL_CUDA_ATTN_BLOCKS=4", NULL};
     const char *pt_env = getenv("SHOAL_LAB_PAGE_TOKENS");
     if (pt_env) {
         PT = atoi(pt_env);
@@ -737,10 +736,10 @@ int main(int argc, char **argv)
     if (decode_only) { /* decode attention alone: the partials' staging variants */
         kernels_backend *bes[] = {open_variant(device, false, 0, NULL),
                                   open_variant(device, false, 0, prev_tma_env),
-                                  open_variant(device, false, 0, mergek_env),
+                                  open_variant(device, false, 0, b4_env),
                                   open_variant(device, false, 0, cpasync_env),
                                   open_variant(device, false, 0, halves_env)};
-        const char *names[] = {"new", "prev", "mergek", "cpasync", "halves"};
+        const char *names[] = {"new", "prev", "blocks4", "cpasync", "halves"};
         enum { NV = sizeof bes / sizeof bes[0] };
         bufs dbuf;
         setup(bes[0], &dbuf);
