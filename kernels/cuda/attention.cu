@@ -200,20 +200,59 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
  * waiting on the last; WIDE (SHOAL_CUDA_ATTN_FILL >= 1) loads every
  * segment's (max, sum) at once into shared memory, computes each weight
  * once, and leaves the loop over the accumulators free to have many loads
- * in flight. Same expressions in the same order: the same bits. */
+ * in flight. Same expressions in the same order: the same bits.
+ *
+ * Launched with programmatic serialization (the TMA partials let it start
+ * at theirs): the row's segment count, from the step's positions, before
+ * the wait; after it, where a row has at most MERGE_HELD segments and a
+ * thread one output, every load of the block at once, each thread holding
+ * the maxima, sums and its accumulators in registers (one round trip of
+ * the memory where the shared-memory walk takes three). */
+enum { MERGE_HELD = 32 };
+
 template <typename T, bool WIDE>
 static __global__ void __launch_bounds__(MERGE_THREADS)
     attn_merge(const float *scratch, T *out, int heads, int head_dim, int splits_max, int fill,
                const int32_t *positions)
 {
-    /* a GEMV after may start fetching its weights (letting it start only
-     * once the records are read measured slower: kernels/lab row 20.2) */
-    pdl_trigger();
     const int r = blockIdx.x, h = blockIdx.y;
     const size_t rec_floats = (size_t)head_dim + 2;
     const float *rec = scratch + ((size_t)r * heads + h) * splits_max * rec_floats;
     const int splits = attn_splits_of(positions[r] + 1, splits_max, fill);
     T *o = out + ((size_t)r * heads + h) * head_dim;
+    pdl_wait(); /* the records */
+    /* a GEMV after may start fetching its weights: after the wait, so not
+     * under the partials, which its loads would slow (kernels/lab row
+     * 13.2); letting it start only once the records are read measured
+     * slower (row 20.2) */
+    pdl_trigger();
+    if (WIDE && splits <= MERGE_HELD && head_dim <= (int)blockDim.x) {
+        const int d = threadIdx.x;
+        float ms[MERGE_HELD], ls[MERGE_HELD], acc[MERGE_HELD];
+#pragma unroll
+        for (int s = 0; s < MERGE_HELD; s++)
+            if (s < splits) {
+                ms[s] = rec[s * rec_floats];
+                ls[s] = rec[s * rec_floats + 1];
+                acc[s] = d < head_dim ? rec[s * rec_floats + 2 + d] : 0.0f;
+            }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int s = 0; s < MERGE_HELD; s++)
+            if (s < splits)
+                mx = fmaxf(mx, ms[s]);
+        float den = 0.0f, num = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MERGE_HELD; s++)
+            if (s < splits && ms[s] != -INFINITY) {
+                const float w = expf(ms[s] - mx);
+                den += ls[s] * w;
+                num += acc[s] * w;
+            }
+        if (d < head_dim)
+            o[d] = from_f32<T>(num / den);
+        return;
+    }
     if constexpr (WIDE) {
         __shared__ float ms[CUDA_ATTN_SPLITS_MAX], ls[CUDA_ATTN_SPLITS_MAX];
         __shared__ float ws[CUDA_ATTN_SPLITS_MAX];
@@ -724,6 +763,8 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
     typedef typename std::conditional<ROWS, sw128_rows256, sw128_rows32>::type Lay;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) uint64_t bars[2 * S]; /* full[S], empty[S] */
+    if (!ta.out)
+        pdl_trigger(); /* the merge may start; it waits for the records */
     const attn_args &a = ta.a;
     const kernels_kv_layout &L = a.L;
     const int chunks = (a.heads / L.kv_heads + TC_GM - 1) / TC_GM;
@@ -912,14 +953,10 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
     if (!cuda_launched(c->be, "attention partial") || (c->tma && c->tma_args.out))
         return;
     dim3 mgrid((unsigned)s->rows, (unsigned)c->args.heads);
-    if (c->wide_merge)
-        attn_merge<T, true><<<mgrid, MERGE_THREADS, 0, stream>>>(
-            c->args.scratch, (T *)s->out, c->args.heads, c->args.L.head_dim, c->args.splits,
-            c->args.fill, s->positions);
-    else
-        attn_merge<T, false><<<mgrid, MERGE_THREADS, 0, stream>>>(
-            c->args.scratch, (T *)s->out, c->args.heads, c->args.L.head_dim, c->args.splits,
-            c->args.fill, s->positions);
+    cuda_launch_pdl(stream, mgrid, MERGE_THREADS,
+                    c->wide_merge ? attn_merge<T, true> : attn_merge<T, false>, c->args.scratch,
+                    (T *)s->out, c->args.heads, c->args.L.head_dim, c->args.splits,
+                    c->args.fill, s->positions);
     cuda_launched(c->be, "attention merge");
 }
 

@@ -279,7 +279,8 @@ template <typename F> static void cuda_dispatch_weight(shoal_dtype dt, F f)
 /* ---- programmatic dependent launch (sm_90) ----
  * A kernel launched with the programmatic-serialization attribute
  * (cuda_launch_pdl: the GEMV, matmul.cu; rope with the KV write, rope.cu;
- * decode attention's TMA partials, attention.cu) may start while the
+ * decode attention's TMA partials and merge, attention.cu; RMSNorm,
+ * rmsnorm.cu) may start while the
  * kernel before it on the stream finishes; it reads nothing that kernel
  * writes, and writes nothing, before pdl_wait(), which returns once that
  * kernel has completed and its writes are visible. Kernels that come
@@ -307,11 +308,11 @@ static __device__ __forceinline__ void pdl_trigger()
  * touches what the kernel before it writes. Errors surface at the
  * backend's next check, as for <<<>>> launches. */
 template <typename... Params, typename... Args>
-static void cuda_launch_pdl_smem(cudaStream_t stream, unsigned blocks, unsigned threads,
-                                 size_t smem, void (*kernel)(Params...), Args... args)
+static void cuda_launch_pdl_smem(cudaStream_t stream, dim3 blocks, unsigned threads, size_t smem,
+                                 void (*kernel)(Params...), Args... args)
 {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
+    cfg.gridDim = blocks;
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
@@ -325,7 +326,7 @@ static void cuda_launch_pdl_smem(cudaStream_t stream, unsigned blocks, unsigned 
 
 /* The same with no dynamic shared memory. */
 template <typename... Params, typename... Args>
-static void cuda_launch_pdl(cudaStream_t stream, unsigned blocks, unsigned threads,
+static void cuda_launch_pdl(cudaStream_t stream, dim3 blocks, unsigned threads,
                             void (*kernel)(Params...), Args... args)
 {
     cuda_launch_pdl_smem(stream, blocks, threads, 0, kernel, args...);

@@ -37,12 +37,20 @@ static __global__ void rmsnorm_bf16x8(bf16 *out, bf16 *x, const bf16 *residual,
 {
     __shared__ float red[32];
     pdl_trigger(); /* a GEMV after may start fetching its weights */
-    pdl_wait();    /* launched early (SHOAL_CUDA_NORM_EARLY): x and the residual */
     size_t off = (size_t)blockIdx.x * (size_t)dim;
     uint4 *xr = (uint4 *)(x + off);
     const uint4 *rr = residual ? (const uint4 *)(residual + off) : NULL;
     uint4 *o = (uint4 *)(out + off);
     const int vecs = dim / 8;
+    /* a row of one vector a thread: its weights (no kernel writes them)
+     * fetched before the wait, so the row's read is the one round trip */
+    const bool held = vecs <= (int)blockDim.x;
+    float4 hw0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), hw1 = hw0;
+    if (held && (int)threadIdx.x < vecs) {
+        hw0 = ((const float4 *)weight)[2 * threadIdx.x];
+        hw1 = ((const float4 *)weight)[2 * threadIdx.x + 1];
+    }
+    pdl_wait(); /* launched early (SHOAL_CUDA_NORM_EARLY): x and the residual */
     float ss = 0.0f;
     for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
         uint4 xv = xr[i];
@@ -68,7 +76,8 @@ static __global__ void rmsnorm_bf16x8(bf16 *out, bf16 *x, const bf16 *residual,
         uint4 xv = xr[i], ov;
         const bf16 *xe = (const bf16 *)&xv;
         bf16 *oe = (bf16 *)&ov;
-        const float4 w0 = ((const float4 *)weight)[2 * i], w1 = ((const float4 *)weight)[2 * i + 1];
+        const float4 w0 = held ? hw0 : ((const float4 *)weight)[2 * i];
+        const float4 w1 = held ? hw1 : ((const float4 *)weight)[2 * i + 1];
         const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
         for (int j = 0; j < 8; j++)
