@@ -36,7 +36,13 @@
  *
  * The scratch has rows for KERNELS_ATTN_SLICE_ROWS rows; kernels_attention_
  * slices() cuts longer rounds, and each slice is one partial + merge pair.
- * Each block sums in a fixed order: results are deterministic. */
+ * Each block sums in a fixed order: results are deterministic.
+ *
+ * Where every row of a round is its stream's only one, the TMA partials
+ * start early (programmatic dependent launch, cuda_ops.h): they copy the
+ * KV before each row's own position while rope with the KV write and the
+ * q/k/v GEMV before it finish, and the merge starts at theirs and waits
+ * for their records (SHOAL_CUDA_ATTN_EARLY; kernels/lab rows 20.1, 20.5). */
 #include "attention_mma.cuh"
 #include "wgmma.cuh"
 
