@@ -216,6 +216,21 @@ struct kernels_backend {
                              const void *arena, const kernels_kv_layout *layout,
                              const kernels_batch *batch, int layer, float scale);
 
+    /* A decode round's rope, KV write and attention as one op, for rounds
+     * of one row a stream (batch->one_row_per_stream) with q, k and v side
+     * by side in rows of `stride` (> 0) elements: the same function as
+     *   qk_norm_rope_kv_write(q_out, q, k, v, stride, heads, ...)
+     *   attention(out, q_out, heads, arena, layout, batch, layer, scale)
+     * and the same bits in out and in the pages, except that q_out and k
+     * may be left as they were (a backend may rotate the rows as it reads
+     * them and never store them). NULL: the caller makes the two calls. */
+    void (*attention_rope_kv)(kernels_backend *be, void *out, void *q_out, const void *q,
+                              void *k, const void *v, int stride, int heads,
+                              const float *q_norm, const float *k_norm, float eps,
+                              const float *inv_freq, void *arena,
+                              const kernels_kv_layout *layout, const kernels_batch *batch,
+                              int layer, float scale);
+
     /* out[r][i] = silu(gate[r][i]) * up[r][i], rows of dim. */
     void (*swiglu)(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                    int dim);

@@ -731,24 +731,35 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             be->matmul(be, k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
             be->matmul(be, v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
         }
-        /* q normed and rotated into m->q (packed, for attention), k in
-         * place, k and v into the pages */
-        be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm, L->k_norm,
-                                  c->rms_eps, m->inv_freq, m->arena, &m->kv, &batch, l);
-        q = m->q;
-        /* the segments' row tables shift with their rows; the page table,
-         * indexed by stream, does not */
-        for (int s = 0; s < m->segs; s++) {
-            kernels_batch sb = batch;
-            int r0 = m->seg_row0[s];
-            sb.rows = m->seg_rows[s];
-            sb.row_stream = m->row_stream + r0;
-            sb.positions = m->positions + r0;
-            sb.one_row_per_stream = m->seg_single[s];
-            (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
-                be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
-                (const unsigned char *)q + (size_t)r0 * q_row_bytes, c->heads, m->arena, &m->kv,
-                &sb, l, scale);
+        if (qkv_stride && m->segs == 1 && m->seg_single[0] && !m->seg_prompt[0] &&
+            be->attention_rope_kv) {
+            /* a decode round of one row a stream: rope, the KV write and
+             * attention as one op (kernels_backend.h) */
+            kernels_batch db = batch;
+            db.one_row_per_stream = true;
+            be->attention_rope_kv(be, m->att, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
+                                  L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv, &db, l,
+                                  scale);
+        } else {
+            /* q normed and rotated into m->q (packed, for attention), k in
+             * place, k and v into the pages */
+            be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
+                                      L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv,
+                                      &batch, l);
+            /* the segments' row tables shift with their rows; the page
+             * table, indexed by stream, does not */
+            for (int s = 0; s < m->segs; s++) {
+                kernels_batch sb = batch;
+                int r0 = m->seg_row0[s];
+                sb.rows = m->seg_rows[s];
+                sb.row_stream = m->row_stream + r0;
+                sb.positions = m->positions + r0;
+                sb.one_row_per_stream = m->seg_single[s];
+                (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
+                    be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
+                    (const unsigned char *)m->q + (size_t)r0 * q_row_bytes, c->heads, m->arena,
+                    &m->kv, &sb, l, scale);
+            }
         }
         be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
                    q_w);

@@ -44,6 +44,7 @@
  * q/k/v GEMV before it finish, and the merge starts at theirs and waits
  * for their records (SHOAL_CUDA_ATTN_EARLY; kernels/lab rows 20.1, 20.5). */
 #include "attention_mma.cuh"
+#include "rope.cuh"
 #include "wgmma.cuh"
 
 #include <cuda.h>
@@ -699,6 +700,18 @@ struct attn_tma_args {
      * stages before are copied while those kernels run; the computing
      * warps wait before they read Q */
     int early;
+    /* 1 (attention_rope_kv, SHOAL_CUDA_ATTN_ROPE; with early): the kernel
+     * takes the round's q, k and v rows as the q/k/v GEMV wrote them, side
+     * by side `qkv_stride` elements a row (the q parameter), and does what
+     * rope with the KV write would: the computing warps norm and rotate
+     * the group's q heads into the Q tile, and the copying warp of each
+     * (row, KV head)'s last segment norms and rotates k and stores k and
+     * v into the page (arena_w) before it copies that stage */
+    int rope;
+    int qkv_stride;
+    const float *q_norm, *k_norm, *inv_freq;
+    float eps;
+    unsigned char *arena_w;
     CUtensorMap kv_map; /* cuda_kv_map, boxes of min(page, 16) rows */
 };
 
@@ -753,6 +766,56 @@ static __device__ __forceinline__ bool tma_item_of(int i, const attn_args &a, in
     it.te = min(ctx, it.tb + seg);
     it.ntiles = (it.te - it.tb + TMA_BN - 1) / TMA_BN;
     return true;
+}
+#endif
+
+#ifdef SHOAL_WGMMA
+/* attention_rope_kv's new row, by the copying warp of the last segment of
+ * (row, KV head kvh) before it copies that stage: k normed and rotated,
+ * and v, stored into the row's page slot as rope with the KV write stores
+ * them (norm_rope_head, the same bits), then ordered before the tensor
+ * memory accelerator's reads (a proxy fence). row: the row's q/k/v. */
+static __device__ __forceinline__ void tma_store_new_row(const attn_tma_args &ta, const bf16 *row,
+                                                         int kvh, int pos, const int32_t *pages,
+                                                         int lane)
+{
+    const kernels_kv_layout &L = ta.a.L;
+    const int hd = TMA_HD, slot = pos & (L.page_tokens - 1);
+    bf16 *page = (bf16 *)(ta.arena_w +
+                          (size_t)pages[pos / L.page_tokens] * (size_t)L.page_bytes);
+    const bf16 *k = row + (size_t)ta.a.heads * hd + (size_t)kvh * hd;
+    const bf16 *v = k + (size_t)L.kv_heads * hd;
+    const float fpos = (float)pos, *inv = ta.inv_freq;
+    norm_rope_head(
+        k, page + kv_head_at(L, ta.a.layer, 0, kvh, slot), hd, lane, ta.k_norm, ta.eps,
+        [fpos, inv](int, int i, float *c, float *s) { rope_angle(fpos, inv, i, c, s); },
+        [](int, bf16) {});
+    bf16 *vd = page + kv_head_at(L, ta.a.layer, 1, kvh, slot);
+    for (int d = lane; d < hd; d += 32)
+        kv_store(vd + d, to_f32(v[d]), 1.0f);
+    __syncwarp(); /* every lane's stores, then each lane's fence before its copy */
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+/* attention_rope_kv's Q tile: the group's gn q heads at row (the first
+ * head's q, as the GEMV wrote it) normed and rotated (norm_rope_head, the
+ * bits rope with the KV write stores) into the tile at qtile as stage_q
+ * lays it out, one computing warp a head, rows past gn zeros. */
+static __device__ __forceinline__ void tma_rope_q(const attn_tma_args &ta, const bf16 *row, int pos,
+                                                  int gn, unsigned char *qtile)
+{
+    constexpr int HD = TMA_HD, CH = HD / 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < (TC_GM - gn) * CH; i += TC_THREADS)
+        *(uint4 *)(qtile + mma::swz<HD>(gn + i / CH, i % CH)) = make_uint4(0, 0, 0, 0);
+    const float fpos = (float)pos, *inv = ta.inv_freq;
+    for (int g = warp; g < gn; g += TC_THREADS / 32)
+        norm_rope_head(
+            row + (size_t)g * HD, (bf16 *)nullptr, HD, lane, ta.q_norm, ta.eps,
+            [fpos, inv](int, int i, float *c, float *s) { rope_angle(fpos, inv, i, c, s); },
+            [qtile, g](int e, bf16 x) {
+                *(bf16 *)(qtile + mma::swz<HD>(g, e / 8) + (e % 8) * 2) = x;
+            });
 }
 #endif
 
@@ -816,6 +879,10 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                     pdl_wait();
                     waited = true;
                 }
+                /* the stage of the row's own position, in its last segment */
+                if (ta.rope && it.te == positions[it.r] + 1 && t0 + TMA_BN > positions[it.r])
+                    tma_store_new_row(ta, q + (size_t)it.r * ta.qkv_stride, it.kvh,
+                                      positions[it.r], pages, lane);
                 wg::bar_wait(empty0 + 8 * st, ((g / S) & 1) ^ 1);
                 if (lane == 0)
                     wg::bar_arrive_expect(full0 + 8 * st, (uint32_t)(boxes * 2 * BR * 256));
@@ -848,9 +915,14 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
         /* the group's query heads are the rows of the tile, the rest zeros;
          * the area held the last item's partial_store rows */
         wg::named_sync(1, TC_THREADS);
-        stage_q<HD>(qs, q + ((size_t)it.r * a.heads + (size_t)it.h0) * HD, it.gn);
-        mma::cp_async_commit();
-        mma::cp_async_wait<0>();
+        if (ta.rope) {
+            tma_rope_q(ta, q + (size_t)it.r * ta.qkv_stride + (size_t)it.h0 * HD,
+                       positions[it.r], it.gn, smem + (qs - mma::smem_addr(smem)));
+        } else {
+            stage_q<HD>(qs, q + ((size_t)it.r * a.heads + (size_t)it.h0) * HD, it.gn);
+            mma::cp_async_commit();
+            mma::cp_async_wait<0>();
+        }
         wg::named_sync(1, TC_THREADS);
 
         float o[DT][4];
@@ -999,9 +1071,66 @@ shoal_err cuda_attention_init(kernels_backend *be)
     return cuda_of(be)->err;
 }
 
+/* attention_rope_kv's rows for the fused TMA partials (attn_tma_args) */
+struct rope_rows {
+    int stride;
+    const float *q_norm, *k_norm, *inv_freq;
+    float eps;
+};
+
+static void attention_run(kernels_backend *be, void *out, const void *q, int heads,
+                          const void *arena, const kernels_kv_layout *layout,
+                          const kernels_batch *batch, int layer, float scale,
+                          const rope_rows *rope);
+
 void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, const void *arena,
                     const kernels_kv_layout *layout, const kernels_batch *batch, int layer,
                     float scale)
+{
+    attention_run(be, out, q, heads, arena, layout, batch, layer, scale, NULL);
+}
+
+/* The TMA partials take this round (the conditions attention_run checks). */
+static bool tma_takes(kernels_backend *be, const void *arena, const kernels_kv_layout *layout)
+{
+    cuda_state *st = cuda_of(be);
+    const int hd = layout->head_dim, pt = layout->page_tokens;
+    CUtensorMap map;
+    return be->act_dtype == SHOAL_DTYPE_BF16 && st->attn_tc && st->attn_tma > 0 && st->sm90a &&
+           hd == TMA_HD && layout->dtype == SHOAL_DTYPE_BF16 &&
+           cuda_kv_map(be, arena, layout, pt < TMA_BOX_MAX ? pt : TMA_BOX_MAX, st->attn_tma_rows,
+                       st->attn_tma_l2, &map);
+}
+
+void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const void *q, void *k,
+                            const void *v, int stride, int heads, const float *q_norm,
+                            const float *k_norm, float eps, const float *inv_freq, void *arena,
+                            const kernels_kv_layout *layout, const kernels_batch *batch,
+                            int layer, float scale)
+{
+    cuda_state *st = cuda_of(be);
+    const int hd = layout->head_dim, kvh = layout->kv_heads;
+    size_t a = shoal_dtype_bytes(be->act_dtype);
+    /* one kernel where the TMA partials start early and a KV head's query
+     * heads are one group; else the two ops */
+    if (st->attn_rope && st->attn_early && batch->one_row_per_stream && stride > 0 &&
+        heads % kvh == 0 && heads / kvh <= TC_GM &&
+        (const unsigned char *)k == (const unsigned char *)q + (size_t)heads * hd * a &&
+        (const unsigned char *)v == (const unsigned char *)k + (size_t)kvh * hd * a &&
+        tma_takes(be, arena, layout)) {
+        rope_rows r = {stride, q_norm, k_norm, inv_freq, eps};
+        attention_run(be, out, q, heads, arena, layout, batch, layer, scale, &r);
+        return;
+    }
+    cuda_qk_norm_rope_kv_write(be, q_out, q, k, v, stride, heads, q_norm, k_norm, eps, inv_freq,
+                               arena, layout, batch, layer);
+    cuda_attention(be, out, q_out, heads, arena, layout, batch, layer, scale);
+}
+
+static void attention_run(kernels_backend *be, void *out, const void *q, int heads,
+                          const void *arena, const kernels_kv_layout *layout,
+                          const kernels_batch *batch, int layer, float scale,
+                          const rope_rows *rope)
 {
     cuda_state *st = cuda_of(be);
     SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16 || layout->dtype == SHOAL_DTYPE_F8_E4M3);
@@ -1036,6 +1165,14 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
             cuda_kv_map(be, arena, layout, pt < TMA_BOX_MAX ? pt : TMA_BOX_MAX,
                         st->attn_tma_rows, st->attn_tma_l2, &c.tma_args.kv_map);
     c.tma_args.early = c.tma && st->attn_early && batch->one_row_per_stream;
+    SHOAL_ASSERT(!rope || c.tma_args.early); /* cuda_attention_rope_kv checked */
+    c.tma_args.rope = rope != NULL;
+    c.tma_args.qkv_stride = rope ? rope->stride : 0;
+    c.tma_args.q_norm = rope ? rope->q_norm : NULL;
+    c.tma_args.k_norm = rope ? rope->k_norm : NULL;
+    c.tma_args.inv_freq = rope ? rope->inv_freq : NULL;
+    c.tma_args.eps = rope ? rope->eps : 0.0f;
+    c.tma_args.arena_w = (unsigned char *)arena;
     if (c.tma) {
         const int group = heads / layout->kv_heads;
         partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, [&](auto kernel, auto smem_of) {
@@ -1102,7 +1239,7 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     round.rows = batch->rows;
     round.slice_rows = st->attn_slice_rows;
     round.q = q;
-    round.q_row_bytes = row_bytes;
+    round.q_row_bytes = rope ? (size_t)rope->stride * a : row_bytes; /* rope: the GEMV's rows */
     round.out = out;
     round.out_row_bytes = row_bytes;
     round.row_stream = batch->row_stream;

@@ -307,6 +307,7 @@ static void pick_kernels(cuda_state *st)
     st->attn_tma_rows = env_int("SHOAL_CUDA_ATTN_TMA_ROWS", 1) != 0;
     st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
     st->attn_early = env_int("SHOAL_CUDA_ATTN_EARLY", legacy ? 0 : 1) != 0;
+    st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", 0) != 0;
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 1) != 0;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
@@ -436,6 +437,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->qk_norm_rope = cuda_qk_norm_rope;
     be->kv_write = cuda_kv_write;
     be->qk_norm_rope_kv_write = cuda_qk_norm_rope_kv_write;
+    be->attention_rope_kv = cuda_attention_rope_kv;
     be->attention = cuda_attention;
     be->attention_prompt = cuda_attention_prompt;
     be->swiglu = cuda_swiglu;

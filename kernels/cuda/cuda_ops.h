@@ -158,6 +158,10 @@ typedef struct cuda_state {
      * before the round's new tokens run under the kernels before them
      * (SHOAL_CUDA_ATTN_EARLY, default 1; 0 = a plain launch). */
     bool attn_early;
+    /* attention_rope_kv as one kernel (the TMA partials norm and rotate
+     * their q heads and store the round's new k and v rows themselves;
+     * SHOAL_CUDA_ATTN_ROPE, default 0 until measured; 1 = on) */
+    bool attn_rope;
     /* bf16 RMSNorm launched with programmatic serialization too, so that
      * it and the GEMV after it start while the GEMV before drains
      * (SHOAL_CUDA_NORM_EARLY, default 1; 0 = a plain launch) */
@@ -436,6 +440,11 @@ void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q,
 void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, const void *arena,
                     const kernels_kv_layout *layout, const kernels_batch *batch, int layer,
                     float scale);
+void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const void *q, void *k,
+                            const void *v, int stride, int heads, const float *q_norm,
+                            const float *k_norm, float eps, const float *inv_freq, void *arena,
+                            const kernels_kv_layout *layout, const kernels_batch *batch,
+                            int layer, float scale);
 void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                  int dim);
 void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,

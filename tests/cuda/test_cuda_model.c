@@ -592,27 +592,21 @@ static void one_row_rope_kv_kernel_equals_the_three_kernels(void)
     one_row_switch_keeps_the_logits("SHOAL_CUDA_ROPE_KV", "rope + KV write fused vs three kernels");
 }
 
-/* Decode attention's TMA partials launched early (SHOAL_CUDA_ATTN_EARLY=1,
- * the default: the KV before each row's position copied while the q/k/v
- * GEMV and rope with the KV write run) give the logits of a plain launch
- * (=0), bit for bit: one-row rounds at positions 30 to 95, across the
- * partials' 32-token stages and their segments (one to 64 tokens, then
- * two), then a round of three streams (under the sanitizers the prompts
- * a row a pass, no round of three). A model of head dim 128 (the TMA
- * partials'; the fixtures' heads are smaller) with dummy weights. */
-static void early_attention_keeps_the_logits(void)
+/* Makes dummy_dir a model directory of head dim 128 (the TMA partials';
+ * the fixtures' heads are smaller) for dummy weights; false on failure. */
+static bool make_dummy_model(void)
 {
     snprintf(dummy_dir, sizeof dummy_dir, "/tmp/shoal-test-model-XXXXXX");
     if (!mkdtemp(dummy_dir)) {
         CHECK_MSG(false, "mkdtemp: %s", strerror(errno));
-        return;
+        return false;
     }
     char path[128];
     snprintf(path, sizeof path, "%s/config.json", dummy_dir);
     FILE *f = fopen(path, "w");
     CHECK_MSG(f != NULL, "%s: %s", path, strerror(errno));
     if (!f)
-        return;
+        return false;
     fputs("{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\",\n"
           " \"vocab_size\": 4096, \"hidden_size\": 512, \"intermediate_size\": 1536,\n"
           " \"num_hidden_layers\": 3, \"num_attention_heads\": 8, \"num_key_value_heads\": 2,\n"
@@ -622,12 +616,48 @@ static void early_attention_keeps_the_logits(void)
           " \"torch_dtype\": \"bfloat16\"}\n",
           f);
     fclose(f);
+    return true;
+}
+
+static void remove_dummy_model(void)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", dummy_dir);
+    unlink(path);
+    rmdir(dummy_dir);
+}
+
+/* Decode attention's TMA partials launched early (SHOAL_CUDA_ATTN_EARLY=1,
+ * the default: the KV before each row's position copied while the q/k/v
+ * GEMV and rope with the KV write run) give the logits of a plain launch
+ * (=0), bit for bit: one-row rounds at positions 30 to 95, across the
+ * partials' 32-token stages and their segments (one to 64 tokens, then
+ * two), then a round of three streams (under the sanitizers the prompts
+ * a row a pass, no round of three). The head-dim-128 dummy model. */
+static void early_attention_keeps_the_logits(void)
+{
+    if (!make_dummy_model())
+        return;
     const char *const names[] = {dummy_dir};
     /* under the sanitizers one row a pass (see rounds_keep_the_logits) */
     rounds_keep_the_logits("SHOAL_CUDA_ATTN_EARLY", "attention launched early vs plain", names,
                            1, 30, 66, test_sanitize);
-    unlink(path);
-    rmdir(dummy_dir);
+    remove_dummy_model();
+}
+
+/* The same for rope and the KV write inside the TMA partials
+ * (SHOAL_CUDA_ATTN_ROPE=1: attention_rope_kv as one kernel, which norms
+ * and rotates q as it stages it and stores each round's new k and v rows
+ * itself) against the two ops (=0): the same logits, bit for bit, and the
+ * same pages (every later round reads the rows the kernel stored). */
+static void attention_with_rope_keeps_the_logits(void)
+{
+    if (!make_dummy_model())
+        return;
+    const char *const names[] = {dummy_dir};
+    rounds_keep_the_logits("SHOAL_CUDA_ATTN_ROPE", "rope in the attention kernel vs rope_kv",
+                           names, 1, 30, 66, test_sanitize);
+    remove_dummy_model();
 }
 
 int main(int argc, char **argv)
@@ -639,6 +669,7 @@ int main(int argc, char **argv)
         TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
         TEST_RUN(early_attention_keeps_the_logits);
+        TEST_RUN(attention_with_rope_keeps_the_logits);
     } else {
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
@@ -646,6 +677,7 @@ int main(int argc, char **argv)
         TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
         TEST_RUN(early_attention_keeps_the_logits);
+        TEST_RUN(attention_with_rope_keeps_the_logits);
     }
     return TEST_EXIT();
 }
