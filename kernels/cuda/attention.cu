@@ -793,7 +793,11 @@ static __device__ __forceinline__ void tma_store_new_row(const attn_tma_args &ta
     bf16 *vd = page + kv_head_at(L, ta.a.layer, 1, kvh, slot);
     for (int d = lane; d < hd; d += 32)
         kv_store(vd + d, to_f32(v[d]), 1.0f);
-    __syncwarp(); /* every lane's stores, then each lane's fence before its copy */
+    /* each lane's stores ordered before the async proxy's reads (as a TMA
+     * store's writers fence before their barrier), the warp met, and each
+     * copying lane fenced again before its copy */
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    __syncwarp();
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
