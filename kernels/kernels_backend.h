@@ -217,13 +217,14 @@ struct kernels_backend {
                              const kernels_batch *batch, int layer, float scale);
 
     /* A decode round's rope, KV write and attention as one op, for rounds
-     * of one row a stream (batch->one_row_per_stream) with q, k and v side
-     * by side in rows of `stride` (> 0) elements: the same function as
+     * of one row a stream (batch->one_row_per_stream), q, k, v and stride
+     * as qk_norm_rope_kv_write takes them: the same function as
      *   qk_norm_rope_kv_write(q_out, q, k, v, stride, heads, ...)
      *   attention(out, q_out, heads, arena, layout, batch, layer, scale)
      * and the same bits in out and in the pages, except that q_out and k
      * may be left as they were (a backend may rotate the rows as it reads
-     * them and never store them). NULL: the caller makes the two calls. */
+     * them and never store them). NULL: the caller makes the two calls;
+     * the CPU backend's is the composition. */
     void (*attention_rope_kv)(kernels_backend *be, void *out, void *q_out, const void *q,
                               void *k, const void *v, int stride, int heads,
                               const float *q_norm, const float *k_norm, float eps,

@@ -109,6 +109,7 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->qk_norm_rope_kv_write = cpu_qk_norm_rope_kv_write;
     be->attention = cpu_attention;
     be->attention_prompt = cpu_attention; /* the same function; no tiles to pick */
+    be->attention_rope_kv = cpu_attention_rope_kv;
     be->swiglu = cpu_swiglu;
     be->matmul_swiglu = cpu_matmul_swiglu;
     be->gather = cpu_gather;

@@ -39,6 +39,11 @@ void cpu_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q, 
 void cpu_attention(kernels_backend *be, void *out, const void *q, int heads, const void *arena,
                    const kernels_kv_layout *layout, const kernels_batch *batch, int layer,
                    float scale);
+void cpu_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const void *q, void *k,
+                           const void *v, int stride, int heads, const float *q_norm,
+                           const float *k_norm, float eps, const float *inv_freq, void *arena,
+                           const kernels_kv_layout *layout, const kernels_batch *batch,
+                           int layer, float scale);
 void cpu_swiglu(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                 int dim);
 void cpu_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,

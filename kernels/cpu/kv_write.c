@@ -90,3 +90,17 @@ void cpu_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q, 
     cpu_qk_norm_rope(be, k, rows, kvh, hd, k_stride, k_norm, eps, batch->positions, inv_freq);
     kv_write_rows(be, arena, layout, batch, layer, k, v, (size_t)k_stride);
 }
+
+/* The composition the contract names, as on the CUDA backend with its
+ * switch off: the worker's decode rounds take this op where a backend
+ * has it, so the CPU's parity runs go through the worker's one-op path. */
+void cpu_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const void *q, void *k,
+                           const void *v, int stride, int heads, const float *q_norm,
+                           const float *k_norm, float eps, const float *inv_freq, void *arena,
+                           const kernels_kv_layout *layout, const kernels_batch *batch,
+                           int layer, float scale)
+{
+    cpu_qk_norm_rope_kv_write(be, q_out, q, k, v, stride, heads, q_norm, k_norm, eps, inv_freq,
+                              arena, layout, batch, layer);
+    cpu_attention(be, out, q_out, heads, arena, layout, batch, layer, scale);
+}
