@@ -1094,16 +1094,18 @@ void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, co
     attention_run(be, out, q, heads, arena, layout, batch, layer, scale, NULL);
 }
 
-/* The TMA partials take this round (the conditions attention_run checks). */
-static bool tma_takes(kernels_backend *be, const void *arena, const kernels_kv_layout *layout)
+/* The arena's tensor map for the TMA partials, where the build, GPU and
+ * layout take them (cuda_kv_map: bf16 pages of head dim 128); with
+ * tensor-core attention at bf16 activations, the partials attention_run
+ * launches. */
+static bool tma_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout *layout,
+                       CUtensorMap *map)
 {
     cuda_state *st = cuda_of(be);
-    const int hd = layout->head_dim, pt = layout->page_tokens;
-    CUtensorMap map;
-    return be->act_dtype == SHOAL_DTYPE_BF16 && st->attn_tc && st->attn_tma > 0 && st->sm90a &&
-           hd == TMA_HD && layout->dtype == SHOAL_DTYPE_BF16 &&
+    const int pt = layout->page_tokens;
+    return st->attn_tma > 0 && st->sm90a && layout->head_dim == TMA_HD &&
            cuda_kv_map(be, arena, layout, pt < TMA_BOX_MAX ? pt : TMA_BOX_MAX, st->attn_tma_rows,
-                       st->attn_tma_l2, &map);
+                       st->attn_tma_l2, map);
 }
 
 void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const void *q, void *k,
@@ -1117,11 +1119,12 @@ void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const v
     size_t a = shoal_dtype_bytes(be->act_dtype);
     /* one kernel where the TMA partials start early and a KV head's query
      * heads are one group; else the two ops */
+    CUtensorMap map;
     if (st->attn_rope && st->attn_early && batch->one_row_per_stream && stride > 0 &&
         heads % kvh == 0 && heads / kvh <= TC_GM &&
         (const unsigned char *)k == (const unsigned char *)q + (size_t)heads * hd * a &&
         (const unsigned char *)v == (const unsigned char *)k + (size_t)kvh * hd * a &&
-        tma_takes(be, arena, layout)) {
+        be->act_dtype == SHOAL_DTYPE_BF16 && st->attn_tc && tma_kv_map(be, arena, layout, &map)) {
         rope_rows r = {stride, q_norm, k_norm, inv_freq, eps};
         attention_run(be, out, q, heads, arena, layout, batch, layer, scale, &r);
         return;
@@ -1164,10 +1167,7 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
     c.args.scratch = st->attn_scratch;
     c.tc = be->act_dtype == SHOAL_DTYPE_BF16 && st->attn_tc && (hd == 32 || hd == 64 || hd == 128);
     /* the TMA partials where the build, GPU and layout take them */
-    const int pt = layout->page_tokens;
-    c.tma = c.tc && st->attn_tma > 0 && st->sm90a && hd == TMA_HD &&
-            cuda_kv_map(be, arena, layout, pt < TMA_BOX_MAX ? pt : TMA_BOX_MAX,
-                        st->attn_tma_rows, st->attn_tma_l2, &c.tma_args.kv_map);
+    c.tma = c.tc && tma_kv_map(be, arena, layout, &c.tma_args.kv_map);
     c.tma_args.early = c.tma && st->attn_early && batch->one_row_per_stream;
     SHOAL_ASSERT(!rope || c.tma_args.early); /* cuda_attention_rope_kv checked */
     c.tma_args.rope = rope != NULL;

@@ -10,12 +10,6 @@
  * round trip instead of three, and launched with programmatic
  * serialization after the q/k/v GEMV: the page slot and the rotation's
  * cos and sin are ready before the wait for q, k and v. */
-#include "cuda_ops.h"
-
-extern "C" {
-#include "common/common_limits.h"
-}
-
 #include "rope.cuh"
 
 template <typename T>

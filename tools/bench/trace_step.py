@@ -11,6 +11,7 @@ past the end of the kernel before it: a kernel that starts early, under
 programmatic dependent launch, counts only what it adds). The advances sum
 to the step's span. --rows prints every kernel too.
 """
+import argparse
 import subprocess
 import sys
 from collections import OrderedDict
@@ -34,17 +35,14 @@ def op_of(name):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    step_back = 2
-    for i, a in enumerate(sys.argv):
-        if a == "--step" and i + 1 < len(sys.argv):
-            step_back = int(sys.argv[i + 1])
-            args = [x for x in args if x != sys.argv[i + 1]]
-    rows = "--rows" in sys.argv
-    if len(args) != 1:
-        sys.exit(__doc__)
+    ap = argparse.ArgumentParser(description="One decode step's kernels from a trace.")
+    ap.add_argument("trace", help="a libshoal-lab-trace file")
+    ap.add_argument("--step", type=int, default=2, help="the K-th step from the end")
+    ap.add_argument("--rows", action="store_true", help="every kernel too")
+    args = ap.parse_args()
+    step_back, rows = args.step, args.rows
     recs = []
-    with open(args[0]) as f:
+    with open(args.trace) as f:
         next(f)
         for line in f:
             p = line.rstrip("\n").split("\t")
@@ -55,7 +53,7 @@ def main():
     recs = [(s, e, g, n) for (s, e, g, _), n in zip(recs, names)]
     starts = [i for i, r in enumerate(recs) if "embed" in op_of(r[3])]
     if len(starts) < step_back + 1:
-        sys.exit("trace_step: fewer than %d steps in %s" % (step_back + 1, args[0]))
+        sys.exit("trace_step: fewer than %d steps in %s" % (step_back + 1, args.trace))
     a, b = starts[-step_back - 1], starts[-step_back]
     step = recs[a:b]
     t0, prev_end = step[0][0], step[0][0]
