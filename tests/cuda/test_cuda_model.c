@@ -489,12 +489,13 @@ static void graph_rounds_equal_op_by_op_rounds(void)
 /* A prompt of `prompt_len` rows and `rounds` decode rounds of one row
  * (the last of them of one row of each of three streams: two more with
  * prompts of their own) on each of the `n` models opened with the switch
- * `env` at 0 and at 1 give the same logits, bit for bit. With one_row,
+ * `env` at 0 and at `on_value` give the same logits, bit for bit. With one_row,
  * every pass is of one row (the prompts a row a pass, no round of three):
  * no cuBLAS kernel runs, for racecheck, which reports hazards inside
  * cuBLAS's own sm_90 kernels at some shapes. */
-static void rounds_keep_the_logits(const char *env, const char *what, const char *const *names,
-                                   int n, int prompt_len, int rounds, bool one_row)
+static void rounds_keep_the_logits(const char *env, const char *on_value, const char *what,
+                                   const char *const *names, int n, int prompt_len, int rounds,
+                                   bool one_row)
 {
     enum { PAGES = 8, STREAMS = 3, PROMPT_MAX = 64, ROUNDS_MAX = 96 };
     SHOAL_ASSERT(prompt_len <= PROMPT_MAX && rounds <= ROUNDS_MAX && rounds >= 2);
@@ -514,7 +515,7 @@ static void rounds_keep_the_logits(const char *env, const char *what, const char
         int vocab = 0;
         size_t logits = 0;
         for (int on = 0; on < 2; on++) {
-            setenv(env, on ? "1" : "0", 1);
+            setenv(env, on ? on_value : "0", 1);
             worker_model *m = open_model(names[mi], &c, STREAMS * PAGES);
             unsetenv(env);
             if (!m)
@@ -568,7 +569,7 @@ static void rounds_keep_the_logits(const char *env, const char *what, const char
 static void one_row_switch_keeps_the_logits(const char *env, const char *what)
 {
     static const char *const names[] = {"qwen3-tied-bf16", "llama3-scaled-bf16"};
-    rounds_keep_the_logits(env, what, names, 2, 17, 6, false);
+    rounds_keep_the_logits(env, "1", what, names, 2, 17, 6, false);
 }
 
 /* Decode rounds of one row with SwiGLU formed in the gate/up GEMV
@@ -640,8 +641,8 @@ static void early_attention_keeps_the_logits(void)
         return;
     const char *const names[] = {dummy_dir};
     /* under the sanitizers one row a pass (see rounds_keep_the_logits) */
-    rounds_keep_the_logits("SHOAL_CUDA_ATTN_EARLY", "attention launched early vs plain", names,
-                           1, 30, 66, test_sanitize);
+    rounds_keep_the_logits("SHOAL_CUDA_ATTN_EARLY", "1", "attention launched early vs plain",
+                           names, 1, 30, 66, test_sanitize);
     remove_dummy_model();
 }
 
@@ -655,8 +656,22 @@ static void attention_with_rope_keeps_the_logits(void)
     if (!make_dummy_model())
         return;
     const char *const names[] = {dummy_dir};
-    rounds_keep_the_logits("SHOAL_CUDA_ATTN_ROPE", "rope in the attention kernel vs rope_kv",
+    rounds_keep_the_logits("SHOAL_CUDA_ATTN_ROPE", "64", "rope in the attention kernel vs rope_kv",
                            names, 1, 30, 66, test_sanitize);
+    remove_dummy_model();
+}
+
+/* The prefetch of o's weights into L2 (SHOAL_CUDA_PREFETCH, MiB) between
+ * the q/k/v matmul and attention keeps the logits, bit for bit: the
+ * kernels after it, launched early, still wait for the matmul (through
+ * the prefetch's own wait). */
+static void prefetch_keeps_the_logits(void)
+{
+    if (!make_dummy_model())
+        return;
+    const char *const names[] = {dummy_dir};
+    rounds_keep_the_logits("SHOAL_CUDA_PREFETCH", "64", "o prefetched into L2 vs not", names, 1,
+                           30, 66, test_sanitize);
     remove_dummy_model();
 }
 
@@ -670,6 +685,7 @@ int main(int argc, char **argv)
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
         TEST_RUN(early_attention_keeps_the_logits);
         TEST_RUN(attention_with_rope_keeps_the_logits);
+        TEST_RUN(prefetch_keeps_the_logits);
     } else {
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
@@ -678,6 +694,7 @@ int main(int argc, char **argv)
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
         TEST_RUN(early_attention_keeps_the_logits);
         TEST_RUN(attention_with_rope_keeps_the_logits);
+        TEST_RUN(prefetch_keeps_the_logits);
     }
     return TEST_EXIT();
 }
