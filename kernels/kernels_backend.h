@@ -251,12 +251,6 @@ struct kernels_backend {
                           const void *wg, const void *wu, shoal_dtype wdtype, int rows, int n,
                           int k);
 
-    /* A hint: an op soon reads the `bytes` at p (device memory) in a round
-     * of `rows` rows; a backend may start moving them toward its compute
-     * units (the CUDA backend: into L2, while the latency-bound attention
-     * chain leaves the memory idle). Changes no result. NULL: nothing. */
-    void (*prefetch)(kernels_backend *be, const void *p, size_t bytes, int rows);
-
     /* out[i] = in[idx[i]] for rows of dim (act_dtype). */
     void (*gather)(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                    int dim);

@@ -731,9 +731,6 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             be->matmul(be, k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
             be->matmul(be, v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
         }
-        if (be->prefetch) /* o's weights, while attention waits on latency */
-            be->prefetch(be, L->o.data, (size_t)c->hidden * q_w * shoal_dtype_bytes(L->o.dtype),
-                         rows);
         if (m->segs == 1 && m->seg_single[0] && !m->seg_prompt[0] && be->attention_rope_kv) {
             /* a decode round of one row a stream: rope, the KV write and
              * attention as one op (kernels_backend.h) */

@@ -307,10 +307,7 @@ static void pick_kernels(cuda_state *st)
     st->attn_tma_rows = env_int("SHOAL_CUDA_ATTN_TMA_ROWS", 1) != 0;
     st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
     st->attn_early = env_int("SHOAL_CUDA_ATTN_EARLY", legacy ? 0 : 1) != 0;
-    st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 1);
-    st->prefetch_bytes = (size_t)env_int("SHOAL_CUDA_PREFETCH", 0) << 20;
-    st->prefetch_rows = env_int("SHOAL_CUDA_PREFETCH_ROWS", 64);
-    st->prefetch_early = env_int("SHOAL_CUDA_PREFETCH_EARLY", 0) != 0;
+    st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 2);
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 1) != 0;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
@@ -446,7 +443,6 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->swiglu = cuda_swiglu;
     be->matmul_swiglu = cuda_matmul_swiglu;
     be->gather = cuda_gather;
-    be->prefetch = cuda_prefetch;
     be->sample = cuda_sample;
     be->fill_random = cuda_fill_random;
     be->graph_slots = CUDA_GRAPH_SLOTS;

@@ -160,15 +160,11 @@ typedef struct cuda_state {
     bool attn_early;
     /* attention_rope_kv as one kernel (the TMA partials norm and rotate
      * their q heads and store the round's new k and v rows themselves)
-     * for rounds of at most this many rows (SHOAL_CUDA_ATTN_ROPE; 0 =
-     * never, the two ops) */
+     * for rounds of at most this many rows (SHOAL_CUDA_ATTN_ROPE, default
+     * 2; 0 = never, the two ops). H200, the 8B shape at 4k: batch 1
+     * 219.6 -> 223.9 tokens/s, 2 +0.6%, 4 -0.9%, 8 -0.5%, 64 -0.5%
+     * (kernels/lab row 21.1) */
     int attn_rope;
-    /* prefetch (prefetch.cu): at most this many bytes of the next weights
-     * into L2, for rounds of at most prefetch_rows rows
-     * (SHOAL_CUDA_PREFETCH in MiB, 0 = none; SHOAL_CUDA_PREFETCH_ROWS) */
-    size_t prefetch_bytes;
-    int prefetch_rows;
-    bool prefetch_early; /* asked for before the wait (SHOAL_CUDA_PREFETCH_EARLY=1) */
     /* bf16 RMSNorm launched with programmatic serialization too, so that
      * it and the GEMV after it start while the GEMV before drains
      * (SHOAL_CUDA_NORM_EARLY, default 1; 0 = a plain launch) */
@@ -456,7 +452,6 @@ void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *u
                  int dim);
 void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
                         const void *wu, shoal_dtype wdtype, int rows, int n, int k);
-void cuda_prefetch(kernels_backend *be, const void *p, size_t bytes, int rows);
 void cuda_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                  int dim);
 void cuda_sample(kernels_backend *be, kernels_sample_result *results, const float *logits,

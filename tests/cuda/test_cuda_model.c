@@ -661,20 +661,6 @@ static void attention_with_rope_keeps_the_logits(void)
     remove_dummy_model();
 }
 
-/* The prefetch of o's weights into L2 (SHOAL_CUDA_PREFETCH, MiB) between
- * the q/k/v matmul and attention keeps the logits, bit for bit: the
- * kernels after it, launched early, still wait for the matmul (through
- * the prefetch's own wait). */
-static void prefetch_keeps_the_logits(void)
-{
-    if (!make_dummy_model())
-        return;
-    const char *const names[] = {dummy_dir};
-    rounds_keep_the_logits("SHOAL_CUDA_PREFETCH", "64", "o prefetched into L2 vs not", names, 1,
-                           30, 66, test_sanitize);
-    remove_dummy_model();
-}
-
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_model", argc, argv);
@@ -685,7 +671,6 @@ int main(int argc, char **argv)
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
         TEST_RUN(early_attention_keeps_the_logits);
         TEST_RUN(attention_with_rope_keeps_the_logits);
-        TEST_RUN(prefetch_keeps_the_logits);
     } else {
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
@@ -694,7 +679,6 @@ int main(int argc, char **argv)
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
         TEST_RUN(early_attention_keeps_the_logits);
         TEST_RUN(attention_with_rope_keeps_the_logits);
-        TEST_RUN(prefetch_keeps_the_logits);
     }
     return TEST_EXIT();
 }
