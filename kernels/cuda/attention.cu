@@ -708,16 +708,6 @@ struct attn_tma_args {
      * (row, KV head)'s last segment norms and rotates k and stores k and
      * v into the page (arena_w) before it copies that stage */
     int rope;
-    /* 1 or 2 (SHOAL_CUDA_ATTN_MERGE_IN, rounds of more than one segment
-     * a row): each item's block counts its segment done in
-     * counts (a row's CUDA_ATTN_COUNTS_ROW, one a (KV head, group)); the
-     * last of a (row, KV head, group) merges them into merged (the merge
-     * kernel's expressions, the same bits) and sets the count back to 0.
-     * 1: a block lets the kernel after start at its last item's end; 2: at
-     * its exit. No merge kernel */
-    int merge_in;
-    int *counts;
-    bf16 *merged;
     int qkv_stride;
     const float *q_norm, *k_norm, *inv_freq;
     float eps;
@@ -811,72 +801,6 @@ static __device__ __forceinline__ void tma_store_new_row(const attn_tma_args &ta
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-/* merge_in: the gn query heads' n records at rec0 (the head's
- * `splits_max` apart) merged into out ([gn][HD]) by the computing warps,
- * with the merge kernel's expressions in its order (the same bits): the
- * records' maxima and sums through shared memory at sm (2 gn n + gn
- * floats, the partial_store area), each head's weights and denominator
- * by one thread, then each thread its element d of four heads at a time,
- * eight segments' accumulators of each in flight (L2 only: other blocks
- * of this kernel wrote them). */
-template <int HD>
-static __device__ __forceinline__ void tma_merge_in(const float *rec0, int splits_max, int n,
-                                                    int gn, float *sm, bf16 *out)
-{
-    constexpr int REC = HD + 2, GJ = 4, SU = 8;
-    const int tid = threadIdx.x;
-    float *ws = sm, *ls = sm + gn * n, *den = ls + gn * n;
-    for (int e = tid; e < gn * n; e += TC_THREADS) {
-        const float *p = rec0 + ((size_t)(e / n) * splits_max + e % n) * REC;
-        ws[e] = __ldcg(p);
-        ls[e] = __ldcg(p + 1);
-    }
-    wg::named_sync(1, TC_THREADS);
-    if (tid < gn) { /* an empty segment's weight is -1: left out, as the merge skips it */
-        float *w = ws + tid * n, mx = -INFINITY, dn = 0.0f;
-        for (int s = 0; s < n; s++)
-            mx = fmaxf(mx, w[s]);
-        for (int s = 0; s < n; s++) {
-            const float ms = w[s];
-            w[s] = -1.0f;
-            if (ms != -INFINITY) {
-                const float f = expf(ms - mx);
-                dn += ls[tid * n + s] * f;
-                w[s] = f;
-            }
-        }
-        den[tid] = dn;
-    }
-    wg::named_sync(1, TC_THREADS);
-    for (int g0 = 0; g0 < gn; g0 += GJ) {
-        float num[GJ] = {};
-        for (int s0 = 0; s0 < n; s0 += SU) {
-            float av[GJ][SU];
-#pragma unroll
-            for (int j = 0; j < GJ; j++)
-#pragma unroll
-                for (int u = 0; u < SU; u++)
-                    av[j][u] = g0 + j < gn && s0 + u < n
-                                   ? __ldcg(rec0 + ((size_t)(g0 + j) * splits_max + s0 + u) * REC +
-                                            2 + tid)
-                                   : 0.0f;
-#pragma unroll
-            for (int j = 0; j < GJ; j++)
-#pragma unroll
-                for (int u = 0; u < SU; u++)
-                    if (g0 + j < gn && s0 + u < n) {
-                        const float w = ws[(g0 + j) * n + s0 + u];
-                        if (w >= 0.0f)
-                            num[j] += av[j][u] * w;
-                    }
-        }
-#pragma unroll
-        for (int j = 0; j < GJ; j++)
-            if (g0 + j < gn)
-                out[(size_t)(g0 + j) * HD + tid] = from_f32<bf16>(num[j] / den[g0 + j]);
-    }
-}
-
 /* attention_rope_kv's Q tile: the group's gn q heads at row (the first
  * head's q, as the GEMV wrote it) normed and rotated (norm_rope_head, the
  * bits rope with the KV write stores) into the tile at qtile as stage_q
@@ -912,8 +836,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
     typedef typename std::conditional<ROWS, sw128_rows256, sw128_rows32>::type Lay;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) uint64_t bars[2 * S]; /* full[S], empty[S] */
-    __shared__ int merge_last; /* merge_in: this block's segment was its group's last */
-    if (!ta.out && !ta.merge_in)
+    if (!ta.out)
         pdl_trigger(); /* the merge may start; it waits for the records */
     const attn_args &a = ta.a;
     const kernels_kv_layout &L = a.L;
@@ -1033,33 +956,15 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                 wg::bar_arrive(empty0 + 8 * st); /* the warp's reads of the stage are done */
         }
         g += staged;
-        if (ta.merge_in == 1 && i + (int)gridDim.x >= total)
-            pdl_trigger(); /* the block's last item: its KV is read */
         /* every warp is past its last read of Q: the area takes the rows */
         wg::named_sync(1, TC_THREADS);
-        float *rec0 = a.scratch + ((size_t)it.r * a.heads + (size_t)it.h0) * a.splits * REC;
-        partial_store<HD>(red, o, m, l, it.gn, it.gn, 1.0f, rec0 + (size_t)it.split * REC,
+        partial_store<HD>(red, o, m, l, it.gn, it.gn, 1.0f,
+                          a.scratch +
+                              (((size_t)it.r * a.heads + (size_t)it.h0) * a.splits + it.split) *
+                                  REC,
                           (size_t)a.splits * REC, [] { wg::named_sync(1, TC_THREADS); },
                           ta.out ? ta.out + ((size_t)it.r * a.heads + (size_t)it.h0) * HD
                                  : nullptr);
-        if (ta.merge_in) { /* a thread an element of the head: TC_THREADS == HD */
-            const int n = attn_splits_of(positions[it.r] + 1, a.splits, a.fill);
-            __threadfence(); /* the records, before the count that publishes them */
-            wg::named_sync(1, TC_THREADS);
-            if (threadIdx.x == 0) {
-                int *cnt = ta.counts + (size_t)it.r * CUDA_ATTN_COUNTS_ROW +
-                           (i / a.splits) % (a.L.kv_heads * chunks);
-                merge_last = atomicAdd(cnt, 1) == n - 1;
-                if (merge_last) {
-                    *cnt = 0; /* every segment has counted: for the next launch */
-                    __threadfence(); /* the others' records, after their counts */
-                }
-            }
-            wg::named_sync(1, TC_THREADS);
-            if (merge_last)
-                tma_merge_in<HD>(rec0, a.splits, n, it.gn, red,
-                                 ta.merged + ((size_t)it.r * a.heads + (size_t)it.h0) * HD);
-        }
     }
 #endif
 }
@@ -1101,7 +1006,6 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
         c->tma_args.rows = s->rows;
         /* one segment a row: the partials are the output, no merge */
         c->tma_args.out = c->args.splits == 1 ? (bf16 *)s->out : nullptr;
-        c->tma_args.merged = c->tma_args.merge_in ? (bf16 *)s->out : nullptr;
         long long items = (long long)grid.x * grid.y * grid.z;
         long long most = (long long)c->tma_resident * cuda_of(c->be)->sm_count;
         unsigned blocks = (unsigned)(items < most ? items : most);
@@ -1128,8 +1032,7 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
         attn_partial<T, KV><<<grid, ATTN_THREADS, c->smem, stream>>>(
             c->args, (const T *)s->q, s->row_stream, s->positions, s->page_table);
     }
-    if (!cuda_launched(c->be, "attention partial") ||
-        (c->tma && (c->tma_args.out || c->tma_args.merge_in)))
+    if (!cuda_launched(c->be, "attention partial") || (c->tma && c->tma_args.out))
         return;
     dim3 mgrid((unsigned)s->rows, (unsigned)c->args.heads);
     cuda_launch_pdl(stream, mgrid, MERGE_THREADS,
@@ -1328,13 +1231,6 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
                                         blocks_per_row, heads, hd, false);
         c.args.fill = 0;
     }
-    /* the partials merge their own segments */
-    c.tma_args.merge_in = c.tma && c.args.splits > 1 &&
-                                  st->attn_merge_in >= 1 && st->attn_merge_in <= 2
-                              ? st->attn_merge_in
-                              : 0;
-    c.tma_args.counts = st->attn_counts;
-    SHOAL_ASSERT(layout->kv_heads * c.chunks <= CUDA_ATTN_COUNTS_ROW);
     /* a slice's records fit the scratch */
     int slice_rows = batch->rows < st->attn_slice_rows ? batch->rows : st->attn_slice_rows;
     SHOAL_ASSERT((size_t)slice_rows * (size_t)c.args.splits * (size_t)heads * ((size_t)hd + 2) *

@@ -205,7 +205,6 @@ static void cuda_close(kernels_backend *be)
             cudaFree(st->allocs.ptr[i]);
         free(st->allocs.ptr);
         cudaFree(st->attn_scratch);
-        cudaFree(st->attn_counts);
         cudaFree(st->sample_parts);
         cudaFree(st->cublas_workspace);
         if (st->cublas)
@@ -231,20 +230,12 @@ static shoal_err alloc_attn_scratch(kernels_backend *be, int rows, shoal_diag *d
 {
     cuda_state *st = cuda_of(be);
     cudaFree(st->attn_scratch);
-    cudaFree(st->attn_counts);
     st->attn_scratch = NULL;
-    st->attn_counts = NULL;
-    size_t n = (size_t)(rows > KERNELS_ATTN_SLICE_ROWS ? rows : KERNELS_ATTN_SLICE_ROWS);
-    size_t bytes = n * CUDA_ATTN_ROW_SCRATCH_BYTES, counts = n * CUDA_ATTN_COUNTS_ROW * sizeof(int);
-    if (cudaMalloc(&st->attn_scratch, bytes) != cudaSuccess ||
-        cudaMalloc(&st->attn_counts, counts) != cudaSuccess ||
-        cudaMemsetAsync(st->attn_counts, 0, counts, st->stream) != cudaSuccess ||
-        cudaStreamSynchronize(st->stream) != cudaSuccess) {
+    size_t bytes = (size_t)(rows > KERNELS_ATTN_SLICE_ROWS ? rows : KERNELS_ATTN_SLICE_ROWS) *
+                   CUDA_ATTN_ROW_SCRATCH_BYTES;
+    if (cudaMalloc(&st->attn_scratch, bytes) != cudaSuccess) {
         cudaGetLastError();
-        cudaFree(st->attn_scratch);
-        cudaFree(st->attn_counts);
         st->attn_scratch = NULL;
-        st->attn_counts = NULL;
         st->attn_slice_rows = 0;
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
                               "cuda: no memory for %zu bytes of attention scratch", bytes);
@@ -317,7 +308,6 @@ static void pick_kernels(cuda_state *st)
     st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
     st->attn_early = env_int("SHOAL_CUDA_ATTN_EARLY", legacy ? 0 : 1) != 0;
     st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 2);
-    st->attn_merge_in = env_int("SHOAL_CUDA_ATTN_MERGE_IN", 0);
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 1) != 0;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)

@@ -36,7 +36,6 @@ extern "C" {
  * takes as many as its own context needs (attention_mma.cuh), so a
  * launch's results never depend on how many rows the scratch has. */
 #define CUDA_ATTN_ROW_SCRATCH_BYTES (512u << 10)
-#define CUDA_ATTN_COUNTS_ROW 256 /* KV heads x query-head groups a row, at most */
 #define CUDA_ATTN_SPLITS_MAX 64
 
 /* Matmuls of at most this many rows may take our GEMV (matmul.cu), and
@@ -98,10 +97,6 @@ typedef struct cuda_state {
      * CUDA_ATTN_ROW_SCRATCH_BYTES: a small round's rows share the default
      * slice's budget (attention.cu), whatever the slice */
     float *attn_scratch;
-    /* as many rows of CUDA_ATTN_COUNTS_ROW counters, zero between
-     * launches: the segments of each (row, KV head, group) done so far,
-     * where the TMA partials merge them themselves (attn_merge_in) */
-    int *attn_counts;
     int attn_slice_rows;
     kernels_attn_fault attn_fault; /* tests only */
     void *sample_parts; /* sample_parts_max chunk summaries (sample.cu) */
@@ -170,11 +165,6 @@ typedef struct cuda_state {
      * 219.6 -> 223.9 tokens/s, 2 +0.6%, 4 -0.9%, 8 -0.5%, 64 -0.5%
      * (kernels/lab row 21.1) */
     int attn_rope;
-    /* the TMA partials' segments merged by the last of them to finish,
-     * no merge kernel (SHOAL_CUDA_ATTN_MERGE_IN: 0 = the merge kernel; 1 =
-     * each block lets the kernel after start at its last item's end; 2 =
-     * at its exit) */
-    int attn_merge_in;
     /* bf16 RMSNorm launched with programmatic serialization too, so that
      * it and the GEMV after it start while the GEMV before drains
      * (SHOAL_CUDA_NORM_EARLY, default 1; 0 = a plain launch) */

@@ -661,22 +661,6 @@ static void attention_with_rope_keeps_the_logits(void)
     remove_dummy_model();
 }
 
-/* The same for the TMA partials merging their own segments (the last of
- * a (row, KV head)'s blocks to finish; SHOAL_CUDA_ATTN_MERGE_IN 1 and 2)
- * against the merge kernel (0), bit for bit: every round of one row but
- * the first few has more than one segment. */
-static void merge_in_the_partials_keeps_the_logits(void)
-{
-    if (!make_dummy_model())
-        return;
-    const char *const names[] = {dummy_dir};
-    rounds_keep_the_logits("SHOAL_CUDA_ATTN_MERGE_IN", "1", "merged in the partials vs merge",
-                           names, 1, 30, 66, test_sanitize);
-    rounds_keep_the_logits("SHOAL_CUDA_ATTN_MERGE_IN", "2", "merged in the partials, late start",
-                           names, 1, 30, 66, test_sanitize);
-    remove_dummy_model();
-}
-
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_model", argc, argv);
@@ -687,7 +671,6 @@ int main(int argc, char **argv)
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
         TEST_RUN(early_attention_keeps_the_logits);
         TEST_RUN(attention_with_rope_keeps_the_logits);
-        TEST_RUN(merge_in_the_partials_keeps_the_logits);
     } else {
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
         TEST_RUN(one_forward_pass_of_each_kv_dtype);
@@ -696,7 +679,6 @@ int main(int argc, char **argv)
         TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
         TEST_RUN(early_attention_keeps_the_logits);
         TEST_RUN(attention_with_rope_keeps_the_logits);
-        TEST_RUN(merge_in_the_partials_keeps_the_logits);
     }
     return TEST_EXIT();
 }
