@@ -7,6 +7,7 @@
  * SIMT kernel of ours with F32 accumulation; checkpoints in the activation
  * dtype, the usual case, never do. */
 #include "cuda_ops.h"
+#include "gemv.cuh"
 
 enum { MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_THREADS = 256 };
 
@@ -51,89 +52,6 @@ static __global__ void __launch_bounds__(MM_THREADS)
     }
 }
 
-/* Few rows (decode): the GEMM is a stream over the weights, which cuBLAS
- * reads well below the copy bandwidth at one row. One warp per weight row
- * n reads it once in 16-byte loads, GEMV_UNROLL of them in flight per lane
- * (kept out of L1, so the inputs, read by every warp, stay there), and
- * takes the dot products with all R input rows; the k-sums go lane-local
- * then across the warp, the same order for every row count. */
-enum { GEMV_WARPS = 4, GEMV_UNROLL = 8 };
-
-static __device__ __forceinline__ uint4 ld_stream16(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-static __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b)
-{
-    const __nv_bfloat162 *x = (const __nv_bfloat162 *)&a, *y = (const __nv_bfloat162 *)&b;
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 fx = __bfloat1622float2(x[i]), fy = __bfloat1622float2(y[i]);
-        s = fmaf(fx.x, fy.x, s);
-        s = fmaf(fx.y, fy.y, s);
-    }
-    return s;
-}
-
-/* One warp's dot products of weight row wr (chunks 16-byte chunks) with
- * the R input rows at x, lane-local in ascending chunk order (so a row's
- * sum is the same whichever kernel streams it); acc is the lane's part.
- * Launched with programmatic serialization (pdl_wait in cuda_ops.h): the
- * first GEMV_UNROLL loads of each lane, weights only, are issued before
- * waiting for the kernel that writes the input, so the weight stream
- * starts while that kernel drains. A warp without a row (valid false)
- * waits and adds nothing. */
-template <int R>
-static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr, const uint4 *x,
-                                                int chunks, int lane, bool valid)
-{
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        acc[r] = 0.0f;
-    /* the first group of loads, before the wait; the loops after are
-     * the plain ones (unpredicated full groups, then a tail) */
-    uint4 wv[GEMV_UNROLL];
-    int c = lane;
-    const bool first = valid && c + (GEMV_UNROLL - 1) * 32 < chunks;
-    if (first)
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
-            wv[u] = ld_stream16(wr + c + u * 32);
-    pdl_wait();
-    if (!valid)
-        return;
-    if (first) {
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                acc[r] += dot8_bf16(wv[u], __ldg(x + (size_t)r * chunks + c + u * 32));
-        c += GEMV_UNROLL * 32;
-    }
-    for (; c + (GEMV_UNROLL - 1) * 32 < chunks; c += GEMV_UNROLL * 32) {
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
-            wv[u] = ld_stream16(wr + c + u * 32);
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                acc[r] += dot8_bf16(wv[u], __ldg(x + (size_t)r * chunks + c + u * 32));
-    }
-    for (; c < chunks; c += 32) {
-        uint4 w1 = ld_stream16(wr + c);
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            acc[r] += dot8_bf16(w1, __ldg(x + (size_t)r * chunks + c));
-    }
-}
-
 /* out[R][n] = in[R][k] x w[n][k]^T, one warp a weight row. With SWIGLU
  * (matmul_swiglu) out[r][j] = silu(g) * u instead, where g and u are the
  * dot products with rows j of w (the gate) and w2 (the up projection):
@@ -155,7 +73,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const bf16 *wm = SWIGLU && warp >= ROWS ? w2 : w;
     float acc[R];
     gemv_dot<R>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k), (const uint4 *)in, k / 8,
-                lane, valid);
+                lane, valid, [] { pdl_wait(); });
     if constexpr (!SWIGLU) {
         if (!valid)
             return;
