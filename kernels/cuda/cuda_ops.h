@@ -287,14 +287,14 @@ template <typename F> static void cuda_dispatch_weight(shoal_dtype dt, F f)
  * A kernel launched with the programmatic-serialization attribute
  * (cuda_launch_pdl: the GEMV, matmul.cu; rope with the KV write, rope.cu;
  * decode attention's TMA partials and merge, attention.cu; RMSNorm,
- * rmsnorm.cu) may start while the
- * kernel before it on the stream finishes; it reads nothing that kernel
- * writes, and writes nothing, before pdl_wait(), which returns once that
- * kernel has completed and its writes are visible. Kernels that come
- * before one call pdl_trigger() at their start so that it may be
- * scheduled early; where the kernel before was itself launched so, the
- * new one may start before the ones further back have completed too, up
- * to the last plain launch, and must not read what they write either. Both are no-ops where
+ * rmsnorm.cu) may start while the kernel before it on the stream
+ * finishes; it reads nothing that kernel writes, and writes nothing,
+ * before pdl_wait(), which returns once that kernel has completed and its
+ * writes are visible. Kernels that come before one call pdl_trigger() at
+ * their start so that it may be scheduled early; where the kernel before
+ * was itself launched so, the new one may start before the ones further
+ * back have completed too, up to the last plain launch, and must not read
+ * what they write either. Both are no-ops where
  * there is no such dependency. */
 static __device__ __forceinline__ void pdl_wait()
 {

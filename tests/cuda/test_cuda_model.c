@@ -628,57 +628,49 @@ static void remove_dummy_model(void)
     rmdir(dummy_dir);
 }
 
-/* Decode attention's TMA partials launched early (SHOAL_CUDA_ATTN_EARLY=1,
- * the default: the KV before each row's position copied while the q/k/v
- * GEMV and rope with the KV write run) give the logits of a plain launch
- * (=0), bit for bit: one-row rounds at positions 30 to 95, across the
- * partials' 32-token stages and their segments (one to 64 tokens, then
- * two), then a round of three streams (under the sanitizers the prompts
- * a row a pass, no round of three). The head-dim-128 dummy model. */
-static void early_attention_keeps_the_logits(void)
+/* On the head-dim-128 dummy model: one-row rounds at positions 30 to 95,
+ * across the TMA partials' 32-token stages and their segments (one to 64
+ * tokens, then two), then a round of three streams (under the sanitizers
+ * the prompts a row a pass, no round of three), give the same logits bit
+ * for bit with the switch `env` at 0 and at `on` (rounds_keep_the_logits). */
+static void dummy_rounds_keep_the_logits(const char *env, const char *on, const char *what)
 {
     if (!make_dummy_model())
         return;
     const char *const names[] = {dummy_dir};
-    /* under the sanitizers one row a pass (see rounds_keep_the_logits) */
-    rounds_keep_the_logits("SHOAL_CUDA_ATTN_EARLY", "1", "attention launched early vs plain",
-                           names, 1, 30, 66, test_sanitize);
+    rounds_keep_the_logits(env, on, what, names, 1, 30, 66, test_sanitize);
     remove_dummy_model();
 }
 
-/* The same for rope and the KV write inside the TMA partials
- * (SHOAL_CUDA_ATTN_ROPE=1: attention_rope_kv as one kernel, which norms
- * and rotates q as it stages it and stores each round's new k and v rows
- * itself) against the two ops (=0): the same logits, bit for bit, and the
- * same pages (every later round reads the rows the kernel stored). */
+/* Decode attention's TMA partials launched early (SHOAL_CUDA_ATTN_EARLY=1,
+ * the default: the KV before each row's position copied while the q/k/v
+ * GEMV and rope with the KV write run) against a plain launch (=0). */
+static void early_attention_keeps_the_logits(void)
+{
+    dummy_rounds_keep_the_logits("SHOAL_CUDA_ATTN_EARLY", "1", "attention launched early vs plain");
+}
+
+/* Rope and the KV write inside the TMA partials (SHOAL_CUDA_ATTN_ROPE=64:
+ * attention_rope_kv as one kernel at every round, which norms and rotates
+ * q as it stages it and stores each round's new k and v rows itself)
+ * against the two ops (=0): the same logits, and so the same pages (every
+ * later round reads the rows the kernel stored). */
 static void attention_with_rope_keeps_the_logits(void)
 {
-    if (!make_dummy_model())
-        return;
-    const char *const names[] = {dummy_dir};
-    rounds_keep_the_logits("SHOAL_CUDA_ATTN_ROPE", "64", "rope in the attention kernel vs rope_kv",
-                           names, 1, 30, 66, test_sanitize);
-    remove_dummy_model();
+    dummy_rounds_keep_the_logits("SHOAL_CUDA_ATTN_ROPE", "64",
+                                 "rope in the attention kernel vs rope_kv");
 }
 
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_model", argc, argv);
-    if (test_sanitize) {
-        TEST_RUN(one_forward_pass_of_each_kv_dtype);
-        TEST_RUN(graph_rounds_equal_op_by_op_rounds);
-        TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
-        TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
-        TEST_RUN(early_attention_keeps_the_logits);
-        TEST_RUN(attention_with_rope_keeps_the_logits);
-    } else {
+    if (!test_sanitize) /* not a small case: every fixture model against HF and the CPU */
         TEST_RUN(gpu_matches_hf_and_cpu_and_measures_fp8);
-        TEST_RUN(one_forward_pass_of_each_kv_dtype);
-        TEST_RUN(graph_rounds_equal_op_by_op_rounds);
-        TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
-        TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
-        TEST_RUN(early_attention_keeps_the_logits);
-        TEST_RUN(attention_with_rope_keeps_the_logits);
-    }
+    TEST_RUN(one_forward_pass_of_each_kv_dtype);
+    TEST_RUN(graph_rounds_equal_op_by_op_rounds);
+    TEST_RUN(one_row_swiglu_in_the_gemv_equals_the_swiglu_pass);
+    TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
+    TEST_RUN(early_attention_keeps_the_logits);
+    TEST_RUN(attention_with_rope_keeps_the_logits);
     return TEST_EXIT();
 }
