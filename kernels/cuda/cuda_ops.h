@@ -294,8 +294,8 @@ template <typename F> static void cuda_dispatch_weight(shoal_dtype dt, F f)
  * their start so that it may be scheduled early; where the kernel before
  * was itself launched so, the new one may start before the ones further
  * back have completed too, up to the last plain launch, and must not read
- * what they write either. Both are no-ops where
- * there is no such dependency. */
+ * what they write either. Both are no-ops where there is no such
+ * dependency. */
 static __device__ __forceinline__ void pdl_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
