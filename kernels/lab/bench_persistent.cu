@@ -17,7 +17,9 @@
  *   shoal-lab-persistent [--device N] [--calls N]
  *
  * Weights rotate through ten layers' MLPs (3 GB), so every call reads cold
- * weights as a step does. Prints each variant's microseconds a call
+ * weights as a step does. Prints each variant's microseconds a call (the
+ * pair also replayed from a graph of --calls calls, as the model runs it,
+ * and the grid barrier alone, a use)
  * (median of five runs of --calls back-to-back calls, default 50) beside
  * the bytes' time at the copy bandwidth measured in the same run, and
  * whether the two variants' outputs are equal. Written in the fifteenth
@@ -106,6 +108,15 @@ static __global__ void __launch_bounds__(PW * 32)
         if (lane == 0)
             out[r] = from_f32<bf16>(v);
     }
+}
+
+/* The barrier alone: n uses of it by every resident block, nothing
+ * between (its cost a use, the floor of any persistent layer's phase
+ * boundary). */
+static __global__ void __launch_bounds__(PW * 32) barriers_only(grid_sync *gs, int n)
+{
+    for (int i = 0; i < n; i++)
+        grid_barrier(gs);
 }
 
 /* Random bf16 in [-0.05, 0.05) from a hash of the index. */
@@ -229,6 +240,28 @@ int main(int argc, char **argv)
     };
     const double pair_us = time_calls(run_pair), pers_us = time_calls(run_persistent);
 
+    /* the pair as the model runs it: --calls calls recorded as one graph,
+     * replayed */
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; i++)
+        run_pair(i, out[0]);
+    CK(cudaStreamEndCapture(stream, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    auto replay = [&](int, bf16 *) { CK(cudaGraphLaunch(exec, stream)); };
+    CK(cudaGraphLaunch(exec, stream)); /* warm */
+    const double graph_us = time_calls(replay) / calls;
+
+    /* the barrier alone, 1,000 uses a launch */
+    int nb = 1000;
+    void *bargs[] = {&gs, &nb};
+    auto run_barriers = [&](int, bf16 *) {
+        CK(cudaLaunchCooperativeKernel((const void *)barriers_only, dim3(blocks), dim3(PW * 32),
+                                       bargs, 0, stream));
+    };
+    const double barrier_us = time_calls(run_barriers) / nb;
+
     /* the copy bandwidth of this run: (read + write) bytes over the time */
     const size_t cb = (size_t)1 << 30;
     CK(cudaEventRecord(e0, stream));
@@ -245,7 +278,9 @@ int main(int argc, char **argv)
     printf("copy bandwidth %.1f GB/s: the MLP's %.1f MB in %.1f us\n", copy_gbs, bytes / 1e6,
            bytes / (copy_gbs * 1e9) * 1e6);
     printf("pair        %8.2f us a call  %7.1f GB/s\n", pair_us, bytes / (pair_us * 1e-6) / 1e9);
+    printf("pair graph  %8.2f us a call  %7.1f GB/s\n", graph_us, bytes / (graph_us * 1e-6) / 1e9);
     printf("persistent  %8.2f us a call  %7.1f GB/s\n", pers_us, bytes / (pers_us * 1e-6) / 1e9);
+    printf("barrier     %8.3f us a use (%u blocks)\n", barrier_us, blocks);
     printf("outputs: %d of %d differ%s\n", differ, HID, differ ? " (FAIL)" : "");
     kernels_backend_close(be);
     return differ ? 1 : 0;
