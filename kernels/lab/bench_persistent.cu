@@ -19,7 +19,7 @@
  * Weights rotate through ten layers' MLPs (3 GB), so every call reads cold
  * weights as a step does. Prints each variant's microseconds a call (the
  * pair also replayed from a graph of --calls calls, as the model runs it,
- * and the grid barrier alone, a use)
+ * and the grid barrier alone, a use, beside a lighter one)
  * (median of five runs of --calls back-to-back calls, default 50) beside
  * the bytes' time at the copy bandwidth measured in the same run, and
  * whether the two variants' outputs are equal. Written in the fifteenth
@@ -119,6 +119,29 @@ static __global__ void __launch_bounds__(PW * 32) barriers_only(grid_sync *gs, i
         grid_barrier(gs);
 }
 
+/* The lighter barrier: one release add a block on a count that only
+ * grows, then an acquire spin until it reaches this use's target (base
+ * plus the uses so far times the grid), no reset and no fence pair. */
+static __device__ __forceinline__ void grid_barrier_count(unsigned *count, unsigned target)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+        } while ((int)(v - target) < 0);
+    }
+    __syncthreads();
+}
+
+static __global__ void __launch_bounds__(PW * 32)
+    barriers_count(unsigned *count, unsigned base, int n)
+{
+    for (int i = 0; i < n; i++)
+        grid_barrier_count(count, base + (unsigned)(i + 1) * gridDim.x);
+}
+
 /* Random bf16 in [-0.05, 0.05) from a hash of the index. */
 static __global__ void fill_bf16(bf16 *p, size_t n, unsigned seed)
 {
@@ -208,6 +231,9 @@ int main(int argc, char **argv)
 
     /* the same layer through both, the outputs compared */
     run_pair(0, out[0]);
+    /* act cleared between, so a persistent kernel that read it before
+     * every warp had written it would differ (the pair left it equal) */
+    CK(cudaMemsetAsync(act, 0, INTER * sizeof(bf16), stream));
     run_persistent(0, out[1]);
     CK(cudaStreamSynchronize(stream));
     if (be->sync(be) != SHOAL_OK) {
@@ -261,6 +287,15 @@ int main(int argc, char **argv)
                                        bargs, 0, stream));
     };
     const double barrier_us = time_calls(run_barriers) / nb;
+    unsigned *count = &gs->count, base = 0;
+    CK(cudaMemsetAsync(count, 0, sizeof *count, stream));
+    auto run_counts = [&](int, bf16 *) {
+        void *cargs[] = {&count, &base, &nb};
+        CK(cudaLaunchCooperativeKernel((const void *)barriers_count, dim3(blocks), dim3(PW * 32),
+                                       cargs, 0, stream));
+        base += (unsigned)nb * blocks;
+    };
+    const double count_us = time_calls(run_counts) / nb;
 
     /* the copy bandwidth of this run: (read + write) bytes over the time */
     const size_t cb = (size_t)1 << 30;
@@ -281,6 +316,7 @@ int main(int argc, char **argv)
     printf("pair graph  %8.2f us a call  %7.1f GB/s\n", graph_us, bytes / (graph_us * 1e-6) / 1e9);
     printf("persistent  %8.2f us a call  %7.1f GB/s\n", pers_us, bytes / (pers_us * 1e-6) / 1e9);
     printf("barrier     %8.3f us a use (%u blocks)\n", barrier_us, blocks);
+    printf("barrier2    %8.3f us a use (release add, acquire spin)\n", count_us);
     printf("outputs: %d of %d differ%s\n", differ, HID, differ ? " (FAIL)" : "");
     kernels_backend_close(be);
     return differ ? 1 : 0;
