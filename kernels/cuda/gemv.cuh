@@ -9,11 +9,20 @@
 
 /* Few rows (decode): the GEMM is a stream over the weights, which cuBLAS
  * reads well below the copy bandwidth at one row. One warp per weight row
- * n reads it once in 16-byte loads, GEMV_UNROLL of them in flight per lane
+ * n reads it once in 16-byte loads, gemv_unroll of them in flight per lane
  * (kept out of L1, so the inputs, read by every warp, stay there), and
  * takes the dot products with all R input rows; the k-sums go lane-local
  * then across the warp, the same order for every row count. */
-enum { GEMV_WARPS = 4, GEMV_UNROLL = 8 };
+enum { GEMV_WARPS = 4 };
+
+/* Loads in flight a lane: at one row a whole 4,096-column row (16 a lane,
+ * every load of the q/k/v, o, gate/up and lm_head rows issued before the
+ * wait; 160-164 registers, three blocks a multiprocessor); at more rows 8
+ * (each row's input loads take registers too). */
+template <int R> static constexpr __host__ __device__ int gemv_unroll()
+{
+    return R == 1 ? 16 : 8;
+}
 
 static __device__ __forceinline__ uint4 ld_stream16(const void *p)
 {
@@ -48,7 +57,7 @@ template <bool COHERENT> static __device__ __forceinline__ uint4 x_at(const uint
 /* One warp's dot products of weight row wr (chunks 16-byte chunks) with
  * the R input rows at x, lane-local in ascending chunk order (so a row's
  * sum is the same whichever kernel streams it); acc is the lane's part.
- * The first GEMV_UNROLL loads of each lane, weights only, are issued
+ * The first gemv_unroll<R>() loads of each lane, weights only, are issued
  * before wait() (the GEMV: pdl_wait, cuda_ops.h, for the kernel that
  * writes the input), so the weight stream starts while that kernel
  * drains. A warp without a row (valid false) waits and adds nothing.
@@ -63,30 +72,31 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr
         acc[r] = 0.0f;
     /* the first group of loads, before the wait; the loops after are
      * the plain ones (unpredicated full groups, then a tail) */
-    uint4 wv[GEMV_UNROLL];
+    constexpr int U = gemv_unroll<R>();
+    uint4 wv[U];
     int c = lane;
-    const bool first = valid && c + (GEMV_UNROLL - 1) * 32 < chunks;
+    const bool first = valid && c + (U - 1) * 32 < chunks;
     if (first)
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
+        for (int u = 0; u < U; u++)
             wv[u] = ld_stream16(wr + c + u * 32);
     wait();
     if (!valid)
         return;
     if (first) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
+        for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < R; r++)
                 acc[r] += dot8_bf16(wv[u], x_at<COHERENT>(x + (size_t)r * chunks + c + u * 32));
-        c += GEMV_UNROLL * 32;
+        c += U * 32;
     }
-    for (; c + (GEMV_UNROLL - 1) * 32 < chunks; c += GEMV_UNROLL * 32) {
+    for (; c + (U - 1) * 32 < chunks; c += U * 32) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
+        for (int u = 0; u < U; u++)
             wv[u] = ld_stream16(wr + c + u * 32);
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
+        for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < R; r++)
                 acc[r] += dot8_bf16(wv[u], x_at<COHERENT>(x + (size_t)r * chunks + c + u * 32));
