@@ -165,10 +165,18 @@ typedef struct cuda_state {
      * 219.6 -> 223.9 tokens/s, 2 +0.6%, 4 -0.9%, 8 -0.5%, 64 -0.5%
      * (kernels/lab row 21.1) */
     int attn_rope;
-    /* bf16 RMSNorm launched with programmatic serialization too, so that
-     * it and the GEMV after it start while the GEMV before drains
-     * (SHOAL_CUDA_NORM_EARLY, default 1; 0 = a plain launch) */
-    bool norm_early;
+    /* bf16 RMSNorm of at least this many rows launched with programmatic
+     * serialization too, so that it and the GEMV after it start while
+     * the GEMV before drains (SHOAL_CUDA_NORM_EARLY, default 2; 1 =
+     * every norm, 0 = none). At one row, since the GEMV keeps a whole
+     * row's loads in flight, the plain launch is faster: batch 1 at 4k
+     * 226.4 -> 233.3 tokens/s (kernels/lab row 22.3) */
+    int norm_early;
+    /* a lane's loads in flight in the one-row GEMV: 16 (default: a 4,096-
+     * column row whole, before the wait) or 8 (SHOAL_CUDA_GEMV_LOADS; the
+     * same bits). H200, batch 1 at 4k: 8 -> 16 223.8-224.8 -> 227.5-228.5
+     * tokens/s (kernels/lab row 22.2) */
+    int gemv_loads;
     /* its blocks a multiprocessor holds at this shared memory (0: not
      * asked yet; the kernel is fixed at open, the memory by the group) */
     size_t attn_tma_smem_known;

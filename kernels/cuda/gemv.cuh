@@ -13,15 +13,16 @@
  * (kept out of L1, so the inputs, read by every warp, stay there), and
  * takes the dot products with all R input rows; the k-sums go lane-local
  * then across the warp, the same order for every row count. */
-enum { GEMV_WARPS = 4 };
+enum { GEMV_WARPS = 4, GEMV_LOADS_ONE_ROW = 16 };
 
 /* Loads in flight a lane: at one row a whole 4,096-column row (16 a lane,
  * every load of the q/k/v, o, gate/up and lm_head rows issued before the
  * wait; 160-164 registers, three blocks a multiprocessor); at more rows 8
- * (each row's input loads take registers too). */
+ * (each row's input loads take registers too). SHOAL_CUDA_GEMV_LOADS=8
+ * takes 8 at one row as well (kernels/lab row 22.2). */
 template <int R> static constexpr __host__ __device__ int gemv_unroll()
 {
-    return R == 1 ? 16 : 8;
+    return R == 1 ? GEMV_LOADS_ONE_ROW : 8;
 }
 
 static __device__ __forceinline__ uint4 ld_stream16(const void *p)
@@ -57,13 +58,13 @@ template <bool COHERENT> static __device__ __forceinline__ uint4 x_at(const uint
 /* One warp's dot products of weight row wr (chunks 16-byte chunks) with
  * the R input rows at x, lane-local in ascending chunk order (so a row's
  * sum is the same whichever kernel streams it); acc is the lane's part.
- * The first gemv_unroll<R>() loads of each lane, weights only, are issued
+ * The first U loads of each lane (gemv_unroll), weights only, are issued
  * before wait() (the GEMV: pdl_wait, cuda_ops.h, for the kernel that
  * writes the input), so the weight stream starts while that kernel
  * drains. A warp without a row (valid false) waits and adds nothing.
  * COHERENT: the input rows by plain loads, where the same kernel wrote
  * them (else through the read-only path, __ldg). */
-template <int R, bool COHERENT = false, typename Wait>
+template <int R, bool COHERENT = false, int U = gemv_unroll<R>(), typename Wait>
 static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr, const uint4 *x,
                                                 int chunks, int lane, bool valid, Wait wait)
 {
@@ -72,7 +73,6 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr
         acc[r] = 0.0f;
     /* the first group of loads, before the wait; the loops after are
      * the plain ones (unpredicated full groups, then a tail) */
-    constexpr int U = gemv_unroll<R>();
     uint4 wv[U];
     int c = lane;
     const bool first = valid && c + (U - 1) * 32 < chunks;

@@ -61,7 +61,7 @@ static __global__ void __launch_bounds__(MM_THREADS)
  * product. g and u are rounded to O first, as the projections would be
  * stored, and silu is the swiglu kernel's expression, so the result is
  * bit for bit that of the GEMV, then swiglu. */
-template <int R, typename O, bool SWIGLU>
+template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>()>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     matmul_gemv(O *out, const bf16 *in, const bf16 *w, const bf16 *w2, int n, int k)
 {
@@ -72,7 +72,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const bool valid = row < n;
     const bf16 *wm = SWIGLU && warp >= ROWS ? w2 : w;
     float acc[R];
-    gemv_dot<R>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k), (const uint4 *)in, k / 8,
+    gemv_dot<R, false, U>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k), (const uint4 *)in, k / 8,
                 lane, valid, [] { pdl_wait(); });
     if constexpr (!SWIGLU) {
         if (!valid)
@@ -103,21 +103,26 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-template <int R, typename O, bool SWIGLU>
+template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>()>
 static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
                           const bf16 *w, const bf16 *w2, int n, int k)
 {
-    cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, matmul_gemv<R, O, SWIGLU>, out, in, w, w2, n,
-                    k);
+    cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, matmul_gemv<R, O, SWIGLU, U>, out, in, w, w2,
+                    n, k);
 }
 
-/* w2 is the up projection with SWIGLU, else unused. */
+/* w2 is the up projection with SWIGLU, else unused; loads: a lane's loads
+ * in flight at one row (SHOAL_CUDA_GEMV_LOADS). */
 template <typename O, bool SWIGLU>
 static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 *w,
-                        const bf16 *w2, int rows, int n, int k)
+                        const bf16 *w2, int rows, int n, int k, int loads)
 {
     const int per_block = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS;
     unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
+    if (rows == 1 && loads == 8) {
+        launch_gemv_r<1, O, SWIGLU, 8>(stream, blocks, out, in, w, w2, n, k);
+        return;
+    }
     switch (rows) {
 #define GEMV_CASE(R)                                                                             \
     case R: launch_gemv_r<R, O, SWIGLU>(stream, blocks, out, in, w, w2, n, k); break;
@@ -169,10 +174,10 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
     if (gemv_takes(be, wdtype, rows, k, in, w)) {
         if (out_dtype == SHOAL_DTYPE_F32)
             launch_gemv<float, false>(st->stream, (float *)out, (const bf16 *)in,
-                                      (const bf16 *)w, NULL, rows, n, k);
+                                      (const bf16 *)w, NULL, rows, n, k, st->gemv_loads);
         else
             launch_gemv<bf16, false>(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)w,
-                                     NULL, rows, n, k);
+                                     NULL, rows, n, k, st->gemv_loads);
         cuda_launched(be, "matmul (gemv)");
         return;
     }
@@ -232,7 +237,7 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
     if (st->gemv_swiglu && gemv_takes(be, wdtype, rows, k, in, wg) && (uintptr_t)wu % 16 == 0) {
         CUDA_ASSERT_ALIGNED(in, ab);
         launch_gemv<bf16, true>(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)wg,
-                                (const bf16 *)wu, rows, n, k);
+                                (const bf16 *)wu, rows, n, k, st->gemv_loads);
         cuda_launched(be, "matmul_swiglu (gemv)");
         return;
     }

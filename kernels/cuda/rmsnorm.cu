@@ -100,7 +100,8 @@ void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
     if (be->act_dtype == SHOAL_DTYPE_BF16 && dim % 8 == 0 && (uintptr_t)out % 16 == 0 &&
         (uintptr_t)x % 16 == 0 && (uintptr_t)residual % 16 == 0 && (uintptr_t)weight % 16 == 0) {
         int threads = dim / 8 >= 512 ? 512 : dim / 8 >= 256 ? 256 : 128;
-        if (cuda_of(be)->norm_early)
+        const int early = cuda_of(be)->norm_early;
+        if (early > 0 && rows >= early)
             cuda_launch_pdl(cuda_of(be)->stream, (unsigned)rows, (unsigned)threads,
                             rmsnorm_bf16x8, (bf16 *)out, (bf16 *)x, (const bf16 *)residual,
                             weight, dim, eps);

@@ -427,6 +427,61 @@ static void matmul_split_k_matches_cpu(void)
     unsetenv("SHOAL_CUDA_GEMM_SPLITK");
 }
 
+/* The one-row GEMV with 16 loads in flight a lane (the default) and with
+ * 8 (SHOAL_CUDA_GEMV_LOADS=8) gives the same bits: a lane sums its chunks
+ * in ascending order whatever the depth. The plain GEMV to bf16 and to f32
+ * (the lm_head's), and matmul_swiglu; k of 4,096 and 12,288 (the 8B
+ * model's: whole groups of 16 and of 8), 4,104 (a group of 16 or two of
+ * 8, then a single load), 2,056 (single loads at 16, a group at 8) and 96
+ * (single loads only). */
+static void one_row_gemv_loads_keep_the_bits(void)
+{
+    static const int nk[][2] = {{1024, 4096}, {256, 12288}, {300, 4104}, {77, 2056}, {40, 96}};
+    if (act != SHOAL_DTYPE_BF16)
+        return;
+    kernels_backend *eight = open_gpu_with("SHOAL_CUDA_GEMV_LOADS", "8");
+    kernels_backend *bes[2] = {gpu, eight};
+    for (int s = 0; s < 5; s++)
+        for (int op = 0; op < 3; op++) {
+            const int n = nk[s][0], k = nk[s][1];
+            const shoal_dtype out_dt = op == 1 ? SHOAL_DTYPE_F32 : act;
+            const size_t outs = op == 2 ? 2 * (size_t)n : (size_t)n; /* [out | up] */
+            float *in = xmalloc((size_t)k * 4), *wt = xmalloc((size_t)2 * n * k * 4);
+            float *got[2] = {xmalloc((size_t)n * 4), xmalloc((size_t)n * 4)};
+            uint16_t *hw = xmalloc((size_t)2 * n * k * 2);
+            fill_uniform(in, (size_t)k, 1.0f, act);
+            fill_uniform(wt, (size_t)2 * n * k, 0.1f, SHOAL_DTYPE_BF16);
+            for (size_t i = 0; i < (size_t)2 * n * k; i++)
+                hw[i] = shoal_f32_to_bf16(wt[i]);
+            for (int b = 0; b < 2; b++) {
+                kernels_backend *be = bes[b];
+                void *din = dev_from_f32(be, in, (size_t)k, act);
+                unsigned char *dw = dev_copy(be, hw, (size_t)2 * n * k * 2);
+                unsigned char *dout = dev_alloc(be, outs * shoal_dtype_bytes(out_dt));
+                dev_poison(be, dout, outs * shoal_dtype_bytes(out_dt));
+                if (op == 2)
+                    be->matmul_swiglu(be, dout, dout + (size_t)n * 2, din, dw,
+                                      dw + (size_t)n * k * 2, SHOAL_DTYPE_BF16, 1, n, k);
+                else
+                    be->matmul(be, dout, out_dt, din, dw, SHOAL_DTYPE_BF16, 1, n, k);
+                f32_from_dev(be, got[b], dout, (size_t)n, out_dt);
+                CHECK(be->sync(be) == SHOAL_OK);
+                be->free(be, din);
+                be->free(be, dw);
+                be->free(be, dout);
+            }
+            size_t bad = count_differing(got[0], got[1], (size_t)n);
+            CHECK_MSG(bad == 0, "one-row %s n %d k %d: %zu outputs differ between 16 and 8 loads",
+                      op == 2 ? "matmul_swiglu" : op == 1 ? "matmul to f32" : "matmul", n, k, bad);
+            free(in);
+            free(wt);
+            free(got[0]);
+            free(got[1]);
+            free(hw);
+        }
+    kernels_backend_close(eight);
+}
+
 /* gate and up projections and their product on `be`, both ways: the op,
  * and matmul, matmul, swiglu; the op's result into got, the composition's
  * into ref (f32). Weights wg and wu (device) may be one allocation. */
@@ -1056,6 +1111,7 @@ int main(int argc, char **argv)
             TEST_RUN(qk_norm_rope_kv_write_matches_cpu_and_the_unfused_ops);
         }
         TEST_RUN(matmul_every_weight_dtype_matches_cpu);
+        TEST_RUN(one_row_gemv_loads_keep_the_bits);
         TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
         TEST_RUN(matmul_split_k_matches_cpu);
         if (!exact_ops_done) { /* act-independent: once */
