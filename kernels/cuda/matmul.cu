@@ -72,8 +72,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const bool valid = row < n;
     const bf16 *wm = SWIGLU && warp >= ROWS ? w2 : w;
     float acc[R];
-    gemv_dot<R, false, U>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k), (const uint4 *)in, k / 8,
-                lane, valid, [] { pdl_wait(); });
+    gemv_dot<R, false, U>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k),
+                          (const uint4 *)in, k / 8, lane, valid, [] { pdl_wait(); });
     if constexpr (!SWIGLU) {
         if (!valid)
             return;
