@@ -13,7 +13,7 @@
  * (kept out of L1, so the inputs, read by every warp, stay there), and
  * takes the dot products with all R input rows; the k-sums go lane-local
  * then across the warp, the same order for every row count. */
-enum { GEMV_WARPS = 4, GEMV_LOADS_ONE_ROW = 16 };
+enum { GEMV_WARPS = 4, GEMV_LOADS_ONE_ROW = 16, GEMV_LOADS_ROWS = 8 };
 
 /* Loads in flight a lane: at one row a whole 4,096-column row (16 a lane,
  * every load of the q/k/v, o, gate/up and lm_head rows issued before the
@@ -22,7 +22,7 @@ enum { GEMV_WARPS = 4, GEMV_LOADS_ONE_ROW = 16 };
  * takes 8 at one row as well (kernels/lab row 22.2). */
 template <int R> static constexpr __host__ __device__ int gemv_unroll()
 {
-    return R == 1 ? GEMV_LOADS_ONE_ROW : 8;
+    return R == 1 ? GEMV_LOADS_ONE_ROW : GEMV_LOADS_ROWS;
 }
 
 static __device__ __forceinline__ uint4 ld_stream16(const void *p)

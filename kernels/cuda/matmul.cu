@@ -119,8 +119,8 @@ static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 
 {
     const int per_block = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS;
     unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
-    if (rows == 1 && loads == 8) {
-        launch_gemv_r<1, O, SWIGLU, 8>(stream, blocks, out, in, w, w2, n, k);
+    if (rows == 1 && loads == GEMV_LOADS_ROWS) {
+        launch_gemv_r<1, O, SWIGLU, GEMV_LOADS_ROWS>(stream, blocks, out, in, w, w2, n, k);
         return;
     }
     switch (rows) {
