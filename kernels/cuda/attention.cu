@@ -1121,8 +1121,7 @@ void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const v
      * heads are one group; else the two ops */
     CUtensorMap map;
     if (batch->rows <= st->attn_rope && st->attn_early && batch->one_row_per_stream &&
-        stride > 0 &&
-        heads % kvh == 0 && heads / kvh <= TC_GM &&
+        stride > 0 && heads % kvh == 0 && heads / kvh <= TC_GM &&
         (const unsigned char *)k == (const unsigned char *)q + (size_t)heads * hd * a &&
         (const unsigned char *)v == (const unsigned char *)k + (size_t)kvh * hd * a &&
         be->act_dtype == SHOAL_DTYPE_BF16 && st->attn_tc && tma_kv_map(be, arena, layout, &map)) {
