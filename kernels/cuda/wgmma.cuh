@@ -154,54 +154,6 @@ static __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map
 #endif
 }
 
-/* A run of `bytes` (a multiple of 16, both ends 16-byte aligned) from
- * global memory into shared memory at dst by the tensor memory
- * accelerator, its bytes counted on barrier bar. */
-static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
-                                                 uint32_t bar)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-#endif
-}
-
-/* Asks L2 for a run of `bytes` (a multiple of 16, 16-byte aligned) of
- * global memory, landing nowhere else. */
-static __device__ __forceinline__ void prefetch_l2(const void *src, uint32_t bytes)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes)
-                 : "memory");
-#endif
-}
-
-/* An L2 policy for loads whose lines go first when L2 needs room (data
- * read once), for tma_load_3d_hint. */
-static __device__ __forceinline__ uint64_t policy_evict_first()
-{
-    uint64_t p = 0;
-#ifdef SHOAL_WGMMA
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-#endif
-    return p;
-}
-
-/* tma_load_3d with an L2 policy. */
-static __device__ __forceinline__ void tma_load_3d_hint(uint32_t dst, const void *map, int x,
-                                                        int y, int z, uint32_t bar,
-                                                        uint64_t policy)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-                 "l"(map), "r"(x), "r"(y), "r"(z), "r"(bar), "l"(policy)
-                 : "memory");
-#endif
-}
-
 /* A named block barrier (ids 1-15; 0 is __syncthreads): waits until
  * `count` threads of the block have come to barrier `id`. */
 static __device__ __forceinline__ void named_sync(int id, int count)
