@@ -709,10 +709,6 @@ struct attn_tma_args {
      * v into the page (arena_w) before it copies that stage */
     int rope;
     int qkv_stride;
-    /* with rope: the stage of the new row copied before the wait and the
-     * row written over it in shared memory (tma_patch_new_row), not
-     * stored, fenced and then copied (SHOAL_CUDA_ATTN_PATCH, default 1) */
-    int patch;
     const float *q_norm, *k_norm, *inv_freq;
     float eps;
     unsigned char *arena_w;
@@ -805,53 +801,6 @@ static __device__ __forceinline__ void tma_store_new_row(const attn_tma_args &ta
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-/* The same row for a stage already copied (SHOAL_CUDA_ATTN_PATCH, default
- * 1): k normed and rotated and v stored into the page as above (for the
- * rounds after), and written into the landed K and V stage at its row
- * `srow` (0-31) of the layout Lay, over the stale row the copy brought, so
- * that the stage's copy need not wait for the store: the copying warp
- * calls it once the stage's `land` barrier (parity lp) has completed. */
-template <typename Lay>
-static __device__ __forceinline__ void tma_patch_new_row(const attn_tma_args &ta, const bf16 *row,
-                                                         int kvh, int pos, const int32_t *pages,
-                                                         int lane, uint32_t kst, uint32_t vst,
-                                                         int srow, uint32_t land, uint32_t lp)
-{
-    const kernels_kv_layout &L = ta.a.L;
-    const int hd = TMA_HD, slot = pos & (L.page_tokens - 1);
-    bf16 *page = (bf16 *)(ta.arena_w +
-                          (size_t)pages[pos / L.page_tokens] * (size_t)L.page_bytes);
-    const bf16 *k = row + (size_t)ta.a.heads * hd + (size_t)kvh * hd;
-    const bf16 *v = k + (size_t)L.kv_heads * hd;
-    const float fpos = (float)pos, *inv = ta.inv_freq;
-    /* the lane's k elements: lane, lane + 32, lane + 64, lane + 96 */
-    bf16 kr[4];
-    norm_rope_head(
-        k, page + kv_head_at(L, ta.a.layer, 0, kvh, slot), hd, lane, ta.k_norm, ta.eps,
-        [fpos, inv](int, int i, float *c, float *s) { rope_angle(fpos, inv, i, c, s); },
-        [&kr](int e, bf16 x) { kr[e >> 5] = x; });
-    bf16 *vd = page + kv_head_at(L, ta.a.layer, 1, kvh, slot);
-    bf16 vr[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        vr[i] = v[lane + 32 * i];
-        vd[lane + 32 * i] = vr[i];
-    }
-    wg::bar_wait(land, lp); /* the copy has landed: the patch goes over it */
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int e = lane + 32 * i;
-        const uint32_t at = Lay::at(srow, e >> 3) + (uint32_t)(e & 7) * 2;
-        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(kst + at),
-                     "h"(*(const unsigned short *)&kr[i])
-                     : "memory");
-        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(vst + at),
-                     "h"(*(const unsigned short *)&vr[i])
-                     : "memory");
-    }
-    __syncwarp();
-}
-
 /* attention_rope_kv's Q tile: the group's gn q heads at row (the first
  * head's q, as the GEMV wrote it) normed and rotated (norm_rope_head, the
  * bits rope with the KV write stores) into the tile at qtile as stage_q
@@ -886,7 +835,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
     static_assert(S % 2 == 0, "a stage slot is read by one pair of warps");
     typedef typename std::conditional<ROWS, sw128_rows256, sw128_rows32>::type Lay;
     extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ __align__(8) uint64_t bars[2 * S + 1]; /* full[S], empty[S], land */
+    __shared__ __align__(8) uint64_t bars[2 * S]; /* full[S], empty[S] */
     if (!ta.out)
         pdl_trigger(); /* the merge may start; it waits for the records */
     const attn_args &a = ta.a;
@@ -898,14 +847,12 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
     const uint32_t ks0 = base, vs0 = base + S * TILE, qs = vs0 + S * TILE;
     float *red = (float *)(smem + (qs - mma::smem_addr(smem))); /* shares Q's area */
     const uint32_t full0 = mma::smem_addr(&bars[0]), empty0 = full0 + 8 * S;
-    const uint32_t land = empty0 + 8 * S; /* a patched stage's copy (tma_patch_new_row) */
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < S; i++) {
             wg::bar_init(full0 + 8 * i, 1);
             wg::bar_init(empty0 + 8 * i, 2); /* a warp of the pair each */
         }
-        wg::bar_init(land, 1);
         wg::bar_init_fence();
     }
     __syncthreads();
@@ -920,7 +867,6 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
         const int BR = min(R, TMA_BOX_MAX), page_rows = (int)(L.page_bytes / 256);
         const int c = lane, box = c / PER_BOX, half = ROWS ? 0 : (c >> 1) & 1;
         bool waited = !ta.early;
-        uint32_t landed = 0; /* uses of `land` so far: its parity */
         for (int i = blockIdx.x; i < total; i += gridDim.x) {
             if (!tma_item_of(i, a, chunks, positions, it))
                 continue;
@@ -933,41 +879,24 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                 const int boxes = min(TMA_BN / BR, (it.te - t0 + BR - 1) / BR);
                 const bool go = c < boxes * PER_BOX;
                 const int row = go ? pages[t >> pt_shift] * page_rows + kvrow + (t & (R - 1)) : 0;
-                const int pos = positions[it.r];
-                /* the stage of the row's own position, in its last segment:
-                 * its new k and v stored before the copy, or (patch) copied
-                 * first and written over the stale row once landed */
-                const bool mine = ta.rope && it.te == pos + 1 && t0 + TMA_BN > pos;
-                const bool patch = mine && ta.patch;
-                if (!waited && t0 + TMA_BN > pos && !patch) { /* the row's own position */
+                if (!waited && t0 + TMA_BN > positions[it.r]) { /* the row's own position */
                     pdl_wait();
                     waited = true;
                 }
-                if (mine && !patch)
-                    tma_store_new_row(ta, q + (size_t)it.r * ta.qkv_stride, it.kvh, pos, pages,
-                                      lane);
+                /* the stage of the row's own position, in its last segment */
+                if (ta.rope && it.te == positions[it.r] + 1 && t0 + TMA_BN > positions[it.r])
+                    tma_store_new_row(ta, q + (size_t)it.r * ta.qkv_stride, it.kvh,
+                                      positions[it.r], pages, lane);
                 wg::bar_wait(empty0 + 8 * st, ((g / S) & 1) ^ 1);
-                const uint32_t bar = patch ? land : full0 + 8 * st;
                 if (lane == 0)
-                    wg::bar_arrive_expect(bar, (uint32_t)(boxes * 2 * BR * 256));
+                    wg::bar_arrive_expect(full0 + 8 * st, (uint32_t)(boxes * 2 * BR * 256));
                 __syncwarp();
                 const uint32_t dst = (c & 1 ? vs0 : ks0) + st * TILE;
                 if (go && ROWS)
-                    wg::tma_load_3d(dst + box * BR * 256, &ta.kv_map, 0, 0, row, bar);
+                    wg::tma_load_3d(dst + box * BR * 256, &ta.kv_map, 0, 0, row, full0 + 8 * st);
                 else if (go)
                     wg::tma_load_2d(dst + half * HALF + box * BR * 128, &ta.kv_map, half * 64,
-                                    row, bar);
-                if (patch) {
-                    if (!waited)
-                        pdl_wait();
-                    waited = true;
-                    tma_patch_new_row<Lay>(ta, q + (size_t)it.r * ta.qkv_stride, it.kvh, pos,
-                                           pages, lane, ks0 + st * TILE, vs0 + st * TILE,
-                                           pos - t0, land, landed & 1);
-                    landed++;
-                    if (lane == 0)
-                        wg::bar_arrive(full0 + 8 * st); /* the patched stage */
-                }
+                                    row, full0 + 8 * st);
             }
             if (it.ntiles & 1) { /* an empty stage: the next item starts on an even one */
                 const uint32_t st = g % S;
@@ -1243,7 +1172,6 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
     SHOAL_ASSERT(!rope || c.tma_args.early); /* cuda_attention_rope_kv checked */
     c.tma_args.rope = rope != NULL;
     c.tma_args.qkv_stride = rope ? rope->stride : 0;
-    c.tma_args.patch = rope && st->attn_patch;
     c.tma_args.q_norm = rope ? rope->q_norm : NULL;
     c.tma_args.k_norm = rope ? rope->k_norm : NULL;
     c.tma_args.inv_freq = rope ? rope->inv_freq : NULL;

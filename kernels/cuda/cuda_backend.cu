@@ -308,7 +308,6 @@ static void pick_kernels(cuda_state *st)
     st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
     st->attn_early = env_int("SHOAL_CUDA_ATTN_EARLY", legacy ? 0 : 1) != 0;
     st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 2);
-    st->attn_patch = env_int("SHOAL_CUDA_ATTN_PATCH", legacy ? 0 : 1) != 0;
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 2);
     st->gemv_loads = env_int("SHOAL_CUDA_GEMV_LOADS", legacy ? 8 : 16) == 8 ? 8 : 16;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);

@@ -165,10 +165,6 @@ typedef struct cuda_state {
      * 219.6 -> 223.9 tokens/s, 2 +0.6%, 4 -0.9%, 8 -0.5%, 64 -0.5%
      * (kernels/lab row 21.1) */
     int attn_rope;
-    /* with attn_rope: the new row's stage copied before the wait and the
-     * row written over it in shared memory (SHOAL_CUDA_ATTN_PATCH, default
-     * 1; 0 = stored, fenced, then copied) */
-    bool attn_patch;
     /* bf16 RMSNorm of at least this many rows launched with programmatic
      * serialization too, so that it and the GEMV after it start while
      * the GEMV before drains (SHOAL_CUDA_NORM_EARLY, default 2; 1 =

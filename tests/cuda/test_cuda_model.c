@@ -661,16 +661,6 @@ static void attention_with_rope_keeps_the_logits(void)
                                  "rope in the attention kernel vs rope_kv");
 }
 
-/* The new row's stage copied first and the row written over it in shared
- * memory (SHOAL_CUDA_ATTN_PATCH=1, the default, with rope inside the TMA
- * partials) against the row stored, fenced and then copied (=0): the
- * same logits, and so the same pages. */
-static void patched_new_row_keeps_the_logits(void)
-{
-    dummy_rounds_keep_the_logits("SHOAL_CUDA_ATTN_PATCH", "1",
-                                 "new row patched in shared memory vs stored and copied");
-}
-
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_model", argc, argv);
@@ -682,6 +672,5 @@ int main(int argc, char **argv)
     TEST_RUN(one_row_rope_kv_kernel_equals_the_three_kernels);
     TEST_RUN(early_attention_keeps_the_logits);
     TEST_RUN(attention_with_rope_keeps_the_logits);
-    TEST_RUN(patched_new_row_keeps_the_logits);
     return TEST_EXIT();
 }
