@@ -31,13 +31,9 @@ static __global__ void rmsnorm_kernel(T *out, T *x, const T *residual, const flo
 }
 
 /* bf16 rows of a multiple of 8: the same arithmetic per element, in
- * 16-byte loads and stores. PARTS: the residual is the sum of nparts f32
- * rows ([nparts][rows][dim], attention_o's), in order, rounded to bf16 as
- * the o GEMV stores its output. */
-template <bool PARTS>
+ * 16-byte loads and stores. */
 static __global__ void rmsnorm_bf16x8(bf16 *out, bf16 *x, const bf16 *residual,
-                                      const float *weight, int dim, float eps,
-                                      const float *parts = nullptr, int nparts = 0)
+                                      const float *weight, int dim, float eps)
 {
     __shared__ float red[32];
     pdl_trigger(); /* a GEMV after may start fetching its weights */
@@ -59,21 +55,7 @@ static __global__ void rmsnorm_bf16x8(bf16 *out, bf16 *x, const bf16 *residual,
     for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
         uint4 xv = xr[i];
         bf16 *xe = (bf16 *)&xv;
-        if (PARTS) {
-            float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-            for (int p = 0; p < nparts; p++) {
-                const float4 *pp =
-                    (const float4 *)(parts + ((size_t)p * gridDim.x + blockIdx.x) * dim) + 2 * i;
-                const float4 lo = pp[0], hi = pp[1];
-                sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
-                sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                xe[j] = __float2bfloat16_rn(__bfloat162float(xe[j]) +
-                                            __bfloat162float(__float2bfloat16_rn(sum[j])));
-            xr[i] = xv;
-        } else if (rr) {
+        if (rr) {
             uint4 rv = rr[i];
             const bf16 *re = (const bf16 *)&rv;
 #pragma unroll
@@ -121,10 +103,10 @@ void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
         const int early = cuda_of(be)->norm_early;
         if (early > 0 && rows >= early)
             cuda_launch_pdl(cuda_of(be)->stream, (unsigned)rows, (unsigned)threads,
-                            rmsnorm_bf16x8<false>, (bf16 *)out, (bf16 *)x,
-                            (const bf16 *)residual, weight, dim, eps, (const float *)nullptr, 0);
+                            rmsnorm_bf16x8, (bf16 *)out, (bf16 *)x, (const bf16 *)residual,
+                            weight, dim, eps);
         else
-            rmsnorm_bf16x8<false><<<rows, threads, 0, cuda_of(be)->stream>>>(
+            rmsnorm_bf16x8<<<rows, threads, 0, cuda_of(be)->stream>>>(
                 (bf16 *)out, (bf16 *)x, (const bf16 *)residual, weight, dim, eps);
         cuda_launched(be, "rmsnorm");
         return;
@@ -134,29 +116,5 @@ void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
         rmsnorm_kernel<T><<<rows, 256, 0, cuda_of(be)->stream>>>(
             (T *)out, (T *)x, (const T *)residual, weight, dim, eps);
     });
-    cuda_launched(be, "rmsnorm");
-}
-
-/* Only where attention_o was taken: bf16 rows of a multiple of 8. */
-void cuda_rmsnorm_parts(kernels_backend *be, void *out, void *x, const float *parts, int nparts,
-                        const float *weight, int rows, int dim, float eps)
-{
-    SHOAL_ASSERT(rows >= 0 && dim > 0 && dim % 8 == 0 && nparts > 0);
-    SHOAL_ASSERT(be->act_dtype == SHOAL_DTYPE_BF16);
-    CUDA_ASSERT_ALIGNED(out, 16);
-    CUDA_ASSERT_ALIGNED(x, 16);
-    CUDA_ASSERT_ALIGNED(parts, 16);
-    CUDA_ASSERT_ALIGNED(weight, 16);
-    if (rows == 0 || !cuda_usable(be))
-        return;
-    int threads = dim / 8 >= 512 ? 512 : dim / 8 >= 256 ? 256 : 128;
-    const int early = cuda_of(be)->norm_early;
-    if (early > 0 && rows >= early)
-        cuda_launch_pdl(cuda_of(be)->stream, (unsigned)rows, (unsigned)threads,
-                        rmsnorm_bf16x8<true>, (bf16 *)out, (bf16 *)x, (const bf16 *)nullptr,
-                        weight, dim, eps, parts, nparts);
-    else
-        rmsnorm_bf16x8<true><<<rows, threads, 0, cuda_of(be)->stream>>>(
-            (bf16 *)out, (bf16 *)x, nullptr, weight, dim, eps, parts, nparts);
     cuda_launched(be, "rmsnorm");
 }
