@@ -980,6 +980,304 @@ template <typename F> static bool partial_tma_dispatch(int stages, bool rows, F 
     }
 }
 
+/* ---- one row's attention and the o projection ---- */
+
+/* A decode round of one row (SHOAL_CUDA_ATTN_O, default 1; kernels/lab row
+ * 24.1): attention_rope_kv and the o projection after it as one kernel,
+ * where the shape has head dim 128, four query heads a KV head and bf16
+ * everything. AO_CS blocks a KV head, one a multiprocessor (the shared
+ * memory takes it), all resident at once (128 at 8 KV heads on the H200's
+ * 132):
+ *   - block `rank` takes the rank-th of AO_CS segments of the context
+ *     (32-token stages copied by TMA, as the TMA partials, the row's new k
+ *     and v stored first by the last segment's copying warp) and writes its
+ *     record (max, sum, sum p v of the four query heads) to the scratch,
+ *     then counts it in a (layer, KV head) counter;
+ *   - once the counter says all AO_CS records are in, every block of the KV
+ *     head merges all of them (attn_merge's expressions) into the 512
+ *     outputs of its query heads, rounded to bf16 as the merge stores them;
+ *   - then it multiplies them by its share of o's rows (32-row chunks) over
+ *     o's 512 columns of those heads (a 1 KB run a row), whose copies its
+ *     copying warp started into a ring of shared memory when the kernel
+ *     began, before waiting for the q/k/v GEMV: o's weights stream while
+ *     attention waits on latency, where the o GEMV could only start once
+ *     the merge kernel had.
+ * Out: parts[kvh][n] (f32), each KV head's share of o, which rmsnorm_parts
+ * sums in order. Two launches fewer a layer (the merge and o), and o no
+ * longer in waves of GEMV blocks. o's sum is split by KV head, so the bits
+ * are not the o GEMV's. Thread-block clusters (distributed shared memory
+ * in place of the counter) fit 8 at once only at 9 blocks each on the
+ * H200 (its GPCs), 72 multiprocessors: 7.5% slower than the ops apart. */
+enum { AO_CS = 16, AO_S = 4, AO_ROWS = 32, AO_RING = 4, AO_SLOTS = 6, AO_GROUP = 4 };
+enum : uint32_t {
+    AO_STAGE = TMA_BN * 256,                  /* K or V of a stage: 32 whole rows */
+    AO_OROW = AO_GROUP * TMA_HD * 2,          /* one row of o's columns of a KV head */
+    AO_CHUNK = AO_ROWS * AO_OROW,             /* a ring slot */
+    AO_RED = 4 * AO_GROUP * (TMA_HD + 2) * 4, /* partial_store's rows; Q's tile shares them */
+    AO_REC = TMA_HD + 4,                      /* a record: 2 spare, max, sum, 128 sums */
+};
+static constexpr size_t ao_smem_bytes =
+    1024 + 2 * AO_S * AO_STAGE + AO_RING * AO_CHUNK + AO_RED + AO_GROUP * TMA_HD * 4;
+
+#ifdef SHOAL_WGMMA
+/* A load that later loads of the thread do not pass (the records after
+ * their count). */
+static __device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+#endif
+
+struct attn_o_args {
+    attn_tma_args ta; /* one row, early, rope; a.splits and a.fill unused */
+    const bf16 *w_o;  /* [n][heads * 128] */
+    float *parts;     /* [kv_heads][n] */
+    float *recs;      /* [kv_heads][AO_CS][AO_GROUP][AO_REC] (the attention scratch) */
+    unsigned *counts; /* [layers][kv_heads], records counted (cuda_state) */
+    int n;
+    int fault; /* tests: the merge leaves out the new row's segment */
+};
+
+static __global__ void __launch_bounds__(TMA_THREADS, 1)
+    attn_o_row(const __grid_constant__ attn_o_args oa, const bf16 *q,
+                   const int32_t *row_stream, const int32_t *positions,
+                   const int32_t *page_table)
+{
+#ifdef SHOAL_WGMMA
+    constexpr int HD = TMA_HD, DT = HD / 8, S = AO_S, GN = AO_GROUP;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(8) uint64_t bars[2 * S + 2 * AO_SLOTS + 1];
+    const attn_tma_args &ta = oa.ta;
+    const attn_args &a = ta.a;
+    const kernels_kv_layout &L = a.L;
+    const int cs = AO_CS, rank = (int)blockIdx.x % cs, kvh = (int)blockIdx.x / cs, h0 = kvh * GN;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int pos = positions[0], ctx = pos + 1;
+    /* the last block takes the stage of the row's own position alone (its
+     * copy waits for the q/k/v GEMV and the new row's store), the others
+     * split the context before it in whole stages */
+    const int last = pos & ~(TMA_BN - 1);
+    const int seg = ((last + cs - 2) / (cs - 1) + TMA_BN - 1) / TMA_BN * TMA_BN;
+    const int tb = rank == cs - 1 ? last : min(last, rank * seg);
+    const int te = rank == cs - 1 ? ctx : min(last, tb + seg);
+    const int ntiles = (te - tb + TMA_BN - 1) / TMA_BN;
+    /* o's chunks of 32 rows, ceil(all / cs) a block (the last ones fewer) */
+    const int all = oa.n / AO_ROWS, per = (all + cs - 1) / cs;
+    const int chunks = max(0, min(all, (rank + 1) * per) - rank * per), r0 = rank * per * AO_ROWS;
+
+    const uint32_t base = (mma::smem_addr(smem) + 1023u) & ~1023u;
+    const uint32_t ks0 = base, vs0 = ks0 + S * AO_STAGE, ow0 = vs0 + S * AO_STAGE;
+    const uint32_t qs = ow0 + AO_RING * AO_CHUNK;
+    unsigned char *sb = smem + (base - mma::smem_addr(smem)); /* base, generic */
+    float *red = (float *)(sb + (qs - base));
+    float *vec = (float *)(sb + (qs - base) + AO_RED); /* the merged [GN * HD] */
+    /* the KV head's records, [cs][GN][AO_REC], and its count of them */
+    float *recs = oa.recs + (size_t)kvh * cs * GN * AO_REC;
+    unsigned *count = oa.counts + (size_t)a.layer * L.kv_heads + kvh;
+    const uint32_t kfull0 = mma::smem_addr(&bars[0]), kempty0 = kfull0 + 8 * S;
+    /* o's chunks go round 6 slots: the ring's 4, then the K and V stages'
+     * areas (32 KB each) once the block's attention is done (kvfree) */
+    const uint32_t ofull0 = kempty0 + 8 * S, oempty0 = ofull0 + 8 * AO_SLOTS;
+    const uint32_t kvfree = oempty0 + 8 * AO_SLOTS;
+    auto slot_at = [&](int sl) { return sl < AO_RING ? ow0 + sl * AO_CHUNK : ks0 + (sl - AO_RING) * AO_CHUNK; };
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < S; i++) {
+            wg::bar_init(kfull0 + 8 * i, 1);
+            wg::bar_init(kempty0 + 8 * i, 2); /* a warp of the pair each */
+        }
+        for (int i = 0; i < AO_SLOTS; i++) {
+            wg::bar_init(ofull0 + 8 * i, 1);
+            wg::bar_init(oempty0 + 8 * i, 4); /* every computing warp */
+        }
+        wg::bar_init(kvfree, 4);
+        wg::bar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp == 4) {
+        /* the copying warp: lane c copies box c / 2 of K (c even) or V */
+        const int R = L.page_tokens, pt_shift = __ffs(R) - 1;
+        const int BR = min(R, TMA_BOX_MAX), page_rows = (int)(L.page_bytes / 256);
+        const int box = lane / 2;
+        const int32_t *pages = page_table + (size_t)row_stream[0] * (size_t)a.page_table_stride;
+        const int kvrow = ((a.layer * 2 + (lane & 1)) * L.kv_heads + kvh) * R;
+        bool waited = false;
+        auto kv_stage = [&](int j) {
+            const uint32_t st = j % S;
+            const int t0 = tb + j * TMA_BN, t = t0 + box * BR;
+            const int boxes = min(TMA_BN / BR, (te - t0 + BR - 1) / BR);
+            const bool go = lane < boxes * 2;
+            const int row = go ? pages[t >> pt_shift] * page_rows + kvrow + (t & (R - 1)) : 0;
+            if (t0 + TMA_BN > pos) { /* the stage of the row's own position */
+                if (!waited)
+                    pdl_wait();
+                waited = true;
+                tma_store_new_row(ta, q, kvh, pos, pages, lane);
+            }
+            wg::bar_wait(kempty0 + 8 * st, ((j / S) & 1) ^ 1);
+            if (lane == 0)
+                wg::bar_arrive_expect(kfull0 + 8 * st, (uint32_t)(boxes * 2 * BR * 256));
+            __syncwarp();
+            const uint32_t dst = (lane & 1 ? vs0 : ks0) + st * AO_STAGE + box * BR * 256;
+            if (go)
+                wg::tma_load_3d(dst, &ta.kv_map, 0, 0, row, kfull0 + 8 * st);
+        };
+        auto o_row = [&](int c) { /* the lane's row of o's chunk c */
+            return oa.w_o + (size_t)(r0 + c * AO_ROWS + lane) * (size_t)a.heads * HD +
+                   (size_t)h0 * HD;
+        };
+        auto o_chunk = [&](int c) {
+            const uint32_t sl = c % AO_SLOTS;
+            if (c >= AO_RING && c < AO_SLOTS)
+                wg::bar_wait(kvfree, 0); /* the stages' areas, first used */
+            else
+                wg::bar_wait(oempty0 + 8 * sl, ((c / AO_SLOTS) & 1) ^ 1);
+            if (lane == 0)
+                wg::bar_arrive_expect(ofull0 + 8 * sl, AO_CHUNK);
+            __syncwarp();
+            wg::bulk_load(slot_at(sl) + lane * AO_OROW, o_row(c), AO_OROW, ofull0 + 8 * sl);
+        };
+        /* the stages that wait for nothing, then o's first ring, then the
+         * rest of the KV, then o's next chunks as the attention and then
+         * the product free their areas */
+        int j = 0, c = 0;
+        for (; j < ntiles && j < S && tb + (j + 1) * TMA_BN <= pos; j++)
+            kv_stage(j);
+        for (; c < chunks && c < AO_RING; c++)
+            o_chunk(c);
+        for (; j < ntiles; j++)
+            kv_stage(j);
+        for (; c < chunks; c++)
+            o_chunk(c);
+        return;
+    }
+
+    /* the computing warps: the segment, as the TMA partials' warps take an
+     * item */
+    const float sl2 = a.scale * 1.4426950408889634f;
+    const int pair = warp >> 1, key0 = (warp & 1) * 16;
+    pdl_wait(); /* q, and the parts the norm before may still read */
+    tma_rope_q(ta, q + (size_t)h0 * HD, pos, GN, sb + (qs - base));
+    wg::named_sync(1, TC_THREADS);
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int j = pair; j < ntiles; j += 2) {
+        const uint32_t st = j % S;
+        const int valid = te - (tb + j * TMA_BN + key0); /* the warp's keys in it */
+        wg::bar_wait(kfull0 + 8 * st, (j / S) & 1);
+        if (valid > 0) {
+            uint32_t qf[HD / 16][4];
+            mma::q_fragments<HD>(qf, qs, 0);
+            float sc[2][4];
+            mma::scores<HD, 2, sw128_rows256>(sc, qf, ks0 + st * AO_STAGE, key0);
+            mask_past<2>(sc, valid);
+            mma::softmax_step<HD, 2>(sc, sl2, o, m, l);
+            mma::accumulate<HD, 2, sw128_rows256>(o, sc, vs0 + st * AO_STAGE, key0, valid);
+        }
+        __syncwarp();
+        if (lane == 0)
+            wg::bar_arrive(kempty0 + 8 * st);
+    }
+    if (lane == 0)
+        wg::bar_arrive(kvfree); /* the warp's reads of the stages are done */
+    wg::named_sync(1, TC_THREADS); /* every warp is past Q: the area takes the rows */
+    partial_store<HD>(red, o, m, l, GN, GN, 1.0f, recs + (size_t)rank * GN * AO_REC + 2, AO_REC,
+                      [] { wg::named_sync(1, TC_THREADS); });
+    /* the record counted once all of it is visible; then every record of
+     * the KV head awaited: each launch adds cs to the count, so this one's
+     * target is the next multiple of cs (all cs blocks are resident at
+     * once: one a multiprocessor, cs * kv_heads of them, checked at launch) */
+    __threadfence();
+    wg::named_sync(1, TC_THREADS);
+    if (threadIdx.x == 0) {
+        const unsigned target = (atomicAdd(count, 1u) / cs + 1) * cs;
+        while ((int)(ld_acquire(count) - target) < 0)
+            ;
+    }
+    wg::named_sync(1, TC_THREADS);
+
+    /* the merge: thread t takes head t / 32, elements 4 (t % 32) .. + 3 */
+    {
+        const int g = threadIdx.x >> 5, d0 = lane * 4;
+        const int ns = oa.fault ? cs - 1 : cs; /* empty segments: max -inf, left out */
+        float ms[AO_CS], ls[AO_CS];
+        float4 acc[AO_CS];
+#pragma unroll
+        for (int s = 0; s < AO_CS; s++)
+            if (s < ns) { /* every load in flight at once */
+                const float *r = recs + ((size_t)s * GN + g) * AO_REC;
+                ms[s] = __ldcg(r + 2);
+                ls[s] = __ldcg(r + 3);
+                acc[s] = __ldcg((const float4 *)(r + 4 + d0));
+            }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int s = 0; s < AO_CS; s++)
+            if (s < ns)
+                mx = fmaxf(mx, ms[s]);
+        float den = 0.0f, num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s = 0; s < AO_CS; s++)
+            if (s < ns && ms[s] != -INFINITY) {
+                const float w = expf(ms[s] - mx);
+                den += ls[s] * w;
+                num[0] += acc[s].x * w;
+                num[1] += acc[s].y * w;
+                num[2] += acc[s].z * w;
+                num[3] += acc[s].w * w;
+            }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            vec[g * HD + d0 + i] = __bfloat162float(__float2bfloat16_rn(num[i] / den));
+    }
+    wg::named_sync(1, TC_THREADS); /* vec whole */
+
+    /* o: a row of 512 columns by 8 lanes, 64 of them a lane in 8 runs of
+     * 8 (one 16-byte load of the row a run), 4 rows a warp at once */
+    const int sub = lane & 7, grp = lane >> 3;
+    float av[8][8];
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++) {
+        const float4 lo = *(const float4 *)(vec + (jj * 8 + sub) * 8);
+        const float4 hi = *(const float4 *)(vec + (jj * 8 + sub) * 8 + 4);
+        av[jj][0] = lo.x, av[jj][1] = lo.y, av[jj][2] = lo.z, av[jj][3] = lo.w;
+        av[jj][4] = hi.x, av[jj][5] = hi.y, av[jj][6] = hi.z, av[jj][7] = hi.w;
+    }
+    for (int c = 0; c < chunks; c++) {
+        const uint32_t sl = c % AO_SLOTS;
+        wg::bar_wait(ofull0 + 8 * sl, (c / AO_SLOTS) & 1);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = warp * 8 + h * 4 + grp;
+            const unsigned char *w = sb + (slot_at((int)sl) - base) + row * AO_OROW;
+            float sum = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) {
+                const uint4 wv = *(const uint4 *)(w + (jj * 8 + sub) * 16);
+                const bf16 *we = (const bf16 *)&wv;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    sum = fmaf(av[jj][e], __bfloat162float(we[e]), sum);
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+            if (sub == 0)
+                oa.parts[(size_t)kvh * oa.n + r0 + c * AO_ROWS + row] = sum;
+        }
+        __syncwarp();
+        if (lane == 0)
+            wg::bar_arrive(oempty0 + 8 * sl);
+    }
+#endif
+}
+
 /* ---- launching ---- */
 
 struct slice_ctx {
@@ -1070,6 +1368,15 @@ shoal_err cuda_attention_init(kernels_backend *be)
                     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem_of(TC_GM));
             });
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_o_row, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)ao_smem_bytes);
+    /* attention_o's counts of records, zero (each launch adds to them) */
+    cuda_state *st = cuda_of(be);
+    if (e == cudaSuccess && !st->attn_o_counts &&
+        (e = cudaMalloc(&st->attn_o_counts, CUDA_ATTN_O_COUNTS * sizeof(unsigned))) ==
+            cudaSuccess)
+        e = cudaMemset(st->attn_o_counts, 0, CUDA_ATTN_O_COUNTS * sizeof(unsigned));
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
     return cuda_of(be)->err;
@@ -1132,6 +1439,78 @@ void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const v
     cuda_qk_norm_rope_kv_write(be, q_out, q, k, v, stride, heads, q_norm, k_norm, eps, inv_freq,
                                arena, layout, batch, layer);
     cuda_attention(be, out, q_out, heads, arena, layout, batch, layer, scale);
+}
+
+/* Whether all of attn_o_row's blocks for kv_heads KV heads are resident
+ * at once (each waits for the others' records). Asked once. */
+static bool attn_o_resident(cuda_state *st, int kv_heads)
+{
+    if (st->attn_o_fit < 0) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_o_row, TMA_THREADS,
+                                                          ao_smem_bytes) != cudaSuccess)
+            n = 0;
+        (void)cudaGetLastError();
+        st->attn_o_fit = n;
+    }
+    return (long long)kv_heads * AO_CS <= (long long)st->attn_o_fit * st->sm_count;
+}
+
+bool cuda_attention_o(kernels_backend *be, float *parts, const void *q, void *k, const void *v,
+                      int stride, int heads, const float *q_norm, const float *k_norm, float eps,
+                      const float *inv_freq, void *arena, const kernels_kv_layout *layout,
+                      const kernels_batch *batch, int layer, float scale, const void *w_o,
+                      shoal_dtype wdtype, int n)
+{
+    cuda_state *st = cuda_of(be);
+    const int hd = layout->head_dim, kvh = layout->kv_heads;
+    const size_t a = shoal_dtype_bytes(be->act_dtype);
+    /* the shape and round it takes: else the caller makes the calls */
+    CUtensorMap map;
+    if (!st->attn_o || batch->rows != 1 || !batch->one_row_per_stream || !st->attn_early ||
+        !st->attn_tma_rows || !st->attn_tc || be->act_dtype != SHOAL_DTYPE_BF16 ||
+        wdtype != SHOAL_DTYPE_BF16 || layout->dtype != SHOAL_DTYPE_BF16 || hd != TMA_HD ||
+        heads != AO_GROUP * kvh || stride <= 0 || n <= 0 || n % AO_ROWS != 0 ||
+        (const unsigned char *)k != (const unsigned char *)q + (size_t)heads * hd * a ||
+        (const unsigned char *)v != (const unsigned char *)k + (size_t)kvh * hd * a ||
+        (uintptr_t)w_o % 16 != 0 || !attn_o_resident(st, kvh) ||
+        (size_t)layout->layers * kvh > CUDA_ATTN_O_COUNTS || !st->attn_o_counts ||
+        !tma_kv_map(be, arena, layout, &map))
+        return false;
+    SHOAL_ASSERT(layer >= 0 && layer < layout->layers && batch->page_table_stride > 0);
+    if (!cuda_usable(be))
+        return true;
+    attn_o_args oa;
+    memset(&oa, 0, sizeof oa);
+    attn_args &aa = oa.ta.a;
+    aa.arena = (const unsigned char *)arena;
+    aa.L = *layout;
+    aa.layer = layer;
+    aa.heads = heads;
+    aa.splits = 1;
+    aa.scale = scale;
+    aa.page_table_stride = batch->page_table_stride;
+    oa.ta.rows = 1;
+    oa.ta.early = 1;
+    oa.ta.rope = 1;
+    oa.ta.qkv_stride = stride;
+    oa.ta.q_norm = q_norm;
+    oa.ta.k_norm = k_norm;
+    oa.ta.inv_freq = inv_freq;
+    oa.ta.eps = eps;
+    oa.ta.arena_w = (unsigned char *)arena;
+    oa.ta.kv_map = map;
+    oa.w_o = (const bf16 *)w_o;
+    oa.parts = parts;
+    oa.recs = st->attn_scratch;
+    oa.counts = st->attn_o_counts;
+    oa.n = n;
+    oa.fault = st->attn_o_fault;
+    cuda_launch_pdl_smem(st->stream, dim3((unsigned)(kvh * AO_CS)), TMA_THREADS, ao_smem_bytes,
+                         attn_o_row, oa, (const bf16 *)q, batch->row_stream, batch->positions,
+                         batch->page_table);
+    cuda_launched(be, "attention with o");
+    return true;
 }
 
 static void attention_run(kernels_backend *be, void *out, const void *q, int heads,
