@@ -232,27 +232,6 @@ struct kernels_backend {
                               const kernels_kv_layout *layout, const kernels_batch *batch,
                               int layer, float scale);
 
-    /* A decode round of one row's attention_rope_kv and the o projection
-     * after it (o = out x w_o^T, w_o [n][heads * head_dim] of wdtype), as
-     * one op: parts [kv_heads][n] (f32) such that their sum over the KV
-     * heads in order is o, each KV head's part the product of its query
-     * heads' columns (so o's bits are not matmul's), and the pages as
-     * attention_rope_kv leaves them. The arguments are attention_rope_kv's;
-     * q_out and out are not written. Returns false, doing nothing, where
-     * the backend does not take the round or shape (the caller then makes
-     * the calls). NULL: never taken (the CPU backend's). */
-    bool (*attention_o)(kernels_backend *be, float *parts, const void *q, void *k,
-                        const void *v, int stride, int heads, const float *q_norm,
-                        const float *k_norm, float eps, const float *inv_freq, void *arena,
-                        const kernels_kv_layout *layout, const kernels_batch *batch, int layer,
-                        float scale, const void *w_o, shoal_dtype wdtype, int n);
-
-    /* rmsnorm whose residual is the sum over p < nparts, in order, of the
-     * f32 rows parts[p][rows][dim], rounded to act_dtype as a matmul's
-     * output is stored: attention_o's parts. NULL where attention_o is. */
-    void (*rmsnorm_parts)(kernels_backend *be, void *out, void *x, const float *parts,
-                          int nparts, const float *weight, int rows, int dim, float eps);
-
     /* out[r][i] = silu(gate[r][i]) * up[r][i], rows of dim. */
     void (*swiglu)(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                    int dim);

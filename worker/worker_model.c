@@ -51,7 +51,6 @@ struct worker_model {
 
     /* activations (device), sized for opt.max_rows rows */
     void *x, *h, *q, *k, *v, *att, *pend, *gate, *up, *sel;
-    float *o_parts; /* attention_o's [kv_heads][hidden], where the backend has it */
     float *logits;
     /* A step's inputs go up in one upload: the host builds them in `stage`
      * and copies them to `dstage` (device) laid out by step_layout_of().
@@ -365,8 +364,6 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
               (m->q = dev_alloc(m, rows * q_w * a)) && (m->k = dev_alloc(m, rows * kv_w * a)) &&
               (m->v = dev_alloc(m, rows * kv_w * a)) && (m->att = dev_alloc(m, rows * q_w * a)) &&
               (m->pend = dev_alloc(m, rows * wide * a)) &&
-              (!m->be->attention_o ||
-               (m->o_parts = dev_alloc(m, (size_t)c->kv_heads * hid * sizeof(float)))) &&
               /* up right after gate: one batched GEMM of both (CUDA) */
               (m->gate = dev_alloc(m, 2 * rows * inter * a)) &&
               (m->sel = dev_alloc(m, (size_t)m->opt.max_logit_rows * hid * a)) &&
@@ -687,66 +684,6 @@ static shoal_err stage_step(worker_model *m, const worker_forward *f,
     return m->be->upload(m->be, d, h, L.bytes);
 }
 
-/* A layer's attention block after the q/k/v projections: rope, the KV
- * write, attention and the o projection, then the MLP's RMSNorm with o as
- * the residual (m->h its output). */
-static void attention_block(worker_model *m, const model_layer *L, int l,
-                            const kernels_batch *batch, void *q, void *k, void *v, int qkv_stride)
-{
-    kernels_backend *be = m->be;
-    const worker_config *c = &m->cfg;
-    int rows = batch->rows;
-    int q_w = c->heads * c->head_dim;
-    size_t q_row_bytes = (size_t)q_w * kernels_act_bytes(be);
-    float scale = 1.0f / sqrtf((float)c->head_dim);
-    bool decode_round = m->segs == 1 && m->seg_single[0] && !m->seg_prompt[0];
-    if (decode_round && be->attention_o && m->o_parts) {
-        /* attention and the o projection as one op, where the backend
-         * takes this round and shape (kernels_backend.h) */
-        kernels_batch db = *batch;
-        db.one_row_per_stream = true;
-        if (be->attention_o(be, m->o_parts, q, k, v, qkv_stride, c->heads, L->q_norm,
-                            L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv, &db, l,
-                            scale, L->o.data, L->o.dtype, c->hidden)) {
-            be->rmsnorm_parts(be, m->h, m->x, m->o_parts, c->kv_heads, L->mlp_norm, rows,
-                              c->hidden, c->rms_eps);
-            return;
-        }
-    }
-    if (decode_round && be->attention_rope_kv) {
-        /* a decode round of one row a stream: rope, the KV write and
-         * attention as one op (kernels_backend.h) */
-        kernels_batch db = *batch;
-        db.one_row_per_stream = true;
-        be->attention_rope_kv(be, m->att, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
-                              L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv, &db, l,
-                              scale);
-    } else {
-        /* q normed and rotated into m->q (packed, for attention), k in
-         * place, k and v into the pages */
-        be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
-                                  L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv,
-                                  batch, l);
-        /* the segments' row tables shift with their rows; the page
-         * table, indexed by stream, does not */
-        for (int s = 0; s < m->segs; s++) {
-            kernels_batch sb = *batch;
-            int r0 = m->seg_row0[s];
-            sb.rows = m->seg_rows[s];
-            sb.row_stream = m->row_stream + r0;
-            sb.positions = m->positions + r0;
-            sb.one_row_per_stream = m->seg_single[s];
-            (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
-                be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
-                (const unsigned char *)m->q + (size_t)r0 * q_row_bytes, c->heads, m->arena,
-                &m->kv, &sb, l, scale);
-        }
-    }
-    be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
-               q_w);
-    be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
-}
-
 /* Enqueues the pass's ops (and, for a step, the sampling); the logits of
  * the wanted rows stay in m->logits, sampled tokens in m->results. */
 static void model_ops(worker_model *m, const worker_forward *f, int stride, run_kind kind)
@@ -755,6 +692,8 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
     const worker_config *c = &m->cfg;
     int rows = f->rows;
     int q_w = c->heads * c->head_dim, kv_w = c->kv_heads * c->head_dim;
+    size_t q_row_bytes = (size_t)q_w * kernels_act_bytes(be);
+    float scale = 1.0f / sqrtf((float)c->head_dim);
     kernels_batch batch = {
         .rows = rows,
         .streams = f->streams,
@@ -792,7 +731,38 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             be->matmul(be, k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
             be->matmul(be, v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
         }
-        attention_block(m, L, l, &batch, q, k, v, qkv_stride);
+        if (m->segs == 1 && m->seg_single[0] && !m->seg_prompt[0] && be->attention_rope_kv) {
+            /* a decode round of one row a stream: rope, the KV write and
+             * attention as one op (kernels_backend.h) */
+            kernels_batch db = batch;
+            db.one_row_per_stream = true;
+            be->attention_rope_kv(be, m->att, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
+                                  L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv, &db, l,
+                                  scale);
+        } else {
+            /* q normed and rotated into m->q (packed, for attention), k in
+             * place, k and v into the pages */
+            be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
+                                      L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv,
+                                      &batch, l);
+            /* the segments' row tables shift with their rows; the page
+             * table, indexed by stream, does not */
+            for (int s = 0; s < m->segs; s++) {
+                kernels_batch sb = batch;
+                int r0 = m->seg_row0[s];
+                sb.rows = m->seg_rows[s];
+                sb.row_stream = m->row_stream + r0;
+                sb.positions = m->positions + r0;
+                sb.one_row_per_stream = m->seg_single[s];
+                (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
+                    be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
+                    (const unsigned char *)m->q + (size_t)r0 * q_row_bytes, c->heads, m->arena,
+                    &m->kv, &sb, l, scale);
+            }
+        }
+        be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
+                   q_w);
+        be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
         if (L->gate.dtype == L->up.dtype) {
             /* one row of joined weights: [gate | up] in the gate buffer,
              * which the backend may take as one matmul (or as a GEMV that

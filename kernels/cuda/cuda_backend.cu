@@ -205,7 +205,6 @@ static void cuda_close(kernels_backend *be)
             cudaFree(st->allocs.ptr[i]);
         free(st->allocs.ptr);
         cudaFree(st->attn_scratch);
-        cudaFree(st->attn_o_counts);
         cudaFree(st->sample_parts);
         cudaFree(st->cublas_workspace);
         if (st->cublas)
@@ -255,11 +254,6 @@ extern "C" shoal_err cuda_backend_set_attention_slice_rows(kernels_backend *be, 
 extern "C" void cuda_backend_set_attention_fault(kernels_backend *be, kernels_attn_fault fault)
 {
     cuda_of(be)->attn_fault = fault;
-}
-
-extern "C" void cuda_backend_set_attention_o_fault(kernels_backend *be, int on)
-{
-    cuda_of(be)->attn_o_fault = on;
 }
 
 static shoal_err pick_act_dtype(shoal_dtype asked, shoal_dtype *out, shoal_diag *diag)
@@ -314,8 +308,6 @@ static void pick_kernels(cuda_state *st)
     st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
     st->attn_early = env_int("SHOAL_CUDA_ATTN_EARLY", legacy ? 0 : 1) != 0;
     st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 2);
-    st->attn_o = env_int("SHOAL_CUDA_ATTN_O", legacy ? 0 : 1);
-    st->attn_o_fit = -1;
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 2);
     st->gemv_loads = env_int("SHOAL_CUDA_GEMV_LOADS", legacy ? 8 : 16) == 8 ? 8 : 16;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
@@ -447,8 +439,6 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->kv_write = cuda_kv_write;
     be->qk_norm_rope_kv_write = cuda_qk_norm_rope_kv_write;
     be->attention_rope_kv = cuda_attention_rope_kv;
-    be->attention_o = cuda_attention_o;
-    be->rmsnorm_parts = cuda_rmsnorm_parts;
     be->attention = cuda_attention;
     be->attention_prompt = cuda_attention_prompt;
     be->swiglu = cuda_swiglu;

@@ -25,9 +25,6 @@ int cuda_backend_device_count(void);
  * cut in slices with one launch; and a planted slicing fault. */
 shoal_err cuda_backend_set_attention_slice_rows(kernels_backend *be, int rows);
 void cuda_backend_set_attention_fault(kernels_backend *be, kernels_attn_fault fault);
-/* Tests only: a planted fault in attention_o (on: its merge leaves out
- * the last segment). */
-void cuda_backend_set_attention_o_fault(kernels_backend *be, int on);
 
 #ifdef __cplusplus
 }

@@ -36,8 +36,6 @@ extern "C" {
  * takes as many as its own context needs (attention_mma.cuh), so a
  * launch's results never depend on how many rows the scratch has. */
 #define CUDA_ATTN_ROW_SCRATCH_BYTES (512u << 10)
-/* attention_o's record counts: layers x KV heads at most */
-#define CUDA_ATTN_O_COUNTS 4096u
 #define CUDA_ATTN_SPLITS_MAX 64
 
 /* Matmuls of at most this many rows may take our GEMV (matmul.cu), and
@@ -167,17 +165,6 @@ typedef struct cuda_state {
      * 219.6 -> 223.9 tokens/s, 2 +0.6%, 4 -0.9%, 8 -0.5%, 64 -0.5%
      * (kernels/lab row 21.1) */
     int attn_rope;
-    /* A decode round of one row: attention_rope_kv and the o projection
-     * as one kernel of clusters (attention_o; SHOAL_CUDA_ATTN_O, default
-     * 1; 0 = the ops apart), where the shape takes it and the GPU holds
-     * all its blocks at once (attn_o_fit: its blocks a multiprocessor
-     * holds, -1 not asked yet); attn_o_counts: its records counted a
-     * (layer, KV head), zero at open; attn_o_fault (tests) leaves a
-     * segment out of the merge */
-    int attn_o;
-    int attn_o_fit;
-    unsigned *attn_o_counts;
-    int attn_o_fault;
     /* bf16 RMSNorm of at least this many rows launched with programmatic
      * serialization too, so that it and the GEMV after it start while
      * the GEMV before drains (SHOAL_CUDA_NORM_EARLY, default 2; 1 =
@@ -469,13 +456,6 @@ void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const v
                             const float *k_norm, float eps, const float *inv_freq, void *arena,
                             const kernels_kv_layout *layout, const kernels_batch *batch,
                             int layer, float scale);
-bool cuda_attention_o(kernels_backend *be, float *parts, const void *q, void *k, const void *v,
-                      int stride, int heads, const float *q_norm, const float *k_norm, float eps,
-                      const float *inv_freq, void *arena, const kernels_kv_layout *layout,
-                      const kernels_batch *batch, int layer, float scale, const void *w_o,
-                      shoal_dtype wdtype, int n);
-void cuda_rmsnorm_parts(kernels_backend *be, void *out, void *x, const float *parts, int nparts,
-                        const float *weight, int rows, int dim, float eps);
 void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                  int dim);
 void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,

@@ -5,10 +5,6 @@
  * it (vLLM's fused_add_rms_norm does the same). */
 #include "cuda_ops.h"
 
-#include <cooperative_groups.h>
-
-namespace cg = cooperative_groups;
-
 template <typename T>
 static __global__ void rmsnorm_kernel(T *out, T *x, const T *residual, const float *weight,
                                       int dim, float eps)
@@ -120,103 +116,5 @@ void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
         rmsnorm_kernel<T><<<rows, 256, 0, cuda_of(be)->stream>>>(
             (T *)out, (T *)x, (const T *)residual, weight, dim, eps);
     });
-    cuda_launched(be, "rmsnorm");
-}
-
-/* Only where attention_o was taken: the parts' sum as the residual of bf16
- * rows of a multiple of 64, each row by a cluster of NORM_CLUSTER blocks
- * (one block reading all the parts, 128 KB at the 8B shape, took 2.3 us
- * more than the plain norm: kernels/lab row 24.6). Block b of a row's
- * cluster takes elements [b, b + 1) * dim / NORM_CLUSTER: the parts' sum
- * in order, rounded to bf16 as the o GEMV stores its output, added to x as
- * rmsnorm_bf16x8 adds a residual (the same bits in x), its sum of squares
- * shared with the cluster and added in block order (the norm's bits may
- * differ from the one-block norm's by the order of that sum). */
-enum { NORM_CLUSTER = 8 };
-
-static __global__ void rmsnorm_parts_cluster(bf16 *out, bf16 *x, const float *parts, int nparts,
-                                             const float *weight, int dim, float eps)
-{
-    __shared__ float red[32];
-    __shared__ float block_ss;
-    pdl_trigger(); /* the GEMV after may start fetching its weights */
-    cg::cluster_group cluster = cg::this_cluster();
-    const int rank = (int)cluster.block_rank(), row = (int)blockIdx.x / NORM_CLUSTER;
-    const int rows = (int)gridDim.x / NORM_CLUSTER, vecs = dim / 8 / NORM_CLUSTER;
-    const int i = rank * vecs + (int)threadIdx.x; /* the thread's vector of the row */
-    const bool mine = (int)threadIdx.x < vecs;
-    const size_t off = (size_t)row * (size_t)dim;
-    pdl_wait(); /* launched early: the parts and x */
-    uint4 xv = make_uint4(0, 0, 0, 0);
-    float ss = 0.0f;
-    if (mine) {
-        float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (int p = 0; p < nparts; p++) {
-            const float4 *pp = (const float4 *)(parts + ((size_t)p * rows + row) * dim) + 2 * i;
-            const float4 lo = pp[0], hi = pp[1];
-            sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
-            sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
-        }
-        xv = ((const uint4 *)(x + off))[i];
-        bf16 *xe = (bf16 *)&xv;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            xe[j] = __float2bfloat16_rn(__bfloat162float(xe[j]) +
-                                        __bfloat162float(__float2bfloat16_rn(sum[j])));
-            const float v = __bfloat162float(xe[j]);
-            ss += v * v;
-        }
-        ((uint4 *)(x + off))[i] = xv;
-    }
-    ss = block_reduce(ss, op_add(), red);
-    if (threadIdx.x == 0)
-        block_ss = ss;
-    cluster.sync(); /* every block's sum is in */
-    float total = 0.0f;
-    for (int b = 0; b < NORM_CLUSTER; b++)
-        total += *cluster.map_shared_rank(&block_ss, b);
-    const float inv = 1.0f / sqrtf(total / (float)dim + eps);
-    if (mine) {
-        const float4 w0 = ((const float4 *)weight)[2 * i], w1 = ((const float4 *)weight)[2 * i + 1];
-        const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-        const bf16 *xe = (const bf16 *)&xv;
-        uint4 ov;
-        bf16 *oe = (bf16 *)&ov;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            oe[j] = __float2bfloat16_rn(w[j] * (__bfloat162float(xe[j]) * inv));
-        ((uint4 *)(out + off))[i] = ov;
-    }
-    cluster.sync(); /* no block leaves while another reads its sum */
-}
-
-void cuda_rmsnorm_parts(kernels_backend *be, void *out, void *x, const float *parts, int nparts,
-                        const float *weight, int rows, int dim, float eps)
-{
-    SHOAL_ASSERT(rows >= 0 && dim > 0 && dim % (8 * NORM_CLUSTER) == 0 && nparts > 0);
-    SHOAL_ASSERT(be->act_dtype == SHOAL_DTYPE_BF16);
-    CUDA_ASSERT_ALIGNED(out, 16);
-    CUDA_ASSERT_ALIGNED(x, 16);
-    CUDA_ASSERT_ALIGNED(parts, 16);
-    CUDA_ASSERT_ALIGNED(weight, 16);
-    if (rows == 0 || !cuda_usable(be))
-        return;
-    const int vecs = dim / 8 / NORM_CLUSTER;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(rows * NORM_CLUSTER));
-    cfg.blockDim = dim3((unsigned)((vecs + 31) / 32 * 32));
-    cfg.stream = cuda_of(be)->stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = NORM_CLUSTER;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    const int early = cuda_of(be)->norm_early;
-    cfg.numAttrs = early > 0 && rows >= early ? 2 : 1;
-    cudaLaunchKernelEx(&cfg, rmsnorm_parts_cluster, (bf16 *)out, (bf16 *)x, parts, nparts, weight,
-                       dim, eps);
     cuda_launched(be, "rmsnorm");
 }

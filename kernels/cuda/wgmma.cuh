@@ -154,20 +154,6 @@ static __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map
 #endif
 }
 
-/* A run of `bytes` (a multiple of 16, both ends 16-byte aligned) from
- * global memory into shared memory at dst by the tensor memory
- * accelerator, its bytes counted on barrier bar. */
-static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
-                                                 uint32_t bar)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-#endif
-}
-
 /* A named block barrier (ids 1-15; 0 is __syncthreads): waits until
  * `count` threads of the block have come to barrier `id`. */
 static __device__ __forceinline__ void named_sync(int id, int count)
