@@ -220,26 +220,19 @@ enum { MERGE_HELD = 32 };
 template <typename T, bool WIDE>
 static __global__ void __launch_bounds__(MERGE_THREADS)
     attn_merge(const float *scratch, T *out, int heads, int head_dim, int splits_max, int fill,
-               const int32_t *positions, int ablate)
+               const int32_t *positions)
 {
     const int r = blockIdx.x, h = blockIdx.y;
     const size_t rec_floats = (size_t)head_dim + 2;
     const float *rec = scratch + ((size_t)r * heads + h) * splits_max * rec_floats;
     const int splits = attn_splits_of(positions[r] + 1, splits_max, fill);
     T *o = out + ((size_t)r * heads + h) * head_dim;
-    if (ablate & 8) /* LAB: the o GEMV let start at the merge's start */
-        pdl_trigger();
     pdl_wait(); /* the records */
     /* a GEMV after may start fetching its weights: after the wait, so not
      * under the partials, which its loads would slow (kernels/lab row
      * 13.2); letting it start only once the records are read measured
      * slower (row 20.2) */
     pdl_trigger();
-    if (ablate & 4) { /* LAB: the merge's reads and sums left out */
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-            o[d] = from_f32<T>(0.0f);
-        return;
-    }
     if (WIDE && splits <= MERGE_HELD && head_dim <= (int)blockDim.x) {
         const int d = threadIdx.x;
         float ms[MERGE_HELD], ls[MERGE_HELD], acc[MERGE_HELD];
@@ -707,7 +700,6 @@ struct attn_tma_args {
      * stages before are copied while those kernels run; the computing
      * warps wait before they read Q */
     int early;
-    int ablate; /* LAB (SHOAL_LAB_ABLATE): 1 no math, 2 no new row, 4 no merge sums */
     /* 1 (attention_rope_kv, SHOAL_CUDA_ATTN_ROPE; with early): the kernel
      * takes the round's q, k and v rows as the q/k/v GEMV wrote them, side
      * by side `qkv_stride` elements a row (the q parameter), and does what
@@ -887,14 +879,12 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                 const int boxes = min(TMA_BN / BR, (it.te - t0 + BR - 1) / BR);
                 const bool go = c < boxes * PER_BOX;
                 const int row = go ? pages[t >> pt_shift] * page_rows + kvrow + (t & (R - 1)) : 0;
-                if (!waited && !(ta.ablate & 2) &&
-                    t0 + TMA_BN > positions[it.r]) { /* the row's own position */
+                if (!waited && t0 + TMA_BN > positions[it.r]) { /* the row's own position */
                     pdl_wait();
                     waited = true;
                 }
                 /* the stage of the row's own position, in its last segment */
-                if (ta.rope && !(ta.ablate & 2) && it.te == positions[it.r] + 1 &&
-                    t0 + TMA_BN > positions[it.r])
+                if (ta.rope && it.te == positions[it.r] + 1 && t0 + TMA_BN > positions[it.r])
                     tma_store_new_row(ta, q + (size_t)it.r * ta.qkv_stride, it.kvh,
                                       positions[it.r], pages, lane);
                 wg::bar_wait(empty0 + 8 * st, ((g / S) & 1) ^ 1);
@@ -929,8 +919,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
         /* the group's query heads are the rows of the tile, the rest zeros;
          * the area held the last item's partial_store rows */
         wg::named_sync(1, TC_THREADS);
-        if (ta.ablate & 1) {
-        } else if (ta.rope) {
+        if (ta.rope) {
             tma_rope_q(ta, q + (size_t)it.r * ta.qkv_stride + (size_t)it.h0 * HD,
                        positions[it.r], it.gn, smem + (qs - mma::smem_addr(smem)));
         } else {
@@ -950,7 +939,7 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
             const uint32_t st = (g + j) % S;
             const int valid = it.te - (it.tb + j * TMA_BN + key0); /* the warp's keys in it */
             wg::bar_wait(full0 + 8 * st, ((g + j) / S) & 1);
-            if (valid > 0 && !(ta.ablate & 1)) {
+            if (valid > 0) {
                 /* Q's fragments from shared memory at each stage: held
                  * across the loop they cost spills at three blocks a
                  * multiprocessor (128 registers) */
@@ -967,8 +956,6 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
                 wg::bar_arrive(empty0 + 8 * st); /* the warp's reads of the stage are done */
         }
         g += staged;
-        if (ta.ablate & 1)
-            m[0] = m[1] = 0.0f, l[0] = l[1] = 1.0f;
         /* every warp is past its last read of Q: the area takes the rows */
         wg::named_sync(1, TC_THREADS);
         partial_store<HD>(red, o, m, l, it.gn, it.gn, 1.0f,
@@ -1021,8 +1008,6 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
         c->tma_args.out = c->args.splits == 1 ? (bf16 *)s->out : nullptr;
         long long items = (long long)grid.x * grid.y * grid.z;
         long long most = (long long)c->tma_resident * cuda_of(c->be)->sm_count;
-        if (cuda_of(c->be)->lab_ablate & 16) /* LAB: one block a multiprocessor */
-            most = cuda_of(c->be)->sm_count;
         unsigned blocks = (unsigned)(items < most ? items : most);
         cuda_state *st = cuda_of(c->be);
         partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, [&](auto kernel, auto) {
@@ -1053,7 +1038,7 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
     cuda_launch_pdl(stream, mgrid, MERGE_THREADS,
                     c->wide_merge ? attn_merge<T, true> : attn_merge<T, false>, c->args.scratch,
                     (T *)s->out, c->args.heads, c->args.L.head_dim, c->args.splits,
-                    c->args.fill, s->positions, cuda_of(c->be)->lab_ablate);
+                    c->args.fill, s->positions);
     cuda_launched(c->be, "attention merge");
 }
 
@@ -1184,7 +1169,6 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
     /* the TMA partials where the build, GPU and layout take them */
     c.tma = c.tc && tma_kv_map(be, arena, layout, &c.tma_args.kv_map);
     c.tma_args.early = c.tma && st->attn_early && batch->one_row_per_stream;
-    c.tma_args.ablate = st->lab_ablate;
     SHOAL_ASSERT(!rope || c.tma_args.early); /* cuda_attention_rope_kv checked */
     c.tma_args.rope = rope != NULL;
     c.tma_args.qkv_stride = rope ? rope->stride : 0;

@@ -305,14 +305,11 @@ static void pick_kernels(cuda_state *st)
     if (st->attn_tma != 0 && st->attn_tma != 4)
         st->attn_tma = 6;
     st->attn_tma_rows = env_int("SHOAL_CUDA_ATTN_TMA_ROWS", 1) != 0;
-    st->lab_ablate = env_int("SHOAL_LAB_ABLATE", 0);
     st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
     st->attn_early = env_int("SHOAL_CUDA_ATTN_EARLY", legacy ? 0 : 1) != 0;
     st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 2);
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 2);
-    st->gemv_loads = env_int("SHOAL_CUDA_GEMV_LOADS", legacy ? 8 : 16);
-    if (st->gemv_loads != 8 && st->gemv_loads != 17 && st->gemv_loads != 18) /* LAB */
-        st->gemv_loads = 16;
+    st->gemv_loads = env_int("SHOAL_CUDA_GEMV_LOADS", legacy ? 8 : 16) == 8 ? 8 : 16;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
         st->prompt_tile = 5;

@@ -151,7 +151,6 @@ typedef struct cuda_state {
      * at 96% of its throughput for 88% of the DRAM's, 4-5% slower). */
     int attn_tma;
     bool attn_tma_rows;
-    int lab_ablate; /* LAB: SHOAL_LAB_ABLATE, attention.cu */
     int attn_tma_l2; /* the copies' L2 promotion: 0, 128 (default) or 256 bytes */
     /* Where the round has one row a stream (kernels_batch), the TMA
      * partials launched with programmatic serialization after rope with

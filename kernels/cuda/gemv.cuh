@@ -109,34 +109,4 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr
     }
 }
 
-/* LAB (SHOAL_CUDA_GEMV_LOADS=17): gemv_dot at one row as one loop, for
- * chunks a multiple of U * 32: the first group of loads before the wait,
- * then each group's dot products and the next group's loads (the same
- * sums in the same order). */
-template <int U, typename Wait>
-static __device__ __forceinline__ void gemv_dot_lean(float (&acc)[1], const uint4 *wr,
-                                                     const uint4 *x, int chunks, int lane,
-                                                     bool valid, Wait wait)
-{
-    acc[0] = 0.0f;
-    uint4 wv[U];
-    if (valid)
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            wv[u] = ld_stream16(wr + lane + u * 32);
-    wait();
-    if (!valid)
-        return;
-    for (int c = lane;; c += U * 32) {
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            acc[0] += dot8_bf16(wv[u], __ldg(x + c + u * 32));
-        if (c + U * 32 >= chunks)
-            break;
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            wv[u] = ld_stream16(wr + c + U * 32 + u * 32);
-    }
-}
-
 #endif

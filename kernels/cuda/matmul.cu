@@ -61,9 +61,9 @@ static __global__ void __launch_bounds__(MM_THREADS)
  * product. g and u are rounded to O first, as the projections would be
  * stored, and silu is the swiglu kernel's expression, so the result is
  * bit for bit that of the GEMV, then swiglu. */
-template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>(), bool LEAN = false>
+template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>()>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    matmul_gemv(O *out, const bf16 *in, const bf16 *w, const bf16 *w2, int n, int k, int ahead)
+    matmul_gemv(O *out, const bf16 *in, const bf16 *w, const bf16 *w2, int n, int k)
 {
     pdl_trigger();
     constexpr int ROWS = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS; /* output columns a block */
@@ -71,23 +71,9 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const int row = blockIdx.x * ROWS + warp % ROWS;
     const bool valid = row < n;
     const bf16 *wm = SWIGLU && warp >= ROWS ? w2 : w;
-    /* LAB (SHOAL_CUDA_GEMV_LOADS=18): the first wave's warps ask L2 for
-     * the row the next wave's warp in their place takes */
-    if (ahead && (int)blockIdx.x < ahead && lane == 0) {
-        const int row2 = row + ahead * ROWS;
-        if (row2 < n)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(
-                             wm + (size_t)row2 * k),
-                         "r"((unsigned)k * 2u)
-                         : "memory");
-    }
     float acc[R];
-    if constexpr (LEAN && R == 1)
-        gemv_dot_lean<U>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k),
-                         (const uint4 *)in, k / 8, lane, valid, [] { pdl_wait(); });
-    else
-        gemv_dot<R, false, U>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k),
-                              (const uint4 *)in, k / 8, lane, valid, [] { pdl_wait(); });
+    gemv_dot<R, false, U>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k),
+                          (const uint4 *)in, k / 8, lane, valid, [] { pdl_wait(); });
     if constexpr (!SWIGLU) {
         if (!valid)
             return;
@@ -117,31 +103,22 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>(), bool LEAN = false>
+template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>()>
 static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
-                          const bf16 *w, const bf16 *w2, int n, int k, int ahead = 0)
+                          const bf16 *w, const bf16 *w2, int n, int k)
 {
-    cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, matmul_gemv<R, O, SWIGLU, U, LEAN>, out, in,
-                    w, w2, n, k, ahead);
+    cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, matmul_gemv<R, O, SWIGLU, U>, out, in, w, w2,
+                    n, k);
 }
 
 /* w2 is the up projection with SWIGLU, else unused; loads: a lane's loads
  * in flight at one row (SHOAL_CUDA_GEMV_LOADS). */
 template <typename O, bool SWIGLU>
 static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 *w,
-                        const bf16 *w2, int rows, int n, int k, int loads, int wave = 0)
+                        const bf16 *w2, int rows, int n, int k, int loads)
 {
     const int per_block = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS;
     unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
-    if (rows == 1 && loads == 18) { /* LAB: the next wave's rows asked of L2 */
-        launch_gemv_r<1, O, SWIGLU>(stream, blocks, out, in, w, w2, n, k, wave);
-        return;
-    }
-    if (rows == 1 && loads == 17 && k % (GEMV_LOADS_ONE_ROW * 32 * 8) == 0) { /* LAB */
-        launch_gemv_r<1, O, SWIGLU, GEMV_LOADS_ONE_ROW, true>(stream, blocks, out, in, w, w2, n,
-                                                               k);
-        return;
-    }
     if (rows == 1 && loads == GEMV_LOADS_ROWS) {
         launch_gemv_r<1, O, SWIGLU, GEMV_LOADS_ROWS>(stream, blocks, out, in, w, w2, n, k);
         return;
@@ -197,12 +174,10 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
     if (gemv_takes(be, wdtype, rows, k, in, w)) {
         if (out_dtype == SHOAL_DTYPE_F32)
             launch_gemv<float, false>(st->stream, (float *)out, (const bf16 *)in,
-                                      (const bf16 *)w, NULL, rows, n, k, st->gemv_loads,
-                                     3 * st->sm_count);
+                                      (const bf16 *)w, NULL, rows, n, k, st->gemv_loads);
         else
             launch_gemv<bf16, false>(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)w,
-                                     NULL, rows, n, k, st->gemv_loads,
-                                     3 * st->sm_count);
+                                     NULL, rows, n, k, st->gemv_loads);
         cuda_launched(be, "matmul (gemv)");
         return;
     }
@@ -262,8 +237,7 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
     if (st->gemv_swiglu && gemv_takes(be, wdtype, rows, k, in, wg) && (uintptr_t)wu % 16 == 0) {
         CUDA_ASSERT_ALIGNED(in, ab);
         launch_gemv<bf16, true>(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)wg,
-                                (const bf16 *)wu, rows, n, k, st->gemv_loads,
-                                     3 * st->sm_count);
+                                (const bf16 *)wu, rows, n, k, st->gemv_loads);
         cuda_launched(be, "matmul_swiglu (gemv)");
         return;
     }
