@@ -54,6 +54,7 @@
 #include "common/common_dtype.h"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/kernels_backend.h"
+#include "kernels/lab/lab_util.cuh"
 
 #include <algorithm>
 #include <stdio.h>
@@ -282,35 +283,16 @@ static __global__ void __launch_bounds__(KV_THREADS)
     count_done(done);
 }
 
-/* Random bf16 in [-0.05, 0.05) from a hash of the index. */
-static __global__ void fill_bf16(bf16 *p, size_t n, unsigned seed)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)(i * 2654435761u) ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = __float2bfloat16(((float)(h & 0xffffu) / 65536.0f - 0.5f) * 0.1f);
-    }
-}
-
-/* Plain or programmatic launch. */
+/* Plain or programmatic launch (cuda_ops.h's launcher). */
 template <typename... Params, typename... Args>
 static void launch_cfg(cudaStream_t s, bool pdl, unsigned blocks, unsigned threads, size_t smem,
                        void (*kernel)(Params...), Args... args)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    CK(cudaLaunchKernelEx(&cfg, kernel, args...));
+    if (pdl)
+        cuda_launch_pdl_smem(s, dim3(blocks), threads, smem, kernel, args...);
+    else
+        kernel<<<blocks, threads, smem, s>>>(args...);
+    CK(cudaGetLastError());
 }
 
 template <typename... Params, typename... Args>
@@ -373,35 +355,37 @@ static void step(cudaStream_t s, const bufs &b, const variant &v, bool tiny, boo
     const size_t le = layer_elems(tiny);
     const int nq = tiny ? 8 : QKV, no = tiny ? 8 : HID, ngu = tiny ? 8 : 2 * INTER,
               nd = tiny ? 8 : HID;
+    typedef void (*gemv_kernel)(bf16 *, const bf16 *, const bf16 *, int, int, waiter, unsigned *);
+    /* a GEMV of n rows by k: its grid, its wait on the kernel before */
+    auto run_gemv = [&](gemv_kernel kernel, bf16 *out, const bf16 *in, const bf16 *w, int n,
+                        int k) {
+        const unsigned blocks = (unsigned)(n + GEMV_WARPS - 1) / GEMV_WARPS;
+        waiter wt;
+        unsigned *done;
+        next(blocks, &wt, &done);
+        launch(s, true, blocks, GEMV_WARPS * 32, kernel, out, in, w, n, k, wt, done);
+    };
+    const gemv_kernel plain = counted    ? gemv<true>
+                              : v.lean ? gemv_fold<false, false>
+                                       : gemv<false>;
     for (int l = 0; l < LAYERS; l++) {
         const bf16 *wq = b.w + (size_t)l * le, *wo = wq + (size_t)nq * HID,
                    *wgu = wo + (size_t)no * HID, *wd = wgu + (size_t)ngu * HID;
+        const int kd = tiny ? HID : INTER; /* down takes gate/up's first INTER outputs */
         waiter wt;
         unsigned *done;
-        const bool norm_pdl = v.norm == N_PDL;
         if (v.norm == N_FOLD) { /* 6 kernels: the norms inside the GEMVs */
-            const unsigned gq = (unsigned)(nq + GEMV_WARPS - 1) / GEMV_WARPS;
-            next(gq, &wt, &done);
-            launch(s, true, gq, GEMV_WARPS * 32, gemv_fold<true, false>, b.qkv,
-                   (const bf16 *)b.x, wq, nq, HID, wt, done);
+            run_gemv(gemv_fold<true, false>, b.qkv, b.x, wq, nq, HID);
             next(16 * KVH, &wt, &done);
             launch(s, true, 16 * KVH, 128, attn, b.rec, (const bf16 *)b.qkv, wt, done);
             next(HEADS, &wt, &done);
             launch(s, true, HEADS, 128, merge, b.o_in, (const float *)b.rec, wt, done);
-            const unsigned go = (unsigned)(no + GEMV_WARPS - 1) / GEMV_WARPS;
-            next(go, &wt, &done);
-            launch(s, true, go, GEMV_WARPS * 32, gemv_fold<false, true>, b.x,
-                   (const bf16 *)b.o_in, wo, no, HID, wt, done);
-            const unsigned gg = (unsigned)(ngu + GEMV_WARPS - 1) / GEMV_WARPS;
-            next(gg, &wt, &done);
-            launch(s, true, gg, GEMV_WARPS * 32, gemv_fold<true, false>, b.act,
-                   (const bf16 *)b.x, wgu, ngu, HID, wt, done);
-            const unsigned gd = (unsigned)(nd + GEMV_WARPS - 1) / GEMV_WARPS;
-            next(gd, &wt, &done);
-            launch(s, true, gd, GEMV_WARPS * 32, gemv_fold<false, true>, b.x,
-                   (const bf16 *)b.act, wd, nd, tiny ? HID : INTER, wt, done);
+            run_gemv(gemv_fold<false, true>, b.x, b.o_in, wo, no, HID);
+            run_gemv(gemv_fold<true, false>, b.act, b.x, wgu, ngu, HID);
+            run_gemv(gemv_fold<false, true>, b.x, b.act, wd, nd, kd);
             continue;
         }
+        const bool norm_pdl = v.norm == N_PDL;
         /* without the norms the GEMVs read the kernel before's output */
         const bf16 *qkv_in = b.xn, *gu_in = b.xn;
         if (v.norm != N_NONE) {
@@ -411,14 +395,7 @@ static void step(cudaStream_t s, const bufs &b, const variant &v, bool tiny, boo
             qkv_in = b.down;
             gu_in = b.o;
         }
-        const unsigned gq = (unsigned)(nq + GEMV_WARPS - 1) / GEMV_WARPS;
-        next(gq, &wt, &done);
-        if (counted)
-            launch(s, true, gq, GEMV_WARPS * 32, gemv<true>, b.qkv, qkv_in, wq, nq, HID, wt,
-                   done);
-        else
-            launch(s, true, gq, GEMV_WARPS * 32, v.lean ? gemv_fold<false, false> : gemv<false>,
-                   b.qkv, qkv_in, wq, nq, HID, wt, done);
+        run_gemv(plain, b.qkv, qkv_in, wq, nq, HID);
         /* without attention the o GEMV reads q */
         const bf16 *o_in = b.o_in;
         if (v.attn == A_STAND) {
@@ -437,42 +414,16 @@ static void step(cudaStream_t s, const bufs &b, const variant &v, bool tiny, boo
             next(HEADS, &wt, &done);
             launch(s, true, HEADS, 128, merge, b.o_in, (const float *)b.rec, wt, done);
         }
-        const unsigned go = (unsigned)(no + GEMV_WARPS - 1) / GEMV_WARPS;
-        next(go, &wt, &done);
-        if (counted)
-            launch(s, true, go, GEMV_WARPS * 32, gemv<true>, b.o, o_in, wo, no, HID, wt, done);
-        else
-            launch(s, true, go, GEMV_WARPS * 32, v.lean ? gemv_fold<false, false> : gemv<false>,
-                   b.o, o_in, wo, no, HID, wt, done);
+        run_gemv(plain, b.o, o_in, wo, no, HID);
         if (v.norm != N_NONE) {
             next(1, &wt, &done);
             launch(s, norm_pdl, 1, 512, norm, b.xn, b.x, (const bf16 *)b.o, wt, done);
         }
-        const unsigned gg = (unsigned)(ngu + GEMV_WARPS - 1) / GEMV_WARPS;
-        next(gg, &wt, &done);
-        if (counted)
-            launch(s, true, gg, GEMV_WARPS * 32, gemv<true>, b.act, gu_in, wgu, ngu, HID, wt,
-                   done);
-        else
-            launch(s, true, gg, GEMV_WARPS * 32, v.lean ? gemv_fold<false, false> : gemv<false>,
-                   b.act, gu_in, wgu, ngu, HID, wt, done);
-        /* down takes the first INTER of gate/up's outputs as its input */
-        const unsigned gd = (unsigned)(nd + GEMV_WARPS - 1) / GEMV_WARPS;
-        next(gd, &wt, &done);
-        if (counted)
-            launch(s, true, gd, GEMV_WARPS * 32, gemv<true>, b.down, (const bf16 *)b.act, wd, nd,
-                   tiny ? HID : INTER, wt, done);
-        else
-            launch(s, true, gd, GEMV_WARPS * 32, v.lean ? gemv_fold<false, false> : gemv<false>,
-                   b.down, (const bf16 *)b.act, wd, nd, tiny ? HID : INTER, wt, done);
+        run_gemv(plain, b.act, gu_in, wgu, ngu, HID);
+        run_gemv(plain, b.down, b.act, wd, nd, kd);
     }
 }
 
-static double median(std::vector<double> v)
-{
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
 
 int main(int argc, char **argv)
 {

@@ -29,6 +29,7 @@
 #include "common/common_dtype.h"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/kernels_backend.h"
+#include "kernels/lab/lab_util.cuh"
 
 #include <algorithm>
 #include <stdio.h>
@@ -142,25 +143,6 @@ static __global__ void __launch_bounds__(PW * 32)
 {
     for (int i = 0; i < n; i++)
         grid_barrier_count(count, base + (unsigned)(i + 1) * gridDim.x);
-}
-
-/* Random bf16 in [-0.05, 0.05) from a hash of the index. */
-static __global__ void fill_bf16(bf16 *p, size_t n, unsigned seed)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)(i * 2654435761u) ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = __float2bfloat16(((float)(h & 0xffffu) / 65536.0f - 0.5f) * 0.1f);
-    }
-}
-
-static double median(std::vector<double> v)
-{
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 int main(int argc, char **argv)
