@@ -34,13 +34,19 @@
  *   fold    the norms inside the GEMVs (kernels/lab row 23.1's shape):
  *           q/k/v and gate/up take 1 / rms of the x they stream, o and
  *           down add into x; six kernels a layer;
- *   *-l     the plain GEMVs by fold's loop (96-100 registers, four or
- *           five blocks a multiprocessor, where the backend's take 164
- *           and three).
+ *   *-l     the plain GEMVs by fold's loop (90-100 registers, four or
+ *           five blocks a multiprocessor, where the backend's take 160-164
+ *           and three);
+ *   S, H, A the model's parts, one at a time: S gate/up as the backend's
+ *           SwiGLU GEMV (12,288 outputs, two gate and two up warps a
+ *           block); H the attention stand-in with the TMA partials'
+ *           footprint (264 blocks, 147 registers, 106 KB, the KV copied
+ *           before the wait); A the weights a matrix an allocation, as
+ *           the model loads them.
  *
  * Also the same chain with no weights (every GEMV of 1 row of 8 columns):
  * the boundaries' latency alone. Results: kernels/lab/README.md rows
- * 25.1-25.2.
+ * 25.1, 25.2 and 25.7.
  *
  *   shoal-lab-boundary [--device N] [--steps N] [--sleep NS] [--plant]
  *
@@ -120,23 +126,51 @@ static __device__ __forceinline__ void count_done(unsigned *done)
 /* out[n] = w[n][k] x in[k], one warp a row (the backend's GEMV sums);
  * COHERENT input loads under count (the kernel before may still be
  * resident, and its writes are ordered by the acquire, not by a grid's
- * completion). */
-template <bool COHERENT>
+ * completion). SWIGLU: the backend's matmul_swiglu shape, w the joined
+ * [gate | up] rows of n each, a block's first two warps two gate rows and
+ * its last two the same up rows, out[j] = silu(g) * u (g and u rounded
+ * first), swapped through shared memory. */
+template <bool SWIGLU>
+static __device__ __forceinline__ int gemv_row(int n, int warp)
+{
+    return SWIGLU ? blockIdx.x * 2 + (warp & 1) + (warp >> 1) * n
+                  : blockIdx.x * GEMV_WARPS + warp;
+}
+
+template <bool SWIGLU>
+static __device__ __forceinline__ void gemv_store(bf16 *out, int n, int row, int lane, int warp,
+                                                  float acc, bool valid)
+{
+    if constexpr (!SWIGLU) {
+        if (valid && lane == 0)
+            out[row] = __float2bfloat16_rn(acc);
+    } else {
+        __shared__ float part[GEMV_WARPS];
+        if (lane == 0)
+            part[warp] = acc;
+        __syncthreads();
+        const int j = blockIdx.x * 2 + threadIdx.x;
+        if (threadIdx.x < 2 && j < n) {
+            const float g = __bfloat162float(__float2bfloat16_rn(part[threadIdx.x]));
+            const float u = __bfloat162float(__float2bfloat16_rn(part[2 + threadIdx.x]));
+            out[j] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+        }
+    }
+}
+
+template <bool COHERENT, bool SWIGLU = false>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv(bf16 *out, const bf16 *in, const bf16 *w, int n, int k, waiter wt, unsigned *done)
 {
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * GEMV_WARPS + warp;
-    const bool valid = row < n;
+    const int row = gemv_row<SWIGLU>(n, warp);
+    const bool valid = SWIGLU ? blockIdx.x * 2 < n : row < n;
     float acc[1];
     gemv_dot<1, COHERENT>(acc, (const uint4 *)(w + (size_t)(valid ? row : 0) * k),
                           (const uint4 *)in, k / 8, lane, valid, wt);
-    if (valid) {
-        float v = warp_reduce(acc[0], op_add());
-        if (lane == 0)
-            out[row] = __float2bfloat16_rn(v);
-    }
+    gemv_store<SWIGLU>(out, n, row, lane, warp, valid ? warp_reduce(acc[0], op_add()) : 0.0f,
+                       valid);
     count_done(done);
 }
 
@@ -145,15 +179,16 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * scales its dot by 1 / rms (the norm's weight would be folded into w);
  * ADD, the row's output added to the residual x (out, in place: x's
  * element read after the wait, beside the input's loads). pdl mode only. */
-template <bool RMS, bool ADD>
+template <bool RMS, bool ADD, bool SWIGLU = false>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_fold(bf16 *out, const bf16 *in, const bf16 *w, int n, int k, waiter wt, unsigned *done)
 {
+    static_assert(!(ADD && SWIGLU), "the add is the plain GEMV's");
     constexpr int U = GEMV_LOADS_ONE_ROW;
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * GEMV_WARPS + warp;
-    const bool valid = row < n;
+    const int row = gemv_row<SWIGLU>(n, warp);
+    const bool valid = SWIGLU ? blockIdx.x * 2 < n : row < n;
     const uint4 *wr = (const uint4 *)(w + (size_t)(valid ? row : 0) * k), *x = (const uint4 *)in;
     const int chunks = k / 8;
     uint4 wv[U];
@@ -183,10 +218,10 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
         acc = warp_reduce(acc, op_add());
         if (RMS)
             acc *= rsqrtf(warp_reduce(ss, op_add()) / (float)k + 1e-6f);
-        if (lane == 0)
-            out[row] = ADD ? __float2bfloat16_rn(resid + __bfloat162float(__float2bfloat16_rn(acc)))
-                           : __float2bfloat16_rn(acc);
+        if (ADD)
+            acc = resid + __bfloat162float(__float2bfloat16_rn(acc));
     }
+    gemv_store<SWIGLU>(out, n, row, lane, warp, acc, valid);
     count_done(done);
 }
 
@@ -283,6 +318,48 @@ static __global__ void __launch_bounds__(KV_THREADS)
     count_done(done);
 }
 
+/* attn_kv with the TMA partials' footprint at batch 1 and 4k: 264 blocks
+ * (33 segments of 8 KV heads), 106 KB of shared memory and 140 values a
+ * thread held across a barrier (147 registers, as the partials), so
+ * that, like them, two fit a multiprocessor, the first once one of the
+ * q/k/v GEMV's three 160-register blocks has left it, the second once
+ * all three have. */
+enum { KVH_SEGS = 33 * KVH, KVH_SMEM = 106 << 10, KEEP = 140 };
+static __global__ void __launch_bounds__(KV_THREADS, 2)
+    attn_heavy(float *rec, const bf16 *qkv, const unsigned char *kv, waiter wt, unsigned *done)
+{
+    extern __shared__ uint4 stage[];
+    pdl_trigger();
+    const unsigned char *src = kv + (size_t)blockIdx.x * KV_SEG_BYTES;
+    for (int i = threadIdx.x; i < KV_SEG_BYTES / 16; i += KV_THREADS) {
+        const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stage + i);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src + i * 16));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+    wt();
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    const float *sf = (const float *)stage;
+    float keep[KEEP];
+#pragma unroll
+    for (int i = 0; i < KEEP; i++)
+        keep[i] = sf[i * KV_THREADS + threadIdx.x];
+    __syncthreads(); /* every value live across it */
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < KEEP; i++)
+        sum = fmaf(keep[i], keep[KEEP - 1 - i], sum);
+    const int g = blockIdx.x % KVH, t = threadIdx.x;
+    if (t < HD) {
+        const float k = sum + __bfloat162float(qkv[HEADS * HD + g * HD + t]);
+#pragma unroll
+        for (int h = 0; h < 4; h++)
+            rec[((size_t)blockIdx.x * 4 + h) * HD + t] =
+                __bfloat162float(qkv[(g * 4 + h) * HD + t]) * k;
+    }
+    count_done(done);
+}
+
 /* Plain or programmatic launch (cuda_ops.h's launcher). */
 template <typename... Params, typename... Args>
 static void launch_cfg(cudaStream_t s, bool pdl, unsigned blocks, unsigned threads, size_t smem,
@@ -312,22 +389,25 @@ static void launch_smem(cudaStream_t s, unsigned blocks, unsigned threads, size_
 
 struct bufs {
     bf16 *w, *x, *xn, *qkv, *o_in, *o, *act, *down;
+    bf16 *sep[LAYERS][4]; /* the 8B layers' matrices, each its own allocation */
     float *rec;
     unsigned *counts;
-    unsigned char *kv; /* 36 layers of 16.8 MB: 256 segments of 64 KB */
+    unsigned char *kv; /* 36 layers of 264 segments of 64 KB (16.8-17.3 MB a layer) */
 };
 
 /* A variant of the layer: how kernels wait, and which kernels it has. */
 enum norm_way { N_PDL, N_PLAIN, N_NONE, N_FOLD };
-enum attn_way { A_STAND, A_NONE, A_KV };
+enum attn_way { A_STAND, A_NONE, A_KV, A_HEAVY };
 struct variant {
     const char *name;
     wait_mode wait;
     norm_way norm;
     attn_way attn;
-    bool lean; /* the plain GEMVs by gemv_fold's loop (96-100 registers, not 164) */
+    bool lean;   /* the plain GEMVs by gemv_fold's loop (96-100 registers, not 164) */
+    bool swiglu; /* gate/up as the backend's matmul_swiglu, 12,288 outputs */
+    bool sep;    /* the weights in separate allocations, as the model loads them */
 };
-enum { KV_SEGS = 32 * KVH };
+enum { KV_SEGS = 32 * KVH, KV_SEGS_MAX = KVH_SEGS };
 
 static size_t layer_elems(bool tiny)
 {
@@ -355,11 +435,13 @@ static void step(cudaStream_t s, const bufs &b, const variant &v, bool tiny, boo
     const size_t le = layer_elems(tiny);
     const int nq = tiny ? 8 : QKV, no = tiny ? 8 : HID, ngu = tiny ? 8 : 2 * INTER,
               nd = tiny ? 8 : HID;
+    /* down's k: gate/up's outputs (its first INTER without SwiGLU) */
+    const int kd = tiny ? HID : INTER;
     typedef void (*gemv_kernel)(bf16 *, const bf16 *, const bf16 *, int, int, waiter, unsigned *);
-    /* a GEMV of n rows by k: its grid, its wait on the kernel before */
+    /* a GEMV of n outputs by k: its grid, its wait on the kernel before */
     auto run_gemv = [&](gemv_kernel kernel, bf16 *out, const bf16 *in, const bf16 *w, int n,
-                        int k) {
-        const unsigned blocks = (unsigned)(n + GEMV_WARPS - 1) / GEMV_WARPS;
+                        int k, int per_block) {
+        const unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
         waiter wt;
         unsigned *done;
         next(blocks, &wt, &done);
@@ -368,23 +450,58 @@ static void step(cudaStream_t s, const bufs &b, const variant &v, bool tiny, boo
     const gemv_kernel plain = counted    ? gemv<true>
                               : v.lean ? gemv_fold<false, false>
                                        : gemv<false>;
+    const bool fold = v.norm == N_FOLD;
+    /* gate/up: SwiGLU's n outputs from the joined rows, or all the rows */
+    auto run_gate_up = [&](const bf16 *in, const bf16 *w) {
+        if (v.swiglu)
+            run_gemv(fold     ? gemv_fold<true, false, true>
+                     : v.lean ? gemv_fold<false, false, true>
+                              : gemv<false, true>,
+                     b.act, in, w, ngu / 2, HID, 2);
+        else
+            run_gemv(fold ? gemv_fold<true, false> : plain, b.act, in, w, ngu, HID, GEMV_WARPS);
+    };
+    /* attention and merge; the o GEMV's input */
+    auto run_attn = [&](int l) -> const bf16 * {
+        waiter wt;
+        unsigned *done;
+        if (v.attn == A_NONE)
+            return b.qkv; /* the o GEMV reads q */
+        const unsigned char *kv = b.kv + (size_t)l * KV_SEGS_MAX * KV_SEG_BYTES;
+        if (v.attn == A_STAND) {
+            next(16 * KVH, &wt, &done);
+            launch(s, true, 16 * KVH, 128, attn, b.rec, (const bf16 *)b.qkv, wt, done);
+        } else if (v.attn == A_KV) {
+            next(KV_SEGS, &wt, &done);
+            launch_smem(s, KV_SEGS, KV_THREADS, KV_SEG_BYTES, attn_kv, b.rec,
+                        (const bf16 *)b.qkv, kv, wt, done);
+        } else {
+            next(KVH_SEGS, &wt, &done);
+            launch_smem(s, KVH_SEGS, KV_THREADS, KVH_SMEM, attn_heavy, b.rec,
+                        (const bf16 *)b.qkv, kv, wt, done);
+        }
+        next(HEADS, &wt, &done);
+        launch(s, true, HEADS, 128, merge, b.o_in, (const float *)b.rec, wt, done);
+        return b.o_in;
+    };
     for (int l = 0; l < LAYERS; l++) {
         const bf16 *wq = b.w + (size_t)l * le, *wo = wq + (size_t)nq * HID,
                    *wgu = wo + (size_t)no * HID, *wd = wgu + (size_t)ngu * HID;
-        const int kd = tiny ? HID : INTER; /* down takes gate/up's first INTER outputs */
-        waiter wt;
-        unsigned *done;
-        if (v.norm == N_FOLD) { /* 6 kernels: the norms inside the GEMVs */
-            run_gemv(gemv_fold<true, false>, b.qkv, b.x, wq, nq, HID);
-            next(16 * KVH, &wt, &done);
-            launch(s, true, 16 * KVH, 128, attn, b.rec, (const bf16 *)b.qkv, wt, done);
-            next(HEADS, &wt, &done);
-            launch(s, true, HEADS, 128, merge, b.o_in, (const float *)b.rec, wt, done);
-            run_gemv(gemv_fold<false, true>, b.x, b.o_in, wo, no, HID);
-            run_gemv(gemv_fold<true, false>, b.act, b.x, wgu, ngu, HID);
-            run_gemv(gemv_fold<false, true>, b.x, b.act, wd, nd, kd);
+        if (v.sep && !tiny) {
+            wq = b.sep[l][0];
+            wo = b.sep[l][1];
+            wgu = b.sep[l][2];
+            wd = b.sep[l][3];
+        }
+        if (fold) { /* 6 kernels: the norms inside the GEMVs */
+            run_gemv(gemv_fold<true, false>, b.qkv, b.x, wq, nq, HID, GEMV_WARPS);
+            run_gemv(gemv_fold<false, true>, b.x, run_attn(l), wo, no, HID, GEMV_WARPS);
+            run_gate_up(b.x, wgu);
+            run_gemv(gemv_fold<false, true>, b.x, b.act, wd, nd, kd, GEMV_WARPS);
             continue;
         }
+        waiter wt;
+        unsigned *done;
         const bool norm_pdl = v.norm == N_PDL;
         /* without the norms the GEMVs read the kernel before's output */
         const bf16 *qkv_in = b.xn, *gu_in = b.xn;
@@ -395,35 +512,16 @@ static void step(cudaStream_t s, const bufs &b, const variant &v, bool tiny, boo
             qkv_in = b.down;
             gu_in = b.o;
         }
-        run_gemv(plain, b.qkv, qkv_in, wq, nq, HID);
-        /* without attention the o GEMV reads q */
-        const bf16 *o_in = b.o_in;
-        if (v.attn == A_STAND) {
-            next(16 * KVH, &wt, &done);
-            launch(s, true, 16 * KVH, 128, attn, b.rec, (const bf16 *)b.qkv, wt, done);
-        } else if (v.attn == A_KV) {
-            next(KV_SEGS, &wt, &done);
-            launch_smem(s, KV_SEGS, KV_THREADS, KV_SEG_BYTES, attn_kv, b.rec,
-                        (const bf16 *)b.qkv,
-                        (const unsigned char *)(b.kv + (size_t)l * KV_SEGS * KV_SEG_BYTES), wt,
-                        done);
-        } else {
-            o_in = b.qkv;
-        }
-        if (v.attn != A_NONE) {
-            next(HEADS, &wt, &done);
-            launch(s, true, HEADS, 128, merge, b.o_in, (const float *)b.rec, wt, done);
-        }
-        run_gemv(plain, b.o, o_in, wo, no, HID);
+        run_gemv(plain, b.qkv, qkv_in, wq, nq, HID, GEMV_WARPS);
+        run_gemv(plain, b.o, run_attn(l), wo, no, HID, GEMV_WARPS);
         if (v.norm != N_NONE) {
             next(1, &wt, &done);
             launch(s, norm_pdl, 1, 512, norm, b.xn, b.x, (const bf16 *)b.o, wt, done);
         }
-        run_gemv(plain, b.act, gu_in, wgu, ngu, HID);
-        run_gemv(plain, b.down, b.act, wd, nd, kd);
+        run_gate_up(gu_in, wgu);
+        run_gemv(plain, b.down, b.act, wd, nd, kd, GEMV_WARPS);
     }
 }
-
 
 int main(int argc, char **argv)
 {
@@ -460,7 +558,7 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&b.o, HID * sizeof(bf16)));
     CK(cudaMalloc(&b.act, 2 * INTER * sizeof(bf16)));
     CK(cudaMalloc(&b.down, HID * sizeof(bf16)));
-    CK(cudaMalloc(&b.rec, (size_t)16 * KVH * 4 * HD * sizeof(float)));
+    CK(cudaMalloc(&b.rec, (size_t)KV_SEGS_MAX * 4 * HD * sizeof(float)));
     CK(cudaMalloc(&b.counts, LAYERS * KERNELS * sizeof(unsigned)));
     fill_bf16<<<2048, 256, 0, s>>>(b.w, big, 1u);
     CK(cudaStreamSynchronize(s));
@@ -468,10 +566,23 @@ int main(int argc, char **argv)
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    CK(cudaMalloc(&b.kv, (size_t)LAYERS * KV_SEGS * KV_SEG_BYTES));
-    CK(cudaMemset(b.kv, 0x11, (size_t)LAYERS * KV_SEGS * KV_SEG_BYTES));
+    CK(cudaMalloc(&b.kv, (size_t)LAYERS * KV_SEGS_MAX * KV_SEG_BYTES));
+    CK(cudaMemset(b.kv, 0x11, (size_t)LAYERS * KV_SEGS_MAX * KV_SEG_BYTES));
     CK(cudaFuncSetAttribute(attn_kv, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             KV_SEG_BYTES));
+    CK(cudaFuncSetAttribute(attn_heavy, cudaFuncAttributeMaxDynamicSharedMemorySize, KVH_SMEM));
+    /* the same weights again, a matrix an allocation (the sep variants) */
+    const size_t mat[4] = {(size_t)QKV * HID, (size_t)HID * HID, (size_t)2 * INTER * HID,
+                           (size_t)HID * INTER};
+    for (int l = 0; l < LAYERS; l++) {
+        size_t off = (size_t)l * layer_elems(false);
+        for (int i = 0; i < 4; i++) {
+            CK(cudaMalloc(&b.sep[l][i], mat[i] * sizeof(bf16)));
+            CK(cudaMemcpy(b.sep[l][i], b.w + off, mat[i] * sizeof(bf16),
+                          cudaMemcpyDeviceToDevice));
+            off += mat[i];
+        }
+    }
     const variant vs[] = {
         {"pdl", W_PDL, N_PDL, A_STAND},      {"model", W_PDL, N_PLAIN, A_STAND},
         {"count", W_COUNT, N_PDL, A_STAND},  {"nonorm", W_PDL, N_NONE, A_STAND},
@@ -479,11 +590,24 @@ int main(int argc, char **argv)
         {"kv", W_PDL, N_PLAIN, A_KV},        {"kv-pdl", W_PDL, N_PDL, A_KV},
         {"fold", W_PDL, N_FOLD, A_STAND},    {"model-l", W_PDL, N_PLAIN, A_STAND, true},
         {"bare-l", W_PDL, N_NONE, A_NONE, true}, {"kv-l", W_PDL, N_PLAIN, A_KV, true},
+        /* the model's parts added to the stand-in one at a time: S the
+         * SwiGLU GEMV, H the partials' footprint with the KV, A the
+         * weights in separate allocations (rows 25.7) */
+        {"model-l S", W_PDL, N_PLAIN, A_STAND, true, true},
+        {"fold S", W_PDL, N_FOLD, A_STAND, false, true},
+        {"model-l H", W_PDL, N_PLAIN, A_HEAVY, true},
+        {"fold H", W_PDL, N_FOLD, A_HEAVY},
+        {"model-l A", W_PDL, N_PLAIN, A_STAND, true, false, true},
+        {"fold A", W_PDL, N_FOLD, A_STAND, false, false, true},
+        {"model-l SHA", W_PDL, N_PLAIN, A_HEAVY, true, true, true},
+        {"fold SHA", W_PDL, N_FOLD, A_HEAVY, false, true, true},
+        {"model SHA", W_PDL, N_PLAIN, A_HEAVY, false, true, true},
+        {"pdl SHA", W_PDL, N_PDL, A_HEAVY, false, true, true},
     };
     const int nv = (int)(sizeof vs / sizeof vs[0]);
     for (int tiny = 1; tiny >= 0; tiny--) {
         /* each kernel set's first variant is its reference */
-        std::vector<std::vector<uint16_t>> ref(9);
+        std::vector<std::vector<uint16_t>> ref(24);
         for (int m = 0; m < nv; m++) {
             const variant &v = vs[m];
             /* the same inputs for every way */
@@ -502,7 +626,8 @@ int main(int argc, char **argv)
             CK(cudaMemcpy(got.data(), v.norm == N_NONE ? b.down : b.x, HID * 2,
                           cudaMemcpyDeviceToHost));
             std::vector<uint16_t> &r =
-                ref[(v.norm == N_NONE ? 3 : v.norm == N_FOLD ? 6 : 0) + (int)v.attn];
+                ref[(v.norm == N_NONE ? 8 : v.norm == N_FOLD ? 16 : 0) + (int)v.attn * 2 +
+                    (int)v.swiglu];
             if (r.empty())
                 r = got;
             int differ = 0;
@@ -520,7 +645,7 @@ int main(int argc, char **argv)
                 t.push_back((double)ms * 1e3 / steps);
             }
             const double us = median(t);
-            printf("%-5s %-7s %9.1f us a step %7.2f us a layer  out: %d of %d differ\n",
+            printf("%-5s %-11s %9.1f us a step %7.2f us a layer  out: %d of %d differ\n",
                    tiny ? "tiny" : "8B", v.name, us, us / LAYERS, differ, HID);
             CK(cudaGraphExecDestroy(exec));
             CK(cudaGraphDestroy(graph));
