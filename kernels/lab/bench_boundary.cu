@@ -292,11 +292,12 @@ static __global__ void __launch_bounds__(128)
  * a dot of its head's q with a row of it. 64 KB a block: three blocks a
  * multiprocessor at most, as the TMA partials. */
 enum { KV_SEG_BYTES = 64 << 10, KV_THREADS = 160 };
-static __global__ void __launch_bounds__(KV_THREADS)
-    attn_kv(float *rec, const bf16 *qkv, const unsigned char *kv, waiter wt, unsigned *done)
+
+/* The block's segment of KV copied into stage by cp.async, issued before
+ * the wait and landed after it. */
+static __device__ __forceinline__ void stage_segment(uint4 *stage, const unsigned char *kv,
+                                                     const waiter &wt)
 {
-    extern __shared__ uint4 stage[];
-    pdl_trigger();
     const unsigned char *src = kv + (size_t)blockIdx.x * KV_SEG_BYTES;
     for (int i = threadIdx.x; i < KV_SEG_BYTES / 16; i += KV_THREADS) {
         const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stage + i);
@@ -306,6 +307,13 @@ static __global__ void __launch_bounds__(KV_THREADS)
     wt();
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
+}
+static __global__ void __launch_bounds__(KV_THREADS)
+    attn_kv(float *rec, const bf16 *qkv, const unsigned char *kv, waiter wt, unsigned *done)
+{
+    extern __shared__ uint4 stage[];
+    pdl_trigger();
+    stage_segment(stage, kv, wt);
     const int g = blockIdx.x % KVH, t = threadIdx.x;
     if (t < HD) {
         const bf16 *kr = (const bf16 *)stage + (blockIdx.x & 127) * HD;
@@ -330,15 +338,7 @@ static __global__ void __launch_bounds__(KV_THREADS, 2)
 {
     extern __shared__ uint4 stage[];
     pdl_trigger();
-    const unsigned char *src = kv + (size_t)blockIdx.x * KV_SEG_BYTES;
-    for (int i = threadIdx.x; i < KV_SEG_BYTES / 16; i += KV_THREADS) {
-        const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stage + i);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src + i * 16));
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-    wt();
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    __syncthreads();
+    stage_segment(stage, kv, wt);
     const float *sf = (const float *)stage;
     float keep[KEEP];
 #pragma unroll
