@@ -427,6 +427,27 @@ static void matmul_split_k_matches_cpu(void)
     unsetenv("SHOAL_CUDA_GEMM_SPLITK");
 }
 
+/* The CPU's silu(g) * u with g and u rounded to the activations, as
+ * every GPU path stores them before the product (the fused GEMV rounds
+ * them; the unfused path stores them): against the CPU's f32 g and u,
+ * two more roundings than a matmul's stand in a few outputs' error (seed
+ * 1796181855176242627: 40 outputs 6.02e-3 from them, over the 6e-3
+ * tolerance). scratch holds rows x n floats. */
+static void swiglu_cpu_ref(float *ref, float *scratch, const float *in, const void *wg,
+                           const void *wu, shoal_dtype wdt, int rows, int n, int k)
+{
+    cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, in, wg, wdt, rows, n, k);
+    cpu->matmul(cpu, scratch, SHOAL_DTYPE_F32, in, wu, wdt, rows, n, k);
+    for (size_t i = 0; i < (size_t)rows * n; i++) {
+        float g = ref[i], u = scratch[i];
+        if (act == SHOAL_DTYPE_BF16) {
+            g = shoal_bf16_to_f32(shoal_f32_to_bf16(g));
+            u = shoal_bf16_to_f32(shoal_f32_to_bf16(u));
+        }
+        ref[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
 /* The one-row GEMV with 16 loads in flight a lane (SHOAL_CUDA_GEMV_LOADS
  * 16, the default) and with 8 gives the same bits, a lane summing its
  * chunks in ascending order whatever the depth, and both match the CPU
@@ -460,24 +481,10 @@ static void one_row_gemv_loads_keep_the_bits(void)
             fill_uniform(wt, (size_t)2 * n * k, 0.1f, SHOAL_DTYPE_BF16);
             for (size_t i = 0; i < (size_t)2 * n * k; i++)
                 hw[i] = shoal_f32_to_bf16(wt[i]);
-            if (op == 2) {
-                /* the GEMV rounds g and u to the activations as the
-                 * projections would be stored, then forms silu(g) * u:
-                 * so does the reference, or two more roundings than the
-                 * matmul's in 40 outputs could pass the tolerance (seed
-                 * 1796181855176242627: 6.02e-3 against the CPU's f32 g
-                 * and u) */
+            if (op == 2)
+                swiglu_cpu_ref(ref, cup, in, hw, hw + (size_t)n * k, SHOAL_DTYPE_BF16, 1, n, k);
+            else
                 cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, in, hw, SHOAL_DTYPE_BF16, 1, n, k);
-                cpu->matmul(cpu, cup, SHOAL_DTYPE_F32, in, hw + (size_t)n * k, SHOAL_DTYPE_BF16,
-                            1, n, k);
-                for (int i = 0; i < n; i++) {
-                    float g = shoal_bf16_to_f32(shoal_f32_to_bf16(ref[i]));
-                    float u = shoal_bf16_to_f32(shoal_f32_to_bf16(cup[i]));
-                    ref[i] = g / (1.0f + expf(-g)) * u;
-                }
-            } else {
-                cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, in, hw, SHOAL_DTYPE_BF16, 1, n, k);
-            }
             for (int b = 0; b < 2; b++) {
                 kernels_backend *be = bes[b];
                 void *din = dev_from_f32(be, in, (size_t)k, act);
@@ -578,7 +585,7 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
                     size_t on = (size_t)rows * n;
                     float *ref = xmalloc(on * 4), *cup = xmalloc(on * 4);
                     float *got = xmalloc(on * 4), *gref = xmalloc(on * 4);
-                    cpu->matmul_swiglu(cpu, ref, cup, in, hw, hw + wn, wdt[w], rows, n, k);
+                    swiglu_cpu_ref(ref, cup, in, hw, hw + wn, wdt[w], rows, n, k);
                     for (int b = 0; b < 3; b++) {
                         kernels_backend *be = bes[b];
                         void *din = dev_from_f32(be, in, (size_t)rows * k, act);
