@@ -62,7 +62,6 @@
 #include "kernels/kernels_backend.h"
 #include "kernels/lab/lab_util.cuh"
 
-#include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +78,7 @@
 
 enum { HID = 4096, QKV = 6144, INTER = 12288, LAYERS = 36, HEADS = 32, KVH = 8, HD = 128 };
 enum { KERNELS = 8 /* a layer */ };
-enum wait_mode { W_PDL, W_MODEL, W_COUNT };
+enum wait_mode { W_PDL, W_COUNT };
 
 /* A kernel's wait: griddepcontrol.wait, or the count of the kernel
  * before reaching its grid (one thread spins, the block follows). */
@@ -387,9 +386,25 @@ static void launch_smem(cudaStream_t s, unsigned blocks, unsigned threads, size_
     launch_cfg(s, true, blocks, threads, smem, kernel, args...);
 }
 
+/* A layer's matrices in order, q/k/v, o, gate/up (joined), down: rows
+ * by k, back to back (tiny: 8 rows each, k 4,096). */
+enum { MATS = 4 };
+struct layer_shape {
+    int rows[MATS], k[MATS];
+    size_t elems(int i) const { return (size_t)rows[i] * (size_t)k[i]; }
+    size_t total() const { return elems(0) + elems(1) + elems(2) + elems(3); }
+};
+
+static layer_shape shape_of(bool tiny)
+{
+    if (tiny)
+        return {{8, 8, 8, 8}, {HID, HID, HID, HID}};
+    return {{QKV, HID, 2 * INTER, HID}, {HID, HID, HID, INTER}};
+}
+
 struct bufs {
     bf16 *w, *x, *xn, *qkv, *o_in, *o, *act, *down;
-    bf16 *sep[LAYERS][4]; /* the 8B layers' matrices, each its own allocation */
+    bf16 *sep[LAYERS][MATS]; /* the 8B layers' matrices, each its own allocation */
     float *rec;
     unsigned *counts;
     unsigned char *kv; /* 36 layers of 264 segments of 64 KB (16.8-17.3 MB a layer) */
@@ -403,16 +418,11 @@ struct variant {
     wait_mode wait;
     norm_way norm;
     attn_way attn;
-    bool lean;   /* the plain GEMVs by gemv_fold's loop (96-100 registers, not 164) */
+    bool lean;   /* the plain GEMVs by gemv_fold's loop (90-100 registers, not 160) */
     bool swiglu; /* gate/up as the backend's matmul_swiglu, 12,288 outputs */
     bool sep;    /* the weights in separate allocations, as the model loads them */
 };
 enum { KV_SEGS = 32 * KVH, KV_SEGS_MAX = KVH_SEGS };
-
-static size_t layer_elems(bool tiny)
-{
-    return tiny ? (size_t)4 * 8 * HID * 3 : (size_t)HID * (QKV + HID + 2 * INTER) + HID * INTER;
-}
 
 /* One step's 36 layers on stream s. tiny: every GEMV of 8 rows. */
 static void step(cudaStream_t s, const bufs &b, const variant &v, bool tiny, bool plant,
@@ -432,11 +442,9 @@ static void step(cudaStream_t s, const bufs &b, const variant &v, bool tiny, boo
         prev = *done;
         prev_blocks = blocks;
     };
-    const size_t le = layer_elems(tiny);
-    const int nq = tiny ? 8 : QKV, no = tiny ? 8 : HID, ngu = tiny ? 8 : 2 * INTER,
-              nd = tiny ? 8 : HID;
+    const layer_shape L = shape_of(tiny);
     /* down's k: gate/up's outputs (its first INTER without SwiGLU) */
-    const int kd = tiny ? HID : INTER;
+    const int nq = L.rows[0], no = L.rows[1], ngu = L.rows[2], nd = L.rows[3], kd = L.k[3];
     typedef void (*gemv_kernel)(bf16 *, const bf16 *, const bf16 *, int, int, waiter, unsigned *);
     /* a GEMV of n outputs by k: its grid, its wait on the kernel before */
     auto run_gemv = [&](gemv_kernel kernel, bf16 *out, const bf16 *in, const bf16 *w, int n,
@@ -485,14 +493,12 @@ static void step(cudaStream_t s, const bufs &b, const variant &v, bool tiny, boo
         return b.o_in;
     };
     for (int l = 0; l < LAYERS; l++) {
-        const bf16 *wq = b.w + (size_t)l * le, *wo = wq + (size_t)nq * HID,
-                   *wgu = wo + (size_t)no * HID, *wd = wgu + (size_t)ngu * HID;
-        if (v.sep && !tiny) {
-            wq = b.sep[l][0];
-            wo = b.sep[l][1];
-            wgu = b.sep[l][2];
-            wd = b.sep[l][3];
-        }
+        const bf16 *wm[MATS];
+        for (int i = 0; i < MATS; i++)
+            wm[i] = v.sep && !tiny ? b.sep[l][i]
+                    : i == 0       ? b.w + (size_t)l * L.total()
+                                   : wm[i - 1] + L.elems(i - 1);
+        const bf16 *wq = wm[0], *wo = wm[1], *wgu = wm[2], *wd = wm[3];
         if (fold) { /* 6 kernels: the norms inside the GEMVs */
             run_gemv(gemv_fold<true, false>, b.qkv, b.x, wq, nq, HID, GEMV_WARPS);
             run_gemv(gemv_fold<false, true>, b.x, run_attn(l), wo, no, HID, GEMV_WARPS);
@@ -538,7 +544,8 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--plant") == 0)
             plant = true;
         else {
-            fprintf(stderr, "usage: shoal-lab-boundary [--device N] [--steps N] [--sleep NS] [--plant]\n");
+            fprintf(stderr,
+                    "usage: shoal-lab-boundary [--device N] [--steps N] [--sleep NS] [--plant]\n");
             return 2;
         }
     }
@@ -549,7 +556,8 @@ int main(int argc, char **argv)
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
     bufs b = {};
-    const size_t big = layer_elems(false) * LAYERS;
+    const layer_shape L8 = shape_of(false);
+    const size_t big = L8.total() * LAYERS;
     CK(cudaMalloc(&b.w, big * sizeof(bf16)));
     CK(cudaMalloc(&b.x, HID * sizeof(bf16)));
     CK(cudaMalloc(&b.xn, HID * sizeof(bf16)));
@@ -572,15 +580,13 @@ int main(int argc, char **argv)
                             KV_SEG_BYTES));
     CK(cudaFuncSetAttribute(attn_heavy, cudaFuncAttributeMaxDynamicSharedMemorySize, KVH_SMEM));
     /* the same weights again, a matrix an allocation (the sep variants) */
-    const size_t mat[4] = {(size_t)QKV * HID, (size_t)HID * HID, (size_t)2 * INTER * HID,
-                           (size_t)HID * INTER};
     for (int l = 0; l < LAYERS; l++) {
-        size_t off = (size_t)l * layer_elems(false);
-        for (int i = 0; i < 4; i++) {
-            CK(cudaMalloc(&b.sep[l][i], mat[i] * sizeof(bf16)));
-            CK(cudaMemcpy(b.sep[l][i], b.w + off, mat[i] * sizeof(bf16),
+        size_t off = (size_t)l * L8.total();
+        for (int i = 0; i < MATS; i++) {
+            CK(cudaMalloc(&b.sep[l][i], L8.elems(i) * sizeof(bf16)));
+            CK(cudaMemcpy(b.sep[l][i], b.w + off, L8.elems(i) * sizeof(bf16),
                           cudaMemcpyDeviceToDevice));
-            off += mat[i];
+            off += L8.elems(i);
         }
     }
     const variant vs[] = {
@@ -662,7 +668,7 @@ int main(int argc, char **argv)
     float cms = 0.0f;
     CK(cudaEventElapsedTime(&cms, e0, e1));
     const double copy_gbs = 4.0 * 2.0 * (double)cb / ((double)cms * 1e-3) / 1e9;
-    const double bytes = (double)layer_elems(false) * 2.0;
+    const double bytes = (double)L8.total() * 2.0;
     printf("copy bandwidth %.1f GB/s: a layer's %.1f MB in %.2f us\n", copy_gbs, bytes / 1e6,
            bytes / (copy_gbs * 1e9) * 1e6);
     CK(cudaEventDestroy(e0));

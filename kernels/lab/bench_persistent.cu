@@ -31,7 +31,6 @@
 #include "kernels/kernels_backend.h"
 #include "kernels/lab/lab_util.cuh"
 
-#include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
