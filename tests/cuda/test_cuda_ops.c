@@ -439,11 +439,7 @@ static void swiglu_cpu_ref(float *ref, float *scratch, const float *in, const vo
     cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, in, wg, wdt, rows, n, k);
     cpu->matmul(cpu, scratch, SHOAL_DTYPE_F32, in, wu, wdt, rows, n, k);
     for (size_t i = 0; i < (size_t)rows * n; i++) {
-        float g = ref[i], u = scratch[i];
-        if (act == SHOAL_DTYPE_BF16) {
-            g = shoal_bf16_to_f32(shoal_f32_to_bf16(g));
-            u = shoal_bf16_to_f32(shoal_f32_to_bf16(u));
-        }
+        float g = round_to(ref[i], act), u = round_to(scratch[i], act);
         ref[i] = g / (1.0f + expf(-g)) * u;
     }
 }
