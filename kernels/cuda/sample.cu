@@ -128,7 +128,7 @@ static_assert(sizeof(sample_part) == CUDA_SAMPLE_PART_BYTES, "sample_part layout
 static __global__ void __launch_bounds__(SCAN_THREADS)
     sample_scan(sample_part *parts, const float *logits, int vocab, int chunk,
                 const kernels_sample_params *params, const int32_t *offsets,
-                const int32_t *tokens, const int32_t *counts)
+                const int32_t *tokens, const int32_t *counts, int lab_fexp)
 {
     extern __shared__ unsigned scan_bits[]; /* chunk bits */
     __shared__ float red_f[32];
@@ -167,10 +167,16 @@ static __global__ void __launch_bounds__(SCAN_THREADS)
      * chunk's max is -inf, where e^(-inf - -inf) would be NaN); NaN stays */
     double sum = 0.0;
     const double zm = (double)z_max;
-    each_logit(z, b, e, [&](int i, float a) {
-        if (a != -INFINITY)
-            sum += exp((double)a - zm);
-    });
+    if (lab_fexp) /* LAB (SHOAL_LAB_FEXP) */
+        each_logit(z, b, e, [&](int i, float a) {
+            if (a != -INFINITY)
+                sum += (double)expf(a - z_max);
+        });
+    else
+        each_logit(z, b, e, [&](int i, float a) {
+            if (a != -INFINITY)
+                sum += exp((double)a - zm);
+        });
     sum = block_reduce(sum, op_add(), red_d);
     if (threadIdx.x == 0) {
         sample_part p;
@@ -534,7 +540,7 @@ void cuda_sample(kernels_backend *be, kernels_sample_result *results, const floa
         dim3 grid((unsigned)nparts, (unsigned)rows);
         sample_scan<<<grid, SCAN_THREADS, chunk_bits, st->stream>>>(
             parts, logits, vocab, chunk, params, penalty_offsets, penalty_tokens,
-            penalty_counts);
+            penalty_counts, st->lab_fexp);
         if (!cuda_launched(be, "sample scan"))
             return;
         sample_kernel<true><<<rows, SAMPLE_THREADS, row_bits, st->stream>>>(
