@@ -232,11 +232,6 @@ struct kernels_backend {
                               const kernels_kv_layout *layout, const kernels_batch *batch,
                               int layer, float scale);
 
-    /* LAB (SHOAL_LAB_OPF): the weights the matmul after the next op
-     * reads; a backend may ask its cache for them while the next op waits
-     * on memory. NULL: none. */
-    void (*prefetch_hint)(kernels_backend *be, const void *w, size_t bytes);
-
     /* out[r][i] = silu(gate[r][i]) * up[r][i], rows of dim. */
     void (*swiglu)(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                    int dim);

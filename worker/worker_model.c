@@ -736,10 +736,6 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
              * attention as one op (kernels_backend.h) */
             kernels_batch db = batch;
             db.one_row_per_stream = true;
-            if (be->prefetch_hint)
-                be->prefetch_hint(be, L->o.data,
-                                  (size_t)c->hidden * (size_t)q_w *
-                                      shoal_dtype_bytes(L->o.dtype));
             be->attention_rope_kv(be, m->att, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
                                   L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv, &db, l,
                                   scale);

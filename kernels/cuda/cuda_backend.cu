@@ -305,15 +305,14 @@ static void pick_kernels(cuda_state *st)
     if (st->attn_tma != 0 && st->attn_tma != 4)
         st->attn_tma = 6;
     st->attn_tma_rows = env_int("SHOAL_CUDA_ATTN_TMA_ROWS", 1) != 0;
+    st->attn_depth = env_int("SHOAL_CUDA_ATTN_DEPTH", legacy ? 0 : 4);
+    if (st->attn_depth == 0)
+        st->attn_depth = 1 << 20;
     st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
     st->attn_early = env_int("SHOAL_CUDA_ATTN_EARLY", legacy ? 0 : 1) != 0;
     st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 2);
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 2);
     st->gemv_loads = env_int("SHOAL_CUDA_GEMV_LOADS", legacy ? 8 : 16) == 8 ? 8 : 16;
-    st->lab_opf = env_int("SHOAL_LAB_OPF", 0);
-    st->lab_fexp = env_int("SHOAL_LAB_FEXP", 0);
-    st->lab_depth = env_int("SHOAL_LAB_DEPTH", 0);
-    st->lab_swiglu_pdl = env_int("SHOAL_LAB_SWIGLU_PDL", 0);
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
         st->prompt_tile = 5;
@@ -321,7 +320,7 @@ static void pick_kernels(cuda_state *st)
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;
     st->gate_up_batched = env_int("SHOAL_CUDA_GATE_UP_BATCHED", legacy ? 0 : 1) != 0;
-    st->gemm_splitk = env_int("SHOAL_CUDA_GEMM_SPLITK", 0);
+    st->gemm_splitk = env_int("SHOAL_CUDA_GEMM_SPLITK", 0) != 0;
     st->gemm_splitk_s = env_int("SHOAL_CUDA_GEMM_SPLITK_S", 0);
     if (st->gemm_splitk_s > 8)
         st->gemm_splitk_s = 8;
@@ -443,8 +442,6 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->kv_write = cuda_kv_write;
     be->qk_norm_rope_kv_write = cuda_qk_norm_rope_kv_write;
     be->attention_rope_kv = cuda_attention_rope_kv;
-    if (st->lab_opf)
-        be->prefetch_hint = cuda_prefetch_hint;
     be->attention = cuda_attention;
     be->attention_prompt = cuda_attention_prompt;
     be->swiglu = cuda_swiglu;

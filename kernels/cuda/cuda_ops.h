@@ -151,6 +151,12 @@ typedef struct cuda_state {
      * at 96% of its throughput for 88% of the DRAM's, 4-5% slower). */
     int attn_tma;
     bool attn_tma_rows;
+    /* the TMA partials' stages copied ahead of their computing warps at
+     * most (SHOAL_CUDA_ATTN_DEPTH, default 4; 0 or the stages or more: all
+     * of them). H200: batch 32 at 4k 3,400 -> 3,464-3,468 tokens/s, batch
+     * 64 at 4k 4,614 -> 4,711, at 1k +0.4%, batch 1 unchanged (kernels/lab
+     * row 26.5) */
+    int attn_depth;
     int attn_tma_l2; /* the copies' L2 promotion: 0, 128 (default) or 256 bytes */
     /* Where the round has one row a stream (kernels_batch), the TMA
      * partials launched with programmatic serialization after rope with
@@ -177,17 +183,6 @@ typedef struct cuda_state {
      * same bits). H200, batch 1 at 4k: 8 -> 16 223.8-224.8 -> 227.5-228.5
      * tokens/s (kernels/lab row 22.2) */
     int gemv_loads;
-    /* LAB (SHOAL_LAB_OPF): the o projection's weights asked of L2 during
-     * attention: 1 by the merge's blocks before their wait, 2 by the
-     * partials' copying warps after their copies, 3 by the partials' first
-     * computing warp at their end; +10: all rows, else those past the
-     * GEMV's first wave. pf: the hint (prefetch_hint), cleared by use. */
-    int lab_opf;
-    int lab_depth;      /* LAB: the TMA partials' stages in flight at most */
-    int lab_fexp;       /* LAB: the sample scan's sum of exp from expf */
-    int lab_swiglu_pdl; /* LAB: swiglu launched with programmatic serialization */
-    const unsigned char *pf;
-    size_t pf_bytes;
     /* its blocks a multiprocessor holds at this shared memory (0: not
      * asked yet; the kernel is fixed at open, the memory by the group) */
     size_t attn_tma_smem_known;
@@ -209,7 +204,7 @@ typedef struct cuda_state {
      * blocks a tile (SHOAL_CUDA_GEMM_SPLITK_S, 1 to 8; 0 = to fill the GPU),
      * its stages (SHOAL_CUDA_GEMM_SPLITK_STAGES, 4 or 8; 0 = by the grid),
      * and its tensor maps (matmul_splitk.cu). */
-    int gemm_splitk; /* LAB: 2 = only where k > n (down), 3 = k >= n (down, o) */
+    bool gemm_splitk;
     int gemm_splitk_s;
     int gemm_splitk_stages;
     int gemm_clusters[2][9]; /* [8 stages, 4][S]: clusters that fit at once */
@@ -319,22 +314,6 @@ static __device__ __forceinline__ void pdl_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-/* LAB: this thread's share (idx of n) of bytes at p asked of L2, in
- * 8 KB bulk prefetches. */
-static __device__ __forceinline__ void lab_prefetch_l2(const unsigned char *p, size_t bytes,
-                                                       unsigned idx, unsigned n)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const size_t CH = 8192, chunks = (bytes + CH - 1) / CH;
-    for (size_t c = idx; c < chunks; c += n) {
-        const size_t off = c * CH;
-        const unsigned sz = (unsigned)(bytes - off < CH ? bytes - off : CH);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(sz)
-                     : "memory");
-    }
 #endif
 }
 
@@ -478,7 +457,6 @@ void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q,
 void cuda_attention(kernels_backend *be, void *out, const void *q, int heads, const void *arena,
                     const kernels_kv_layout *layout, const kernels_batch *batch, int layer,
                     float scale);
-void cuda_prefetch_hint(kernels_backend *be, const void *w, size_t bytes);
 void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const void *q, void *k,
                             const void *v, int stride, int heads, const float *q_norm,
                             const float *k_norm, float eps, const float *inv_freq, void *arena,

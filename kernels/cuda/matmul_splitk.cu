@@ -259,8 +259,6 @@ bool cuda_matmul_splitk(kernels_backend *be, void *out, const void *in, const vo
     if (!st->gemm_splitk || !st->sm90a || !st->tmap_encode || rows < 2 || rows > SK_BM ||
         k % SK_BK != 0 || (uintptr_t)in % 16 != 0 || (uintptr_t)w % 16 != 0)
         return false;
-    if ((st->gemm_splitk == 2 && k <= n) || (st->gemm_splitk == 3 && k < n)) /* LAB */
-        return false;
     CUtensorMap wmap, xmap;
     /* the rows' box is the round's rows: the tile's columns past them hold
      * what the stage held before, which reaches only the sums of those
@@ -303,7 +301,7 @@ shoal_err cuda_matmul_splitk_init(kernels_backend *be)
     if (!st->sm90a || !st->tmap_encode) {
         LOG_WARN("cuda: SHOAL_CUDA_GEMM_SPLITK asks for the split-K GEMM, which needs sm_90a "
                  "code and the driver's tensor-map encoder; cuBLAS serves");
-        st->gemm_splitk = 0;
+        st->gemm_splitk = false;
         return SHOAL_OK;
     }
     cudaError_t e = cudaFuncSetAttribute(gemm_splitk<SK_STAGES_1>,

@@ -16,7 +16,6 @@ static __global__ void swiglu_kernel(T *out, const T *gate, const T *up, size_t 
 static __global__ void swiglu_bf16x8(uint4 *out, const uint4 *gate, const uint4 *up, size_t vecs)
 {
     pdl_trigger(); /* a GEMV after may start fetching its weights */
-    pdl_wait();    /* LAB (SHOAL_LAB_SWIGLU_PDL): gate and up */
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < vecs;
          i += (size_t)gridDim.x * blockDim.x) {
         uint4 gv = gate[i], uv = up[i], ov;
@@ -47,12 +46,8 @@ void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *u
         size_t vblocks = (n / 8 + 255) / 256;
         if (vblocks > 65536)
             vblocks = 65536;
-        if (cuda_of(be)->lab_swiglu_pdl)
-            cuda_launch_pdl(cuda_of(be)->stream, (unsigned)vblocks, 256u, swiglu_bf16x8,
-                            (uint4 *)out, (const uint4 *)gate, (const uint4 *)up, n / 8);
-        else
-            swiglu_bf16x8<<<(unsigned)vblocks, 256, 0, cuda_of(be)->stream>>>(
-                (uint4 *)out, (const uint4 *)gate, (const uint4 *)up, n / 8);
+        swiglu_bf16x8<<<(unsigned)vblocks, 256, 0, cuda_of(be)->stream>>>(
+            (uint4 *)out, (const uint4 *)gate, (const uint4 *)up, n / 8);
         cuda_launched(be, "swiglu");
         return;
     }
