@@ -22,10 +22,12 @@ static void report(const char *op, const char *shape, double err, double tol)
 static void embed_matches_cpu_exactly(void)
 {
     static const shoal_dtype wdt[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F16, SHOAL_DTYPE_F32};
-    static const int dims[] = {48, 257};
+    /* bf16 rows of 8k elements or fewer, a multiple of 8, take 16-byte
+     * loads (2,056: one thread's second load; 8,192: every thread's four) */
+    static const int dims[] = {48, 257, 2056, 8192};
     int vocab = 1000;
     for (int w = 0; w < 3; w++)
-        for (int di = 0; di < 2; di++)
+        for (int di = 0; di < 4; di++)
             for (int ri = 0; ri < ROW_SIZES; ri++) {
                 int rows = row_sizes[ri], dim = dims[di];
                 float *table = xmalloc((size_t)vocab * dim * 4);
