@@ -686,6 +686,17 @@ static shoal_err stage_step(worker_model *m, const worker_forward *f,
 
 /* Enqueues the pass's ops (and, for a step, the sampling); the logits of
  * the wanted rows stay in m->logits, sampled tokens in m->results. */
+/* Whether the pass wants every row's logits, in row order. */
+static bool logits_of_every_row(const worker_forward *f)
+{
+    if (f->logit_count != f->rows)
+        return false;
+    for (int i = 0; i < f->logit_count; i++)
+        if (f->logit_rows[i] != i)
+            return false;
+    return true;
+}
+
 static void model_ops(worker_model *m, const worker_forward *f, int stride, run_kind kind)
 {
     kernels_backend *be = m->be;
@@ -788,8 +799,14 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
     /* Only the rows whose logits are wanted go through the vocabulary
      * projection, the largest matmul of a decode step. */
     be->rmsnorm(be, m->h, m->x, pending, m->final_norm, rows, c->hidden, c->rms_eps);
-    be->gather(be, m->sel, m->h, m->logit_rows, f->logit_count, c->hidden);
-    be->matmul(be, m->logits, SHOAL_DTYPE_F32, m->sel, m->lm_head.data, m->lm_head.dtype,
+    /* every row's logits in row order (a decode round): the normed rows
+     * are the head's input as they stand, no gather pass */
+    const void *sel = m->h;
+    if (!logits_of_every_row(f)) {
+        be->gather(be, m->sel, m->h, m->logit_rows, f->logit_count, c->hidden);
+        sel = m->sel;
+    }
+    be->matmul(be, m->logits, SHOAL_DTYPE_F32, sel, m->lm_head.data, m->lm_head.dtype,
                f->logit_count, c->vocab, c->hidden);
     if (kind == RUN_FORWARD)
         return;
@@ -814,7 +831,8 @@ static shoal_err model_run(worker_model *m, const worker_forward *f,
         return err;
     kernels_backend *be = m->be;
     plan_attention(m, f);
-    bool graph = f->logit_count == f->rows && f->rows <= m->graph_rows && m->segs == 1 &&
+    /* every row's logits in order is part of the recording too (no gather) */
+    bool graph = logits_of_every_row(f) && f->rows <= m->graph_rows && m->segs == 1 &&
                  !m->seg_prompt[0] && m->seg_single[0];
     int stride = graph ? m->opt.max_pages_per_stream : f->page_table_stride;
     if ((err = stage_step(m, f, kind == RUN_FORWARD ? NULL : params, stride)))

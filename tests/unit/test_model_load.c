@@ -332,6 +332,33 @@ static void forward_refuses_bad_rows(void)
     worker_model_close(m);
 }
 
+/* Every row's logits in row order skip the gather pass (worker_model.c):
+ * the same logits as asking for them in another order or one at a time. */
+static void logits_of_every_row_equal_the_gathered_ones(void)
+{
+    shoal_diag diag;
+    worker_model *m = NULL;
+    CHECK(open_model(SRC, WORKER_LOAD_AUTO, &diag, &m) == SHOAL_OK);
+    if (!m)
+        return;
+    enum { V = 397 };
+    static float all[2 * V], swapped[2 * V], one[V];
+    int32_t ids[2] = {5, 9}, pos[2] = {0, 1}, stream[2] = {0, 0}, table[2] = {0, 1};
+    int32_t in_order[2] = {0, 1}, reversed[2] = {1, 0}, second = 1;
+    worker_forward f = {2, ids, pos, stream, 1, 2, table, 2, in_order};
+    CHECK(worker_model_forward(m, &f, all, &diag) == SHOAL_OK);
+    f.logit_rows = reversed;
+    CHECK(worker_model_forward(m, &f, swapped, &diag) == SHOAL_OK);
+    f.logit_rows = &second;
+    f.logit_count = 1;
+    CHECK(worker_model_forward(m, &f, one, &diag) == SHOAL_OK);
+    CHECK(memcmp(all, swapped + V, sizeof one) == 0);
+    CHECK(memcmp(all + V, swapped, sizeof one) == 0);
+    CHECK(memcmp(all + V, one, sizeof one) == 0);
+    CHECK(memcmp(all, all + V, sizeof one) != 0); /* the rows differ: the checks can fail */
+    worker_model_close(m);
+}
+
 static void kv_pages_zero_sizes_the_arena_from_free_memory(void)
 {
     worker_model_options mo;
@@ -372,6 +399,7 @@ int main(void)
     TEST_RUN(generation_config_overrides_eos);
     TEST_RUN(dummy_weights_need_only_config);
     TEST_RUN(forward_refuses_bad_rows);
+    TEST_RUN(logits_of_every_row_equal_the_gathered_ones);
     TEST_RUN(kv_pages_zero_sizes_the_arena_from_free_memory);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
