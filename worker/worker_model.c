@@ -684,8 +684,6 @@ static shoal_err stage_step(worker_model *m, const worker_forward *f,
     return m->be->upload(m->be, d, h, L.bytes);
 }
 
-/* Enqueues the pass's ops (and, for a step, the sampling); the logits of
- * the wanted rows stay in m->logits, sampled tokens in m->results. */
 /* Whether the pass wants every row's logits, in row order. */
 static bool logits_of_every_row(const worker_forward *f)
 {
@@ -697,6 +695,8 @@ static bool logits_of_every_row(const worker_forward *f)
     return true;
 }
 
+/* Enqueues the pass's ops (and, for a step, the sampling); the logits of
+ * the wanted rows stay in m->logits, sampled tokens in m->results. */
 static void model_ops(worker_model *m, const worker_forward *f, int stride, run_kind kind)
 {
     kernels_backend *be = m->be;
