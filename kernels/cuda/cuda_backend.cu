@@ -305,6 +305,7 @@ static void pick_kernels(cuda_state *st)
     if (st->attn_tma != 0 && st->attn_tma != 4)
         st->attn_tma = 6;
     st->attn_tma_rows = env_int("SHOAL_CUDA_ATTN_TMA_ROWS", 1) != 0;
+    st->attn_lean = env_int("SHOAL_CUDA_ATTN_LEAN", 0) != 0;
     st->attn_depth = env_int("SHOAL_CUDA_ATTN_DEPTH", legacy ? 0 : 4);
     if (st->attn_depth == 0)
         st->attn_depth = 1 << 20;
