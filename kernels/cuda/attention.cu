@@ -1026,7 +1026,8 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
         long long most = (long long)c->tma_resident * cuda_of(c->be)->sm_count;
         unsigned blocks = (unsigned)(items < most ? items : most);
         cuda_state *st = cuda_of(c->be);
-        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, st->attn_lean, [&](auto kernel, auto) {
+        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, st->attn_lean,
+                             [&](auto kernel, auto) {
             if (c->tma_args.early)
                 cuda_launch_pdl_smem(stream, blocks, TMA_THREADS, c->tma_smem, kernel,
                                      c->tma_args, (const bf16 *)s->q, s->row_stream,
@@ -1081,7 +1082,7 @@ shoal_err cuda_attention_init(kernels_backend *be)
                 });
     for (int stages : {4, 6})
         for (bool rows : {false, true})
-            for (bool lean : {false, true})
+            for (bool lean : {false, stages == 6}) /* four stages have no lean form */
                 partial_tma_dispatch(stages, rows, lean, [&](auto kernel, auto smem_of) {
                     if (e == cudaSuccess)
                         e = cudaFuncSetAttribute(kernel,
@@ -1198,7 +1199,8 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
     c.tma_args.ahead = st->attn_depth;
     if (c.tma) {
         const int group = heads / layout->kv_heads;
-        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, st->attn_lean, [&](auto kernel, auto smem_of) {
+        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, st->attn_lean,
+                             [&](auto kernel, auto smem_of) {
             c.tma_smem = smem_of(group < TC_GM ? group : TC_GM);
             if (st->attn_tma_smem_known != c.tma_smem) { /* asked once per shape */
                 int n = 0;

@@ -5,7 +5,10 @@
  * issued before the first store (the scalar loop below waits on each
  * element in turn: 6.8 us for one row of 4,096 on the H200, the step's
  * first kernel). */
-enum { EMBED_VECS = 4 }; /* 16-byte loads a thread: 8,192 elements a row */
+enum {
+    EMBED_THREADS = 256,
+    EMBED_VECS = 4, /* 16-byte loads a thread: 8,192 elements a row */
+};
 
 static __global__ void embed_bf16x8(uint4 *__restrict__ out, const uint4 *__restrict__ table,
                                     const int32_t *__restrict__ ids, int vecs)
@@ -46,9 +49,10 @@ void cuda_embed(kernels_backend *be, void *out, const void *table, shoal_dtype w
     if (rows == 0 || !cuda_usable(be))
         return;
     if (be->act_dtype == SHOAL_DTYPE_BF16 && wdtype == SHOAL_DTYPE_BF16 && dim % 8 == 0 &&
-        dim / 8 <= EMBED_VECS * 256 && (uintptr_t)out % 16 == 0 && (uintptr_t)table % 16 == 0) {
-        embed_bf16x8<<<rows, 256, 0, cuda_of(be)->stream>>>((uint4 *)out, (const uint4 *)table,
-                                                             ids, dim / 8);
+        dim / 8 <= EMBED_VECS * EMBED_THREADS && (uintptr_t)out % 16 == 0 &&
+        (uintptr_t)table % 16 == 0) {
+        embed_bf16x8<<<rows, EMBED_THREADS, 0, cuda_of(be)->stream>>>(
+            (uint4 *)out, (const uint4 *)table, ids, dim / 8);
         cuda_launched(be, "embed");
         return;
     }

@@ -117,9 +117,10 @@ def main():
                 runs[name].append(r[1])
                 step_bytes = r[2]
         b, c, s = shape
+        bound = b / (step_bytes / (bw * 1e9)) if step_bytes else None
         print(f"\nbatch {b}, context {c}, {s} steps" +
-              (f": bound {b / (step_bytes / (bw * 1e9)):.1f} tokens/s "
-               f"({step_bytes / 1e9:.3f} GB a step)" if step_bytes else ": every run failed"))
+              (f": bound {bound:.1f} tokens/s ({step_bytes / 1e9:.3f} GB a step)"
+               if bound else ": every run failed"))
         print(f"| variant | tokens/s, runs | median | ratio to the bound | vs {variants[0][0]} |")
         print("|---|---|---|---|---|")
         ref = statistics.median(runs[variants[0][0]]) if runs[variants[0][0]] else None
@@ -129,7 +130,7 @@ def main():
                 print(f"| {name} | failed: {errors[name][-1]} | | | |")
                 continue
             med = statistics.median(xs)
-            ratio = med / (b / (step_bytes / (bw * 1e9)))
+            ratio = med / bound
             diff = f"{(med / ref - 1) * 100:+.1f}%" if ref else ""
             shown = " / ".join(f"{x:.1f}" for x in xs)
             failed = f" ({len(errors[name])} failed)" if errors[name] else ""
