@@ -1082,8 +1082,8 @@ shoal_err cuda_attention_init(kernels_backend *be)
                 });
     for (int stages : {4, 6})
         for (bool rows : {false, true})
-            for (bool lean : {false, stages == 6}) /* four stages have no lean form */
-                partial_tma_dispatch(stages, rows, lean, [&](auto kernel, auto smem_of) {
+            for (int lean = 0; lean <= (stages == 6); lean++) /* four stages: no lean form */
+                partial_tma_dispatch(stages, rows, lean != 0, [&](auto kernel, auto smem_of) {
                     if (e == cudaSuccess)
                         e = cudaFuncSetAttribute(kernel,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
