@@ -251,6 +251,38 @@ struct kernels_backend {
                           const void *wg, const void *wu, shoal_dtype wdtype, int rows, int n,
                           int k);
 
+    /* Optional (NULL, and fused_norm_rows 0, where a backend lacks them):
+     * a pre-norm layer's RMSNorm and residual add taken inside its
+     * matmuls, at up to fused_norm_rows rows with act_dtype BF16, BF16
+     * weights, k a multiple of 8 and operands 16-byte aligned, so that no
+     * norm pass runs between them (CUDA: the one-row GEMV, which reads
+     * the whole input row in every warp anyway).
+     *
+     * scale_columns: w[r][c] *= scale[c] (rounded to wdtype), for rows x
+     * cols of wdtype; scale F32 [cols]. The model folds each RMSNorm's
+     * weight into the matmuls after it once, at load, so that
+     *   matmul_rms(out, x, w', ...) = matmul(out, x / rms(x), w')
+     * equals matmul(out, rmsnorm(x) * weight, w) up to rounding: the
+     * normed row is never stored or rounded, w' = w * weight is.
+     * rms(x) = sqrt(mean(x^2) + eps) over each row's k elements.
+     *
+     * matmul_swiglu_rms: matmul_swiglu of x / rms(x), no scratch (wg and
+     * wu with the norm's weight folded in, [n][k] each).
+     *
+     * matmul_add: x[rows][n] += in[rows][k] x w[n][k]^T, the product
+     * rounded to act_dtype first and then the sum, as rmsnorm's residual
+     * add of a stored matmul output gives it (the same bits). */
+    int fused_norm_rows;
+    void (*scale_columns)(kernels_backend *be, void *w, shoal_dtype wdtype, int rows, int cols,
+                          const float *scale);
+    void (*matmul_rms)(kernels_backend *be, void *out, const void *x, const void *w,
+                       shoal_dtype wdtype, int rows, int n, int k, float eps);
+    void (*matmul_swiglu_rms)(kernels_backend *be, void *out, const void *x, const void *wg,
+                              const void *wu, shoal_dtype wdtype, int rows, int n, int k,
+                              float eps);
+    void (*matmul_add)(kernels_backend *be, void *x, const void *in, const void *w,
+                       shoal_dtype wdtype, int rows, int n, int k);
+
     /* out[i] = in[idx[i]] for rows of dim (act_dtype). */
     void (*gather)(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                    int dim);

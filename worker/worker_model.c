@@ -35,6 +35,11 @@ struct worker_model {
 
     model_matrix embed, lm_head;
     float *final_norm;
+    /* The layers' RMSNorm weights folded into their q/k/v and gate/up
+     * weights (fold_norms): passes of at most be->fused_norm_rows rows
+     * take each norm inside the matmul after it, and the residual add
+     * inside the matmul before it. */
+    bool norm_fused;
     float *inv_freq;
     model_layer *layers;
 
@@ -299,6 +304,65 @@ static shoal_err load_layer(worker_model *m, int i, shoal_diag *diag)
     return SHOAL_OK;
 }
 
+/* Where the backend takes the RMSNorm inside its matmuls (kernels_backend.h:
+ * fused_norm_rows) and every layer's matrices are BF16 (rows of whole
+ * 16-byte chunks):
+ * each norm's weight folded into the columns of the matmuls after it, and
+ * the norm's weight then ones, so that passes of more rows (the norm pass,
+ * then the matmul) compute the same function as the fused ones. Every
+ * layer or none: a fused layer's residual is added where it is made, and
+ * the next layer's norm expects it there. */
+static shoal_err fold_norms(worker_model *m, shoal_diag *diag)
+{
+    kernels_backend *be = m->be;
+    const worker_config *c = &m->cfg;
+    int q_out = c->heads * c->head_dim, kv_out = c->kv_heads * c->head_dim;
+    /* the GEMV's rows: 16-byte chunks */
+    bool whole = c->hidden % 8 == 0 && c->intermediate % 8 == 0 && q_out % 8 == 0;
+    if (be->fused_norm_rows < 1 || !be->scale_columns || be->act_dtype != SHOAL_DTYPE_BF16 ||
+        !whole)
+        return SHOAL_OK;
+    SHOAL_ASSERT(!be->host_memory); /* the weights are the backend's own copies */
+    for (int l = 0; l < c->layers; l++) {
+        const model_layer *L = &m->layers[l];
+        const model_matrix *w[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+        for (int i = 0; i < 7; i++)
+            if (w[i]->dtype != SHOAL_DTYPE_BF16)
+                return SHOAL_OK;
+    }
+    float *ones = malloc((size_t)c->hidden * sizeof *ones);
+    if (!ones)
+        return SHOAL_ERR_NOMEM;
+    for (int i = 0; i < c->hidden; i++)
+        ones[i] = 1.0f;
+    shoal_err err = SHOAL_OK;
+    for (int l = 0; l < c->layers && !err; l++) {
+        model_layer *L = &m->layers[l];
+        const struct {
+            const model_matrix *w;
+            int rows;
+            float *norm;
+        } fold[] = {{&L->q, q_out, L->attn_norm},
+                    {&L->k, kv_out, L->attn_norm},
+                    {&L->v, kv_out, L->attn_norm},
+                    {&L->gate, c->intermediate, L->mlp_norm},
+                    {&L->up, c->intermediate, L->mlp_norm}};
+        for (int i = 0; i < 5; i++)
+            be->scale_columns(be, (void *)fold[i].w->data, SHOAL_DTYPE_BF16, fold[i].rows,
+                              c->hidden, fold[i].norm);
+        /* queued after the scaling that reads them */
+        size_t bytes = (size_t)c->hidden * sizeof *ones;
+        if ((err = be->upload(be, L->attn_norm, ones, bytes)) ||
+            (err = be->upload(be, L->mlp_norm, ones, bytes)))
+            shoal_diag_set(diag, err, "layer %d: cannot fold its norms into its weights", l);
+    }
+    if (!err)
+        err = be->sync(be);
+    free(ones);
+    m->norm_fused = !err;
+    return err;
+}
+
 static shoal_err check_options(const worker_model_options *o, shoal_diag *diag)
 {
     if (o->page_tokens < SHOAL_PAGE_TOKENS_MIN || o->page_tokens > SHOAL_PAGE_TOKENS_MAX ||
@@ -456,6 +520,8 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
     for (int i = 0; i < c->layers; i++)
         if ((err = load_layer(m, i, diag)))
             goto out_close;
+    if ((err = fold_norms(m, diag)))
+        goto out_close;
     float inv[SHOAL_MODEL_HEAD_DIM_MAX / 2];
     worker_config_rope_inv_freq(c, inv);
     const void *inv_dev;
@@ -695,6 +761,19 @@ static bool logits_of_every_row(const worker_forward *f)
     return true;
 }
 
+/* out = the layer's normed row x w^T: h's where the norm pass ran, else
+ * x's with the norm taken inside the matmul (fused). */
+static void normed_matmul(worker_model *m, bool fused, void *out, const model_matrix *w, int rows,
+                          int n)
+{
+    kernels_backend *be = m->be;
+    const worker_config *c = &m->cfg;
+    if (fused)
+        be->matmul_rms(be, out, m->x, w->data, w->dtype, rows, n, c->hidden, c->rms_eps);
+    else
+        be->matmul(be, out, be->act_dtype, m->h, w->data, w->dtype, rows, n, c->hidden);
+}
+
 /* Enqueues the pass's ops (and, for a step, the sampling); the logits of
  * the wanted rows stay in m->logits, sampled tokens in m->results. */
 static void model_ops(worker_model *m, const worker_forward *f, int stride, run_kind kind)
@@ -723,11 +802,15 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
      * of [q | k | v] in the up buffer (free until the MLP) */
     int qkv_w = q_w + 2 * kv_w;
     bool qkv_room = (size_t)m->opt.max_rows * (size_t)c->intermediate >= (size_t)rows * qkv_w;
+    /* each RMSNorm inside the matmul after it, each residual add inside
+     * the matmul before it (fold_norms): no norm pass in the layers */
+    bool fused = m->norm_fused && rows <= be->fused_norm_rows;
     for (int l = 0; l < c->layers; l++) {
         const model_layer *L = &m->layers[l];
         void *q = m->q, *k = m->k, *v = m->v;
         int qkv_stride = 0;
-        be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
+        if (!fused)
+            be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
         if (L->qkv_joined && qkv_room) {
             /* rows of [q | k | v], one GEMM (at 64 rows on the H200 12 +
              * 8 + 8 us as three) */
@@ -735,12 +818,11 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             k = (unsigned char *)q + (size_t)q_w * a;
             v = (unsigned char *)k + (size_t)kv_w * a;
             qkv_stride = qkv_w;
-            be->matmul(be, q, be->act_dtype, m->h, L->q.data, L->q.dtype, rows, qkv_w,
-                       c->hidden);
+            normed_matmul(m, fused, q, &L->q, rows, qkv_w);
         } else {
-            be->matmul(be, q, be->act_dtype, m->h, L->q.data, L->q.dtype, rows, q_w, c->hidden);
-            be->matmul(be, k, be->act_dtype, m->h, L->k.data, L->k.dtype, rows, kv_w, c->hidden);
-            be->matmul(be, v, be->act_dtype, m->h, L->v.data, L->v.dtype, rows, kv_w, c->hidden);
+            normed_matmul(m, fused, q, &L->q, rows, q_w);
+            normed_matmul(m, fused, k, &L->k, rows, kv_w);
+            normed_matmul(m, fused, v, &L->v, rows, kv_w);
         }
         if (m->segs == 1 && m->seg_single[0] && !m->seg_prompt[0] && be->attention_rope_kv) {
             /* a decode round of one row a stream: rope, the KV write and
@@ -770,6 +852,14 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
                     (const unsigned char *)m->q + (size_t)r0 * q_row_bytes, c->heads, m->arena,
                     &m->kv, &sb, l, scale);
             }
+        }
+        if (fused) {
+            be->matmul_add(be, m->x, m->att, L->o.data, L->o.dtype, rows, c->hidden, q_w);
+            be->matmul_swiglu_rms(be, m->gate, m->x, L->gate.data, L->up.data, L->gate.dtype, rows,
+                                  c->intermediate, c->hidden, c->rms_eps);
+            be->matmul_add(be, m->x, m->gate, L->down.data, L->down.dtype, rows, c->hidden,
+                           c->intermediate);
+            continue;
         }
         be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
                    q_w);

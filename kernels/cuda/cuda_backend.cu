@@ -314,6 +314,7 @@ static void pick_kernels(cuda_state *st)
     st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 2);
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 2);
     st->gemv_loads = env_int("SHOAL_CUDA_GEMV_LOADS", legacy ? 8 : 16) == 8 ? 8 : 16;
+    st->norm_fused = env_int("SHOAL_CUDA_NORM_FUSED", legacy ? 0 : 1) != 0;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
         st->prompt_tile = 5;
@@ -448,6 +449,12 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->swiglu = cuda_swiglu;
     be->matmul_swiglu = cuda_matmul_swiglu;
     be->gather = cuda_gather;
+    /* the fused norm where the one-row GEMV takes bf16 matmuls */
+    be->fused_norm_rows = st->norm_fused && act == SHOAL_DTYPE_BF16 && st->gemv_rows_max >= 1;
+    be->scale_columns = cuda_scale_columns;
+    be->matmul_rms = cuda_matmul_rms;
+    be->matmul_swiglu_rms = cuda_matmul_swiglu_rms;
+    be->matmul_add = cuda_matmul_add;
     be->sample = cuda_sample;
     be->fill_random = cuda_fill_random;
     be->graph_slots = CUDA_GRAPH_SLOTS;

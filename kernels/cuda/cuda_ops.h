@@ -190,6 +190,11 @@ typedef struct cuda_state {
      * same bits). H200, batch 1 at 4k: 8 -> 16 223.8-224.8 -> 227.5-228.5
      * tokens/s (kernels/lab row 22.2) */
     int gemv_loads;
+    /* the RMSNorm and the residual add inside the one-row GEMV, the
+     * model's norm weights folded into the matmuls after them
+     * (SHOAL_CUDA_NORM_FUSED, default 1; 0 = fused_norm_rows 0: the norm
+     * kernel between, the weights as loaded) */
+    bool norm_fused;
     /* its blocks a multiprocessor holds at this shared memory (0: not
      * asked yet; the kernel is fixed at open, the memory by the group) */
     size_t attn_tma_smem_known;
@@ -473,6 +478,14 @@ void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *u
                  int dim);
 void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
                         const void *wu, shoal_dtype wdtype, int rows, int n, int k);
+void cuda_matmul_rms(kernels_backend *be, void *out, const void *x, const void *w,
+                     shoal_dtype wdtype, int rows, int n, int k, float eps);
+void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, const void *x, const void *wg,
+                            const void *wu, shoal_dtype wdtype, int rows, int n, int k, float eps);
+void cuda_matmul_add(kernels_backend *be, void *x, const void *in, const void *w,
+                     shoal_dtype wdtype, int rows, int n, int k);
+void cuda_scale_columns(kernels_backend *be, void *w, shoal_dtype wdtype, int rows, int cols,
+                        const float *scale);
 void cuda_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                  int dim);
 void cuda_sample(kernels_backend *be, kernels_sample_result *results, const float *logits,

@@ -47,6 +47,21 @@ static __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b)
     return s;
 }
 
+/* The sum of squares of 8 bf16 (an input chunk, for the RMSNorm the
+ * GEMV takes inside: matmul_rms). */
+static __device__ __forceinline__ float sq8_bf16(uint4 b)
+{
+    const __nv_bfloat162 *y = (const __nv_bfloat162 *)&b;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 fy = __bfloat1622float2(y[i]);
+        s = fmaf(fy.x, fy.x, s);
+        s = fmaf(fy.y, fy.y, s);
+    }
+    return s;
+}
+
 template <bool COHERENT> static __device__ __forceinline__ uint4 x_at(const uint4 *p)
 {
     if constexpr (COHERENT)
@@ -63,14 +78,27 @@ template <bool COHERENT> static __device__ __forceinline__ uint4 x_at(const uint
  * writes the input), so the weight stream starts while that kernel
  * drains. A warp without a row (valid false) waits and adds nothing.
  * COHERENT: the input rows by plain loads, where the same kernel wrote
- * them (else through the read-only path, __ldg). */
-template <int R, bool COHERENT = false, int U = gemv_unroll<R>(), typename Wait>
+ * them (else through the read-only path, __ldg). SQ: sq[r] also gets the
+ * lane's part of input row r's sum of squares, chunk by chunk in the
+ * same order (each chunk of the row is some lane's, once). */
+template <int R, bool COHERENT = false, int U = gemv_unroll<R>(), bool SQ = false, typename Wait>
 static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr, const uint4 *x,
-                                                int chunks, int lane, bool valid, Wait wait)
+                                                int chunks, int lane, bool valid, Wait wait,
+                                                float *sq = nullptr)
 {
 #pragma unroll
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         acc[r] = 0.0f;
+        if constexpr (SQ)
+            sq[r] = 0.0f;
+    }
+    /* one input chunk into the sums of row r */
+    auto take = [&](uint4 wv, int r, int chunk) {
+        const uint4 xv = x_at<COHERENT>(x + (size_t)r * chunks + chunk);
+        acc[r] += dot8_bf16(wv, xv);
+        if constexpr (SQ)
+            sq[r] += sq8_bf16(xv);
+    };
     /* the first group of loads, before the wait; the loops after are
      * the plain ones (unpredicated full groups, then a tail) */
     uint4 wv[U];
@@ -88,7 +116,7 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < R; r++)
-                acc[r] += dot8_bf16(wv[u], x_at<COHERENT>(x + (size_t)r * chunks + c + u * 32));
+                take(wv[u], r, c + u * 32);
         c += U * 32;
     }
     for (; c + (U - 1) * 32 < chunks; c += U * 32) {
@@ -99,13 +127,13 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < R; r++)
-                acc[r] += dot8_bf16(wv[u], x_at<COHERENT>(x + (size_t)r * chunks + c + u * 32));
+                take(wv[u], r, c + u * 32);
     }
     for (; c < chunks; c += 32) {
         uint4 w1 = ld_stream16(wr + c);
 #pragma unroll
         for (int r = 0; r < R; r++)
-            acc[r] += dot8_bf16(w1, x_at<COHERENT>(x + (size_t)r * chunks + c));
+            take(w1, r, c);
     }
 }
 

@@ -60,26 +60,58 @@ static __global__ void __launch_bounds__(MM_THREADS)
  * 2n rows; the block swaps the sums through shared memory and forms the
  * product. g and u are rounded to O first, as the projections would be
  * stored, and silu is the swiglu kernel's expression, so the result is
- * bit for bit that of the GEMV, then swiglu. */
-template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>()>
+ * bit for bit that of the GEMV, then swiglu.
+ *
+ * EPI: GEMV_RMS scales each sum by 1 / rms of its input row (matmul_rms:
+ * every warp reads the whole row, so each takes its sum of squares too,
+ * in one order, and no norm pass runs before); GEMV_ADD adds the sum,
+ * rounded to O, into out, which holds the residual stream (matmul_add:
+ * no residual pass after). */
+enum gemv_epi { GEMV_PLAIN, GEMV_RMS, GEMV_ADD };
+
+template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>(), gemv_epi EPI = GEMV_PLAIN,
+          bool TRIGGER = true>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    matmul_gemv(O *out, const bf16 *in, const bf16 *w, const bf16 *w2, int n, int k)
+    matmul_gemv(O *out, const bf16 *in, const bf16 *w, const bf16 *w2, int n, int k, float eps)
 {
-    pdl_trigger();
+    static_assert(EPI != GEMV_ADD || !SWIGLU, "the residual add is the plain GEMV's");
+    if constexpr (TRIGGER)
+        pdl_trigger();
     constexpr int ROWS = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS; /* output columns a block */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x * ROWS + warp % ROWS;
     const bool valid = row < n;
     const bf16 *wm = SWIGLU && warp >= ROWS ? w2 : w;
-    float acc[R];
-    gemv_dot<R, false, U>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k),
-                          (const uint4 *)in, k / 8, lane, valid, [] { pdl_wait(); });
+    float acc[R], scale[R];
+    /* the residual's elements, asked for with the input (after the wait)
+     * and kept as loaded: their first use, the add at the end, is where
+     * the warp waits for them, not before its dot products' loads */
+    O resid[R];
+    auto wait = [&] {
+        pdl_wait();
+        if constexpr (EPI == GEMV_ADD)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (valid && lane == 0)
+                    resid[r] = out[(size_t)r * n + row];
+    };
+    gemv_dot<R, false, U, EPI == GEMV_RMS>(acc, (const uint4 *)(wm + (size_t)(valid ? row : 0) * k),
+                                           (const uint4 *)in, k / 8, lane, valid, wait, scale);
+#pragma unroll
+    for (int r = 0; r < R; r++) { /* the sum of squares into 1 / rms (rmsnorm's expression) */
+        if constexpr (EPI == GEMV_RMS)
+            scale[r] = 1.0f / sqrtf(warp_reduce(scale[r], op_add()) / (float)k + eps);
+        else
+            scale[r] = 1.0f;
+    }
     if constexpr (!SWIGLU) {
         if (!valid)
             return;
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float v = warp_reduce(acc[r], op_add());
+            float v = warp_reduce(acc[r], op_add()) * scale[r];
+            if constexpr (EPI == GEMV_ADD)
+                v = to_f32(resid[r]) + to_f32(from_f32<O>(v));
             if (lane == 0)
                 out[(size_t)r * n + row] = from_f32<O>(v);
         }
@@ -87,7 +119,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
         __shared__ float part[GEMV_WARPS][R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float v = warp_reduce(acc[r], op_add());
+            float v = warp_reduce(acc[r], op_add()) * scale[r];
             if (lane == 0)
                 part[warp][r] = v;
         }
@@ -103,29 +135,60 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>()>
+template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>(), gemv_epi EPI = GEMV_PLAIN,
+          bool TRIGGER = true>
 static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
-                          const bf16 *w, const bf16 *w2, int n, int k)
+                          const bf16 *w, const bf16 *w2, int n, int k, float eps, bool pdl = true)
 {
-    cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, matmul_gemv<R, O, SWIGLU, U>, out, in, w, w2,
-                    n, k);
+    auto kernel = matmul_gemv<R, O, SWIGLU, U, EPI, TRIGGER>;
+    if (pdl)
+        cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, kernel, out, in, w, w2, n, k, eps);
+    else
+        kernel<<<blocks, GEMV_WARPS * 32, 0, stream>>>(out, in, w, w2, n, k, eps);
+}
+
+/* The fused GEMVs at one row (EPI) by the launch mode (cuda_state.
+ * norm_fused): 2 = the residual-add GEMV lets the kernel after it start
+ * only at its end, 3 = the norm GEMV launched plainly, else both as the
+ * plain GEMV. */
+template <typename O, bool SWIGLU, gemv_epi EPI, int U>
+static void launch_gemv_fused(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
+                              const bf16 *w, const bf16 *w2, int n, int k, float eps, int mode)
+{
+    if (EPI == GEMV_ADD && mode == 2)
+        launch_gemv_r<1, O, SWIGLU, U, EPI, false>(stream, blocks, out, in, w, w2, n, k, eps);
+    else
+        launch_gemv_r<1, O, SWIGLU, U, EPI>(stream, blocks, out, in, w, w2, n, k, eps,
+                                            !(EPI == GEMV_RMS && mode == 3));
 }
 
 /* w2 is the up projection with SWIGLU, else unused; loads: a lane's loads
- * in flight at one row (SHOAL_CUDA_GEMV_LOADS). */
-template <typename O, bool SWIGLU>
+ * in flight at one row (SHOAL_CUDA_GEMV_LOADS). The norm and the add
+ * (EPI) at one row only (fused_norm_rows); eps is GEMV_RMS's. */
+template <typename O, bool SWIGLU, gemv_epi EPI = GEMV_PLAIN>
 static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 *w,
-                        const bf16 *w2, int rows, int n, int k, int loads)
+                        const bf16 *w2, int rows, int n, int k, int loads, float eps = 0.0f,
+                        int mode = 1)
 {
     const int per_block = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS;
     unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
+    if constexpr (EPI != GEMV_PLAIN) {
+        SHOAL_ASSERT(rows == 1);
+        if (loads == GEMV_LOADS_ROWS)
+            launch_gemv_fused<O, SWIGLU, EPI, GEMV_LOADS_ROWS>(stream, blocks, out, in, w, w2, n,
+                                                                k, eps, mode);
+        else
+            launch_gemv_fused<O, SWIGLU, EPI, GEMV_LOADS_ONE_ROW>(stream, blocks, out, in, w, w2,
+                                                                   n, k, eps, mode);
+        return;
+    }
     if (rows == 1 && loads == GEMV_LOADS_ROWS) {
-        launch_gemv_r<1, O, SWIGLU, GEMV_LOADS_ROWS>(stream, blocks, out, in, w, w2, n, k);
+        launch_gemv_r<1, O, SWIGLU, GEMV_LOADS_ROWS>(stream, blocks, out, in, w, w2, n, k, eps);
         return;
     }
     switch (rows) {
 #define GEMV_CASE(R)                                                                             \
-    case R: launch_gemv_r<R, O, SWIGLU>(stream, blocks, out, in, w, w2, n, k); break;
+    case R: launch_gemv_r<R, O, SWIGLU>(stream, blocks, out, in, w, w2, n, k, eps); break;
         GEMV_CASE(1)
         GEMV_CASE(2)
         GEMV_CASE(3)
@@ -267,4 +330,79 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
         cuda_matmul(be, up, act, in, wu, wdtype, rows, n, k);
     }
     cuda_swiglu(be, out, out, up, rows, n);
+}
+
+/* The RMSNorm before a matmul and the residual add after one, inside the
+ * one-row GEMV (kernels_backend.h: fused_norm_rows). The model calls them
+ * only where the GEMV takes the matmul. */
+static void assert_fused(kernels_backend *be, shoal_dtype wdtype, int rows, int k, const void *in,
+                         const void *w)
+{
+    SHOAL_ASSERT(rows >= 0 && rows <= be->fused_norm_rows && k > 0);
+    SHOAL_ASSERT(gemv_takes(be, wdtype, rows, k, in, w));
+}
+
+void cuda_matmul_rms(kernels_backend *be, void *out, const void *x, const void *w,
+                     shoal_dtype wdtype, int rows, int n, int k, float eps)
+{
+    assert_fused(be, wdtype, rows, k, x, w);
+    CUDA_ASSERT_ALIGNED(out, 2);
+    if (rows == 0 || !cuda_usable(be))
+        return;
+    cuda_state *st = cuda_of(be);
+    launch_gemv<bf16, false, GEMV_RMS>(st->stream, (bf16 *)out, (const bf16 *)x, (const bf16 *)w,
+                                       NULL, rows, n, k, st->gemv_loads, eps, st->norm_fused);
+    cuda_launched(be, "matmul_rms (gemv)");
+}
+
+void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, const void *x, const void *wg,
+                            const void *wu, shoal_dtype wdtype, int rows, int n, int k, float eps)
+{
+    assert_fused(be, wdtype, rows, k, x, wg);
+    SHOAL_ASSERT((uintptr_t)wu % 16 == 0);
+    CUDA_ASSERT_ALIGNED(out, 2);
+    if (rows == 0 || !cuda_usable(be))
+        return;
+    cuda_state *st = cuda_of(be);
+    launch_gemv<bf16, true, GEMV_RMS>(st->stream, (bf16 *)out, (const bf16 *)x, (const bf16 *)wg,
+                                      (const bf16 *)wu, rows, n, k, st->gemv_loads, eps,
+                                      st->norm_fused);
+    cuda_launched(be, "matmul_swiglu_rms (gemv)");
+}
+
+void cuda_matmul_add(kernels_backend *be, void *x, const void *in, const void *w,
+                     shoal_dtype wdtype, int rows, int n, int k)
+{
+    assert_fused(be, wdtype, rows, k, in, w);
+    CUDA_ASSERT_ALIGNED(x, 2);
+    if (rows == 0 || !cuda_usable(be))
+        return;
+    cuda_state *st = cuda_of(be);
+    launch_gemv<bf16, false, GEMV_ADD>(st->stream, (bf16 *)x, (const bf16 *)in, (const bf16 *)w,
+                                       NULL, rows, n, k, st->gemv_loads, 0.0f, st->norm_fused);
+    cuda_launched(be, "matmul_add (gemv)");
+}
+
+/* w[r][c] = bf16(w[r][c] * scale[c]): a norm's weight folded into the
+ * matmul after it, once at load. */
+static __global__ void scale_columns_bf16(bf16 *w, size_t elems, int cols, const float *scale)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < elems;
+         i += (size_t)gridDim.x * blockDim.x)
+        w[i] = __float2bfloat16_rn(__bfloat162float(w[i]) * scale[i % (size_t)cols]);
+}
+
+void cuda_scale_columns(kernels_backend *be, void *w, shoal_dtype wdtype, int rows, int cols,
+                        const float *scale)
+{
+    SHOAL_ASSERT(wdtype == SHOAL_DTYPE_BF16 && rows >= 0 && cols > 0);
+    CUDA_ASSERT_ALIGNED(w, 2);
+    CUDA_ASSERT_ALIGNED(scale, 4);
+    size_t elems = (size_t)rows * (size_t)cols;
+    if (elems == 0 || !cuda_usable(be))
+        return;
+    size_t blocks = (elems + 255) / 256;
+    scale_columns_bf16<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0,
+                         cuda_of(be)->stream>>>((bf16 *)w, elems, cols, scale);
+    cuda_launched(be, "scale_columns");
 }

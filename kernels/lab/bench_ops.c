@@ -122,6 +122,9 @@ typedef enum op_kind {
     OP_MATMUL_SWIGLU,
     OP_GATHER,
     OP_SAMPLE,
+    OP_MATMUL_RMS,        /* the norm inside the GEMV (kernels_backend.h: fused_norm_rows) */
+    OP_MATMUL_SWIGLU_RMS, /* ... the gate/up GEMV's */
+    OP_MATMUL_ADD,        /* the residual add inside it */
 } op_kind;
 
 typedef struct op {
@@ -190,6 +193,20 @@ static void call(op *o, int i)
                           SHOAL_DTYPE_BF16, o->rows, INTER, HID);
         break;
     }
+    case OP_MATMUL_RMS:
+        be->matmul_rms(be, b->gate, o->k == INTER ? b->up : b->h, weight_at(b, o->n, o->k, i),
+                       SHOAL_DTYPE_BF16, o->rows, o->n, o->k, 1e-6f);
+        break;
+    case OP_MATMUL_SWIGLU_RMS: {
+        const unsigned char *w = weight_at(b, 2 * INTER, HID, i);
+        be->matmul_swiglu_rms(be, b->gate, b->h, w, w + (size_t)INTER * HID * 2,
+                              SHOAL_DTYPE_BF16, o->rows, INTER, HID, 1e-6f);
+        break;
+    }
+    case OP_MATMUL_ADD:
+        be->matmul_add(be, b->gate, o->k == INTER ? b->up : b->h, weight_at(b, o->n, o->k, i),
+                       SHOAL_DTYPE_BF16, o->rows, o->n, o->k);
+        break;
     case OP_GATHER: be->gather(be, b->sel, b->h, b->logit_rows, o->rows, HID); break;
     case OP_SAMPLE:
         be->sample(be, b->results, b->logits, o->rows, VOCAB, b->params, NULL, NULL, NULL);
@@ -677,6 +694,19 @@ int main(int argc, char **argv)
         op o = {.kind = OP_MATMUL, .be = be, .b = &mbuf, .rows = mm_r, .n = mm_n, .k = mm_k};
         double w = (double)mm_n * mm_k * 2 + (double)mm_r * (mm_n + mm_k) * 2;
         row("matmul", "env", mm_r, time_op(&o, 32, 3), w, 2.0 * mm_r * mm_n * mm_k, 0, NULL);
+        if (mm_r <= be->fused_norm_rows) { /* the same with the norm or the add inside */
+            o.kind = OP_MATMUL_RMS;
+            row("matmul_rms", "env", mm_r, time_op(&o, 32, 3), w, 2.0 * mm_r * mm_n * mm_k, 0,
+                NULL);
+            o.kind = OP_MATMUL_ADD;
+            row("matmul_add", "env", mm_r, time_op(&o, 32, 3), w, 2.0 * mm_r * mm_n * mm_k, 0,
+                NULL);
+            double gu = (double)2 * INTER * HID * 2;
+            o.kind = OP_MATMUL_SWIGLU;
+            row("matmul_swiglu", "env", mm_r, time_op(&o, 32, 3), gu, 0, 0, NULL);
+            o.kind = OP_MATMUL_SWIGLU_RMS;
+            row("matmul_swiglu_rms", "env", mm_r, time_op(&o, 32, 3), gu, 0, 0, NULL);
+        }
         kernels_backend_close(be);
         return 0;
     }

@@ -520,6 +520,122 @@ static void one_row_gemv_loads_keep_the_bits(void)
     kernels_backend_close(bes[1]);
 }
 
+/* The RMSNorm and the residual add inside the one-row GEMV (bf16,
+ * kernels_backend.h: fused_norm_rows), each against the passes it
+ * replaces:
+ *   scale_columns: bf16(w * weight) bit for bit against the host;
+ *   matmul_rms and matmul_swiglu_rms on the scaled weights: within the
+ *     bf16 tolerance of the CPU's rmsnorm (with the weight), then matmul
+ *     or matmul_swiglu on the weights as they were, and of the GPU's own
+ *     norm pass (a weight of ones) then the GEMV on the scaled weights;
+ *   matmul_add: bit for bit the GEMV into a buffer, then rmsnorm's
+ *     residual add of it into x, and within the tolerance of the CPU's
+ *     x + in w^T.
+ * Shapes: a 4,096-column row (one group of 16 loads a lane), 4,104 and
+ * 8,200 (groups and a tail), 2,056 and 96 (the tail alone); n not a
+ * multiple of the block's rows. */
+static void norm_and_residual_inside_the_gemv_match_the_passes(void)
+{
+    static const int nk[][2] = {{1024, 4096}, {300, 4104}, {130, 8200}, {77, 2056}, {40, 96}};
+    enum { SHAPES = sizeof nk / sizeof nk[0] };
+    const float eps = 1e-6f;
+    if (act != SHOAL_DTYPE_BF16)
+        return;
+    CHECK_MSG(gpu->fused_norm_rows == 1 && gpu->matmul_rms && gpu->matmul_add,
+              "the CUDA backend takes the norm inside its one-row GEMV at bf16");
+    if (gpu->fused_norm_rows < 1)
+        return;
+    for (int s = 0; s < (test_sanitize ? 2 : SHAPES); s++) {
+        const int n = nk[s][0], k = nk[s][1];
+        const size_t wn = (size_t)n * k;
+        float *x = xmalloc((size_t)k * 4), *nw = xmalloc((size_t)k * 4),
+              *ones = xmalloc((size_t)k * 4);
+        float *wt = xmalloc(2 * wn * 4), *h = xmalloc((size_t)k * 4);
+        uint16_t *hw = xmalloc(2 * wn * 2), *hs = xmalloc(2 * wn * 2), *got_w = xmalloc(2 * wn * 2);
+        float *ref = xmalloc((size_t)n * 4), *cup = xmalloc((size_t)n * 4);
+        float *got = xmalloc((size_t)n * 4), *gref = xmalloc((size_t)n * 4);
+        fill_uniform(x, (size_t)k, 2.0f, act);
+        fill_uniform(wt, 2 * wn, 0.1f, SHOAL_DTYPE_BF16);
+        for (int i = 0; i < k; i++) {
+            nw[i] = 1.0f + 0.75f * rnd_uniform(); /* rnd_uniform: [-1, 1) */
+            ones[i] = 1.0f;
+        }
+        for (size_t i = 0; i < 2 * wn; i++) {
+            hw[i] = shoal_f32_to_bf16(wt[i]);
+            hs[i] = shoal_f32_to_bf16(wt[i] * nw[i % (size_t)k]);
+        }
+        char shape[64];
+        snprintf(shape, sizeof shape, "one row, n %d k %d", n, k);
+        /* the weights scaled on the GPU: [gate | up] of n rows each */
+        unsigned char *dw = dev_copy(gpu, hw, 2 * wn * 2);
+        void *dnw = dev_from_f32(gpu, nw, (size_t)k, SHOAL_DTYPE_F32);
+        void *dones = dev_from_f32(gpu, ones, (size_t)k, SHOAL_DTYPE_F32);
+        gpu->scale_columns(gpu, dw, SHOAL_DTYPE_BF16, 2 * n, k, dnw);
+        CHECK(gpu->download(gpu, got_w, dw, 2 * wn * 2) == SHOAL_OK);
+        size_t bad = 0;
+        for (size_t i = 0; i < 2 * wn; i++)
+            bad += got_w[i] != hs[i];
+        CHECK_MSG(bad == 0, "scale_columns %s: %zu of %zu weights differ from the host's", shape,
+                  bad, 2 * wn);
+        void *dx = dev_from_f32(gpu, x, (size_t)k, act);
+        unsigned char *dout = dev_alloc(gpu, (size_t)2 * n * 2),
+                      *dh = dev_alloc(gpu, (size_t)k * 2);
+        for (int op = 0; op < 2; op++) { /* matmul_rms, matmul_swiglu_rms */
+            const char *what = op ? "matmul_swiglu_rms" : "matmul_rms";
+            cpu->rmsnorm(cpu, h, x, NULL, nw, 1, k, eps);
+            if (op)
+                cpu->matmul_swiglu(cpu, ref, cup, h, hw, hw + wn, SHOAL_DTYPE_BF16, 1, n, k);
+            else
+                cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, h, hw, SHOAL_DTYPE_BF16, 1, n, k);
+            dev_poison(gpu, dout, (size_t)2 * n * 2);
+            if (op)
+                gpu->matmul_swiglu_rms(gpu, dout, dx, dw, dw + wn * 2, SHOAL_DTYPE_BF16, 1, n, k,
+                                       eps);
+            else
+                gpu->matmul_rms(gpu, dout, dx, dw, SHOAL_DTYPE_BF16, 1, n, k, eps);
+            f32_from_dev(gpu, got, dout, (size_t)n, act);
+            report(what, shape, rel_err(got, ref, (size_t)n), tol_for(act));
+            /* the GPU's passes: the norm (of weight ones), then the GEMV */
+            gpu->rmsnorm(gpu, dh, dx, NULL, dones, 1, k, eps);
+            if (op)
+                gpu->matmul_swiglu(gpu, dout, dout + (size_t)n * 2, dh, dw, dw + wn * 2,
+                                   SHOAL_DTYPE_BF16, 1, n, k);
+            else
+                gpu->matmul(gpu, dout, act, dh, dw, SHOAL_DTYPE_BF16, 1, n, k);
+            f32_from_dev(gpu, gref, dout, (size_t)n, act);
+            char vs[112];
+            snprintf(vs, sizeof vs, "%s vs the norm pass", shape);
+            report(what, vs, rel_err(got, gref, (size_t)n), tol_for(act));
+        }
+        /* matmul_add: x of n elements, the GEMV's input of k */
+        float *x0 = xmalloc((size_t)n * 4), *gx = xmalloc((size_t)n * 4);
+        fill_uniform(x0, (size_t)n, 2.0f, act);
+        void *dres = dev_from_f32(gpu, x0, (size_t)n, act),
+             *dres2 = dev_from_f32(gpu, x0, (size_t)n, act);
+        gpu->matmul_add(gpu, dres, dx, dw, SHOAL_DTYPE_BF16, 1, n, k);
+        gpu->matmul(gpu, dout, act, dx, dw, SHOAL_DTYPE_BF16, 1, n, k);
+        gpu->rmsnorm(gpu, dout + (size_t)n * 2, dres2, dout, dones, 1, n, eps);
+        f32_from_dev(gpu, got, dres, (size_t)n, act);
+        f32_from_dev(gpu, gx, dres2, (size_t)n, act);
+        bad = count_differing(got, gx, (size_t)n);
+        CHECK_MSG(bad == 0,
+                  "matmul_add %s: %zu of %d elements differ from the GEMV, then "
+                  "rmsnorm's residual add",
+                  shape, bad, n);
+        cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, x, hs, SHOAL_DTYPE_BF16, 1, n, k);
+        for (int i = 0; i < n; i++)
+            ref[i] += x0[i];
+        report("matmul_add", shape, rel_err(got, ref, (size_t)n), tol_for(act));
+        CHECK(gpu->sync(gpu) == SHOAL_OK);
+        void *dev[] = {dw, dnw, dones, dx, dout, dh, dres, dres2};
+        for (int i = 0; i < 8; i++)
+            gpu->free(gpu, dev[i]);
+        void *host[] = {x, nw, ones, wt, h, hw, hs, got_w, ref, cup, got, gref, x0, gx};
+        for (int i = 0; i < 14; i++)
+            free(host[i]);
+    }
+}
+
 /* gate and up projections and their product on `be`, both ways: the op,
  * and matmul, matmul, swiglu; the op's result into got, the composition's
  * into ref (f32). Weights wg and wu (device) may be one allocation. */
@@ -1150,6 +1266,7 @@ int main(int argc, char **argv)
         }
         TEST_RUN(matmul_every_weight_dtype_matches_cpu);
         TEST_RUN(one_row_gemv_loads_keep_the_bits);
+        TEST_RUN(norm_and_residual_inside_the_gemv_match_the_passes);
         TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
         TEST_RUN(matmul_split_k_matches_cpu);
         if (!exact_ops_done) { /* act-independent: once */
