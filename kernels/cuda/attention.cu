@@ -1032,7 +1032,7 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
                 cuda_launch_pdl_smem(stream, blocks, TMA_THREADS, c->tma_smem, kernel,
                                      c->tma_args, (const bf16 *)s->q, s->row_stream,
                                      s->positions, s->page_table);
-            else if (cuda_lab_carve(kernel), true)
+            else
                 kernel<<<blocks, TMA_THREADS, c->tma_smem, stream>>>(
                     c->tma_args, (const bf16 *)s->q, s->row_stream, s->positions,
                     s->page_table);
@@ -1088,11 +1088,6 @@ shoal_err cuda_attention_init(kernels_backend *be)
                         e = cudaFuncSetAttribute(kernel,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  (int)smem_of(TC_GM));
-                    const char *cv = getenv("SHOAL_LAB_CARVE_ATTN");
-                    if (e == cudaSuccess && cv && *cv)
-                        e = cudaFuncSetAttribute(kernel,
-                                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                 atoi(cv));
                 });
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
@@ -1215,10 +1210,6 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
                     (void)cudaGetLastError();
                     n = 1;
                 }
-                const char *res = getenv("SHOAL_LAB_RES");
-                if (res && *res)
-                    n = atoi(res);
-                fprintf(stderr, "lab: TMA partials %zu bytes, %d a multiprocessor\n", c.tma_smem, n);
                 st->attn_tma_resident = n;
                 st->attn_tma_smem_known = c.tma_smem;
             }

@@ -287,15 +287,9 @@ static int env_int(const char *name, int fallback)
     return *end == '\0' && x >= 0 && x <= 1 << 20 ? (int)x : fallback;
 }
 
-int cuda_lab_carveout = -1, cuda_lab_carve_gemv = -1;
-
 static void pick_kernels(cuda_state *st)
 {
     bool legacy = env_int("SHOAL_CUDA_LEGACY", 0) != 0;
-    cuda_lab_carveout = env_int("SHOAL_LAB_CARVEOUT", -1) > 100 ? -1 : env_int("SHOAL_LAB_CARVEOUT", -1);
-    cuda_lab_carve_gemv = env_int("SHOAL_LAB_CARVE_GEMV", -1);
-    if (env_int("SHOAL_LAB_CACHE_SHARED", 0))
-        cudaDeviceSetCacheConfig(cudaFuncCachePreferShared);
     st->attn_tc = env_int("SHOAL_CUDA_ATTN_TC", legacy ? 0 : 1) != 0;
     st->gemv_rows_max = env_int("SHOAL_CUDA_GEMV_ROWS", legacy ? 0 : CUDA_GEMV_ROWS_DEFAULT);
     if (st->gemv_rows_max > CUDA_GEMV_ROWS_MAX)
@@ -320,7 +314,7 @@ static void pick_kernels(cuda_state *st)
     st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 2);
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 2);
     st->gemv_loads = env_int("SHOAL_CUDA_GEMV_LOADS", legacy ? 8 : 16) == 8 ? 8 : 16;
-    st->norm_fused = env_int("SHOAL_CUDA_NORM_FUSED", 0) != 0;
+    st->norm_fused = env_int("SHOAL_CUDA_NORM_FUSED", legacy ? 0 : 1) != 0;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
         st->prompt_tile = 5;

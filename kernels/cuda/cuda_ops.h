@@ -340,23 +340,10 @@ static __device__ __forceinline__ void pdl_trigger()
  * programmatic-serialization attribute: it must pdl_wait() before it
  * touches what the kernel before it writes. Errors surface at the
  * backend's next check, as for <<<>>> launches. */
-/* Lab: the shared-memory carveout every early-launched kernel asks for
- * (SHOAL_LAB_CARVEOUT, a percent; -1 none). */
-extern int cuda_lab_carveout, cuda_lab_carve_gemv;
-
-template <typename F> static inline void cuda_lab_carve(F *kernel)
-{
-    if (cuda_lab_carveout >= 0)
-        cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cuda_lab_carveout);
-}
-
 template <typename... Params, typename... Args>
 static void cuda_launch_pdl_smem(cudaStream_t stream, dim3 blocks, unsigned threads, size_t smem,
                                  void (*kernel)(Params...), Args... args)
 {
-    if (smem == 0)
-        cuda_lab_carve(kernel);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = blocks;
     cfg.blockDim = dim3(threads);

@@ -51,7 +51,6 @@ void cuda_embed(kernels_backend *be, void *out, const void *table, shoal_dtype w
     if (be->act_dtype == SHOAL_DTYPE_BF16 && wdtype == SHOAL_DTYPE_BF16 && dim % 8 == 0 &&
         dim / 8 <= EMBED_VECS * EMBED_THREADS && (uintptr_t)out % 16 == 0 &&
         (uintptr_t)table % 16 == 0) {
-        cuda_lab_carve(embed_bf16x8);
         embed_bf16x8<<<rows, EMBED_THREADS, 0, cuda_of(be)->stream>>>(
             (uint4 *)out, (const uint4 *)table, ids, dim / 8);
         cuda_launched(be, "embed");

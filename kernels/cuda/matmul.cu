@@ -141,12 +141,9 @@ static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf
                           const bf16 *w, const bf16 *w2, int n, int k, float eps, bool pdl = true)
 {
     auto kernel = matmul_gemv<R, O, SWIGLU, U, EPI, TRIGGER>;
-    if (cuda_lab_carve_gemv >= 0)
-        cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cuda_lab_carve_gemv);
     if (pdl)
         cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, kernel, out, in, w, w2, n, k, eps);
-    else if (cuda_lab_carve(kernel), true)
+    else
         kernel<<<blocks, GEMV_WARPS * 32, 0, stream>>>(out, in, w, w2, n, k, eps);
 }
 

@@ -105,7 +105,7 @@ void cuda_rmsnorm(kernels_backend *be, void *out, void *x, const void *residual,
             cuda_launch_pdl(cuda_of(be)->stream, (unsigned)rows, (unsigned)threads,
                             rmsnorm_bf16x8, (bf16 *)out, (bf16 *)x, (const bf16 *)residual,
                             weight, dim, eps);
-        else if (cuda_lab_carve(rmsnorm_bf16x8), true)
+        else
             rmsnorm_bf16x8<<<rows, threads, 0, cuda_of(be)->stream>>>(
                 (bf16 *)out, (bf16 *)x, (const bf16 *)residual, weight, dim, eps);
         cuda_launched(be, "rmsnorm");

@@ -46,7 +46,6 @@ void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *u
         size_t vblocks = (n / 8 + 255) / 256;
         if (vblocks > 65536)
             vblocks = 65536;
-        cuda_lab_carve(swiglu_bf16x8);
         swiglu_bf16x8<<<(unsigned)vblocks, 256, 0, cuda_of(be)->stream>>>(
             (uint4 *)out, (const uint4 *)gate, (const uint4 *)up, n / 8);
         cuda_launched(be, "swiglu");
