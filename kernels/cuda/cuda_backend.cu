@@ -287,9 +287,14 @@ static int env_int(const char *name, int fallback)
     return *end == '\0' && x >= 0 && x <= 1 << 20 ? (int)x : fallback;
 }
 
+int cuda_gemv_carveout = cudaSharedmemCarveoutMaxL1;
+
 static void pick_kernels(cuda_state *st)
 {
     bool legacy = env_int("SHOAL_CUDA_LEGACY", 0) != 0;
+    cuda_gemv_carveout = env_int("SHOAL_CUDA_GEMV_L1", legacy ? 0 : 1)
+                             ? (int)cudaSharedmemCarveoutMaxL1
+                             : (int)cudaSharedmemCarveoutDefault;
     st->attn_tc = env_int("SHOAL_CUDA_ATTN_TC", legacy ? 0 : 1) != 0;
     st->gemv_rows_max = env_int("SHOAL_CUDA_GEMV_ROWS", legacy ? 0 : CUDA_GEMV_ROWS_DEFAULT);
     if (st->gemv_rows_max > CUDA_GEMV_ROWS_MAX)

@@ -157,12 +157,14 @@ typedef struct cuda_state {
      * 64 at 4k 4,614 -> 4,711, at 1k +0.4%, batch 1 unchanged (kernels/lab
      * row 26.5) */
     int attn_depth;
-    /* LAB, not yet measured: the six-stage TMA partials compiled to three
-     * blocks' registers (126, no spills by ptxas; 147 otherwise), two a
+    /* LAB: the six-stage TMA partials compiled to three blocks'
+     * registers (126, no spills by ptxas; 147 otherwise), two a
      * multiprocessor still by shared memory, so that a one-row GEMV block
-     * (160 registers) fits beside two (SHOAL_CUDA_ATTN_LEAN, default 0):
-     * the footprint that made early launches and the norm fold lose
-     * (kernels/lab rows 25.7, 25.8) */
+     * (160 registers) fits beside two (SHOAL_CUDA_ATTN_LEAN, default 0).
+     * H200: within 0.4% either way at batch 1 and 64; what made early
+     * launches and the norm fold lose was the partials' shared memory
+     * leaving the GEMV little L1, not their registers (kernels/lab rows
+     * 27.1-27.5) */
     bool attn_lean;
     int attn_tma_l2; /* the copies' L2 promotion: 0, 128 (default) or 256 bytes */
     /* Where the round has one row a stream (kernels_batch), the TMA
@@ -335,6 +337,16 @@ static __device__ __forceinline__ void pdl_trigger()
     asm volatile("griddepcontrol.launch_dependents;\n" ::);
 #endif
 }
+
+/* The one-row GEMV's shared-memory carveout (matmul.cu), the process's
+ * as the function attribute it sets: cudaSharedmemCarveoutMaxL1 by
+ * default (SHOAL_CUDA_GEMV_L1=0: the driver's choice). Its loads in
+ * flight land in L1 (96 KB a multiprocessor at one row); without the ask
+ * its blocks may run where the TMA partials' 212 KB of shared memory
+ * left L1 28 KB: batch 1 at 4k 1.4% slower with the norm fold, and the
+ * plain GEMV 11% slower where every kernel asks for the most shared
+ * memory (kernels/lab rows 27.2-27.5). */
+extern int cuda_gemv_carveout;
 
 /* Launches kernel<<<blocks, threads, 0, stream>>>(args...) with the
  * programmatic-serialization attribute: it must pdl_wait() before it

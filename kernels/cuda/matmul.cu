@@ -9,6 +9,9 @@
 #include "cuda_ops.h"
 #include "gemv.cuh"
 
+#include <atomic>
+#include <climits>
+
 enum { MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_THREADS = 256 };
 
 /* A 64 x 64 tile of out per block, 4 x 4 per thread, k in steps of 16
@@ -141,6 +144,13 @@ static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf
                           const bf16 *w, const bf16 *w2, int n, int k, float eps, bool pdl = true)
 {
     auto kernel = matmul_gemv<R, O, SWIGLU, U, EPI, TRIGGER>;
+    /* asked once an instance (the attribute is the process's); a hint,
+     * whose failure costs speed alone */
+    static std::atomic<int> asked{INT_MIN};
+    const int carveout = cuda_gemv_carveout;
+    if (asked.exchange(carveout) != carveout)
+        (void)cudaFuncSetAttribute((const void *)kernel,
+                                   cudaFuncAttributePreferredSharedMemoryCarveout, carveout);
     if (pdl)
         cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, kernel, out, in, w, w2, n, k, eps);
     else
