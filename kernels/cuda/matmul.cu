@@ -72,14 +72,12 @@ static __global__ void __launch_bounds__(MM_THREADS)
  * no residual pass after). */
 enum gemv_epi { GEMV_PLAIN, GEMV_RMS, GEMV_ADD };
 
-template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>(), gemv_epi EPI = GEMV_PLAIN,
-          bool TRIGGER = true>
+template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>(), gemv_epi EPI = GEMV_PLAIN>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     matmul_gemv(O *out, const bf16 *in, const bf16 *w, const bf16 *w2, int n, int k, float eps)
 {
     static_assert(EPI != GEMV_ADD || !SWIGLU, "the residual add is the plain GEMV's");
-    if constexpr (TRIGGER)
-        pdl_trigger();
+    pdl_trigger();
     constexpr int ROWS = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS; /* output columns a block */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x * ROWS + warp % ROWS;
@@ -138,12 +136,11 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>(), gemv_epi EPI = GEMV_PLAIN,
-          bool TRIGGER = true>
+template <int R, typename O, bool SWIGLU, int U = gemv_unroll<R>(), gemv_epi EPI = GEMV_PLAIN>
 static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
-                          const bf16 *w, const bf16 *w2, int n, int k, float eps, bool pdl = true)
+                          const bf16 *w, const bf16 *w2, int n, int k, float eps)
 {
-    auto kernel = matmul_gemv<R, O, SWIGLU, U, EPI, TRIGGER>;
+    auto kernel = matmul_gemv<R, O, SWIGLU, U, EPI>;
     /* asked once an instance (the attribute is the process's); a hint,
      * whose failure costs speed alone */
     static std::atomic<int> asked{INT_MIN};
@@ -151,25 +148,7 @@ static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf
     if (asked.exchange(carveout) != carveout)
         (void)cudaFuncSetAttribute((const void *)kernel,
                                    cudaFuncAttributePreferredSharedMemoryCarveout, carveout);
-    if (pdl)
-        cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, kernel, out, in, w, w2, n, k, eps);
-    else
-        kernel<<<blocks, GEMV_WARPS * 32, 0, stream>>>(out, in, w, w2, n, k, eps);
-}
-
-/* The fused GEMVs at one row (EPI) by the launch mode (cuda_state.
- * norm_fused): 2 = the residual-add GEMV lets the kernel after it start
- * only at its end, 3 = the norm GEMV launched plainly, else both as the
- * plain GEMV. */
-template <typename O, bool SWIGLU, gemv_epi EPI, int U>
-static void launch_gemv_fused(cudaStream_t stream, unsigned blocks, O *out, const bf16 *in,
-                              const bf16 *w, const bf16 *w2, int n, int k, float eps, int mode)
-{
-    if (EPI == GEMV_ADD && mode == 2)
-        launch_gemv_r<1, O, SWIGLU, U, EPI, false>(stream, blocks, out, in, w, w2, n, k, eps);
-    else
-        launch_gemv_r<1, O, SWIGLU, U, EPI>(stream, blocks, out, in, w, w2, n, k, eps,
-                                            !(EPI == GEMV_RMS && mode == 3));
+    cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, kernel, out, in, w, w2, n, k, eps);
 }
 
 /* w2 is the up projection with SWIGLU, else unused; loads: a lane's loads
@@ -177,19 +156,18 @@ static void launch_gemv_fused(cudaStream_t stream, unsigned blocks, O *out, cons
  * (EPI) at one row only (fused_norm_rows); eps is GEMV_RMS's. */
 template <typename O, bool SWIGLU, gemv_epi EPI = GEMV_PLAIN>
 static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 *w,
-                        const bf16 *w2, int rows, int n, int k, int loads, float eps = 0.0f,
-                        int mode = 1)
+                        const bf16 *w2, int rows, int n, int k, int loads, float eps = 0.0f)
 {
     const int per_block = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS;
     unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
     if constexpr (EPI != GEMV_PLAIN) {
         SHOAL_ASSERT(rows == 1);
         if (loads == GEMV_LOADS_ROWS)
-            launch_gemv_fused<O, SWIGLU, EPI, GEMV_LOADS_ROWS>(stream, blocks, out, in, w, w2, n,
-                                                                k, eps, mode);
+            launch_gemv_r<1, O, SWIGLU, GEMV_LOADS_ROWS, EPI>(stream, blocks, out, in, w, w2, n,
+                                                               k, eps);
         else
-            launch_gemv_fused<O, SWIGLU, EPI, GEMV_LOADS_ONE_ROW>(stream, blocks, out, in, w, w2,
-                                                                   n, k, eps, mode);
+            launch_gemv_r<1, O, SWIGLU, GEMV_LOADS_ONE_ROW, EPI>(stream, blocks, out, in, w, w2,
+                                                                  n, k, eps);
         return;
     }
     if (rows == 1 && loads == GEMV_LOADS_ROWS) {
@@ -361,7 +339,7 @@ void cuda_matmul_rms(kernels_backend *be, void *out, const void *x, const void *
         return;
     cuda_state *st = cuda_of(be);
     launch_gemv<bf16, false, GEMV_RMS>(st->stream, (bf16 *)out, (const bf16 *)x, (const bf16 *)w,
-                                       NULL, rows, n, k, st->gemv_loads, eps, st->norm_fused);
+                                       NULL, rows, n, k, st->gemv_loads, eps);
     cuda_launched(be, "matmul_rms (gemv)");
 }
 
@@ -375,8 +353,7 @@ void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, const void *x, const
         return;
     cuda_state *st = cuda_of(be);
     launch_gemv<bf16, true, GEMV_RMS>(st->stream, (bf16 *)out, (const bf16 *)x, (const bf16 *)wg,
-                                      (const bf16 *)wu, rows, n, k, st->gemv_loads, eps,
-                                      st->norm_fused);
+                                      (const bf16 *)wu, rows, n, k, st->gemv_loads, eps);
     cuda_launched(be, "matmul_swiglu_rms (gemv)");
 }
 
@@ -389,7 +366,7 @@ void cuda_matmul_add(kernels_backend *be, void *x, const void *in, const void *w
         return;
     cuda_state *st = cuda_of(be);
     launch_gemv<bf16, false, GEMV_ADD>(st->stream, (bf16 *)x, (const bf16 *)in, (const bf16 *)w,
-                                       NULL, rows, n, k, st->gemv_loads, 0.0f, st->norm_fused);
+                                       NULL, rows, n, k, st->gemv_loads, 0.0f);
     cuda_launched(be, "matmul_add (gemv)");
 }
 
