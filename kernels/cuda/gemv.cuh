@@ -47,21 +47,6 @@ static __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b)
     return s;
 }
 
-/* The sum of squares of 8 bf16 (an input chunk, for the RMSNorm the
- * GEMV takes inside: matmul_rms). */
-static __device__ __forceinline__ float sq8_bf16(uint4 b)
-{
-    const __nv_bfloat162 *y = (const __nv_bfloat162 *)&b;
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 fy = __bfloat1622float2(y[i]);
-        s = fmaf(fy.x, fy.x, s);
-        s = fmaf(fy.y, fy.y, s);
-    }
-    return s;
-}
-
 template <bool COHERENT> static __device__ __forceinline__ uint4 x_at(const uint4 *p)
 {
     if constexpr (COHERENT)
@@ -97,7 +82,7 @@ static __device__ __forceinline__ void gemv_dot(float (&acc)[R], const uint4 *wr
         const uint4 xv = x_at<COHERENT>(x + (size_t)r * chunks + chunk);
         acc[r] += dot8_bf16(wv, xv);
         if constexpr (SQ)
-            sq[r] += sq8_bf16(xv);
+            sq[r] += dot8_bf16(xv, xv); /* the chunk's sum of squares */
     };
     /* the first group of loads, before the wait; the loops after are
      * the plain ones (unpredicated full groups, then a tail) */

@@ -322,20 +322,21 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
 
 /* The RMSNorm before a matmul and the residual add after one, inside the
  * one-row GEMV (kernels_backend.h: fused_norm_rows). The model calls them
- * only where the GEMV takes the matmul. */
-static void assert_fused(kernels_backend *be, shoal_dtype wdtype, int rows, int k, const void *in,
-                         const void *w)
+ * only where the GEMV takes the matmul; false where there is nothing to
+ * launch. */
+static bool fused_launches(kernels_backend *be, shoal_dtype wdtype, int rows, int k,
+                           const void *in, const void *w, const void *out)
 {
     SHOAL_ASSERT(rows >= 0 && rows <= be->fused_norm_rows && k > 0);
     SHOAL_ASSERT(gemv_takes(be, wdtype, rows, k, in, w));
+    CUDA_ASSERT_ALIGNED(out, 2);
+    return rows > 0 && cuda_usable(be);
 }
 
 void cuda_matmul_rms(kernels_backend *be, void *out, const void *x, const void *w,
                      shoal_dtype wdtype, int rows, int n, int k, float eps)
 {
-    assert_fused(be, wdtype, rows, k, x, w);
-    CUDA_ASSERT_ALIGNED(out, 2);
-    if (rows == 0 || !cuda_usable(be))
+    if (!fused_launches(be, wdtype, rows, k, x, w, out))
         return;
     cuda_state *st = cuda_of(be);
     launch_gemv<bf16, false, GEMV_RMS>(st->stream, (bf16 *)out, (const bf16 *)x, (const bf16 *)w,
@@ -346,10 +347,8 @@ void cuda_matmul_rms(kernels_backend *be, void *out, const void *x, const void *
 void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, const void *x, const void *wg,
                             const void *wu, shoal_dtype wdtype, int rows, int n, int k, float eps)
 {
-    assert_fused(be, wdtype, rows, k, x, wg);
     SHOAL_ASSERT((uintptr_t)wu % 16 == 0);
-    CUDA_ASSERT_ALIGNED(out, 2);
-    if (rows == 0 || !cuda_usable(be))
+    if (!fused_launches(be, wdtype, rows, k, x, wg, out))
         return;
     cuda_state *st = cuda_of(be);
     launch_gemv<bf16, true, GEMV_RMS>(st->stream, (bf16 *)out, (const bf16 *)x, (const bf16 *)wg,
@@ -360,9 +359,7 @@ void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, const void *x, const
 void cuda_matmul_add(kernels_backend *be, void *x, const void *in, const void *w,
                      shoal_dtype wdtype, int rows, int n, int k)
 {
-    assert_fused(be, wdtype, rows, k, in, w);
-    CUDA_ASSERT_ALIGNED(x, 2);
-    if (rows == 0 || !cuda_usable(be))
+    if (!fused_launches(be, wdtype, rows, k, in, w, x))
         return;
     cuda_state *st = cuda_of(be);
     launch_gemv<bf16, false, GEMV_ADD>(st->stream, (bf16 *)x, (const bf16 *)in, (const bf16 *)w,
