@@ -323,6 +323,10 @@ static void pick_kernels(cuda_state *st)
     st->norm_scaled = env_int("SHOAL_CUDA_NORM_SCALED", legacy ? 0 : 2);
     if (st->norm_scaled == 1)
         st->norm_scaled = 2;
+    st->lab_rope_threads = env_int("SHOAL_LAB_ROPE_THREADS", 512);
+    if (st->lab_rope_threads != 128 && st->lab_rope_threads != 256)
+        st->lab_rope_threads = 512;
+    st->lab_swiglu_held = env_int("SHOAL_LAB_SWIGLU_HELD", 2) == 1 ? 1 : 2;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
         st->prompt_tile = 5;

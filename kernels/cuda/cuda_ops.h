@@ -204,6 +204,7 @@ typedef struct cuda_state {
      * swiglu_rms kernels that read the matmuls' products
      * (SHOAL_CUDA_NORM_SCALED, default 2; 0 = the norm pass past one row) */
     int norm_scaled;
+    int lab_rope_threads, lab_swiglu_held; /* lab: SHOAL_LAB_ROPE_THREADS, _SWIGLU_HELD */
     /* its blocks a multiprocessor holds at this shared memory (0: not
      * asked yet; the kernel is fixed at open, the memory by the group) */
     size_t attn_tma_smem_known;

@@ -79,7 +79,7 @@ static __global__ void rope_kv_kernel(T *q_out, const T *q, T *k, const T *v, in
 {
     pdl_trigger(); /* decode attention after may start copying the KV before the new rows */
     const int kvh = L.kv_heads, hd = L.head_dim, per_row = heads + 2 * kvh;
-    const int warps = SCALED ? ROPE_SCALED_THREADS / 32 : ROPE_WARPS;
+    const int warps = SCALED ? (int)blockDim.x / 32 : ROPE_WARPS;
     const int task = blockIdx.x * warps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const bool valid = SCALED ? task < per_row : task < B.rows * per_row;
     const int r = SCALED ? blockIdx.y : valid ? task / per_row : 0, t = task % per_row;
@@ -145,13 +145,12 @@ static void launch_rope_kv(cudaStream_t stream, T *q_out, const T *q, T *k, cons
                            int q_stride, int k_stride, int heads, const float *q_norm,
                            const float *k_norm, float eps, const float *inv_freq,
                            unsigned char *arena, const kernels_kv_layout &L,
-                           const kernels_batch &B, int layer)
+                           const kernels_batch &B, int layer, int scaled_threads)
 {
-    const int per_row = heads + 2 * L.kv_heads;
+    const int per_row = heads + 2 * L.kv_heads, w = scaled_threads / 32;
     if (B.norm_x) {
-        dim3 grid((unsigned)((per_row + ROPE_SCALED_THREADS / 32 - 1) / (ROPE_SCALED_THREADS / 32)),
-                  (unsigned)B.rows);
-        cuda_launch_pdl(stream, grid, ROPE_SCALED_THREADS, rope_kv_kernel<T, KV, true>, q_out, q, k,
+        dim3 grid((unsigned)((per_row + w - 1) / w), (unsigned)B.rows);
+        cuda_launch_pdl(stream, grid, scaled_threads, rope_kv_kernel<T, KV, true>, q_out, q, k,
                         v, q_stride, k_stride, heads, q_norm, k_norm, eps, inv_freq, arena, L, B,
                         layer);
         return;
@@ -203,13 +202,14 @@ void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q,
         if (layout->dtype == SHOAL_DTYPE_BF16)
             launch_rope_kv<T, bf16>(st->stream, (T *)q_out, (const T *)q, (T *)k, (const T *)v,
                                     q_stride, k_stride, heads, q_norm, k_norm, eps, inv_freq,
-                                    (unsigned char *)arena, *layout, *batch, layer);
+                                    (unsigned char *)arena, *layout, *batch, layer,
+                                    st->lab_rope_threads);
         else
             launch_rope_kv<T, __nv_fp8_storage_t>(st->stream, (T *)q_out, (const T *)q, (T *)k,
                                                   (const T *)v, q_stride, k_stride, heads,
                                                   q_norm, k_norm, eps, inv_freq,
                                                   (unsigned char *)arena, *layout, *batch,
-                                                  layer);
+                                                  layer, st->lab_rope_threads);
     });
     cuda_launched(be, "qk_norm_rope_kv_write");
 }

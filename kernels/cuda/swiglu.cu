@@ -66,8 +66,9 @@ void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *u
  * element vectors); each thread asks for its gate and up vectors first,
  * then takes part in the row's 1 / rms of x (8 KB at hidden 4,096, from
  * L2), so that both round trips overlap. */
-enum { SWIGLU_RMS_THREADS = 256, SWIGLU_RMS_HELD = 2 };
+enum { SWIGLU_RMS_THREADS = 256 };
 
+template <int SWIGLU_RMS_HELD>
 static __global__ void __launch_bounds__(SWIGLU_RMS_THREADS)
     swiglu_rms_bf16x8(uint4 *out, const uint4 *gate, const uint4 *up, const bf16 *x, int dim,
                       int hidden, float eps)
@@ -115,9 +116,10 @@ void cuda_swiglu_rms(kernels_backend *be, void *out, const void *gate, const voi
     CUDA_ASSERT_ALIGNED(x, 16);
     if (rows == 0 || !cuda_usable(be))
         return;
-    const int per_block = SWIGLU_RMS_THREADS * SWIGLU_RMS_HELD;
+    const int held = cuda_of(be)->lab_swiglu_held, per_block = SWIGLU_RMS_THREADS * held;
     dim3 grid((unsigned)((dim / 8 + per_block - 1) / per_block), (unsigned)rows);
-    swiglu_rms_bf16x8<<<grid, SWIGLU_RMS_THREADS, 0, cuda_of(be)->stream>>>(
+    (held == 1 ? swiglu_rms_bf16x8<1> : swiglu_rms_bf16x8<2>)<<<grid, SWIGLU_RMS_THREADS, 0,
+                                                                cuda_of(be)->stream>>>(
         (uint4 *)out, (const uint4 *)gate, (const uint4 *)up, (const bf16 *)x, dim, hidden, eps);
     cuda_launched(be, "swiglu_rms");
 }
