@@ -73,17 +73,6 @@ typedef struct kernels_batch {
     const int32_t *positions;  /* [rows] */
     const int32_t *page_table; /* [streams * page_table_stride] */
     bool one_row_per_stream;
-    /* Optional, for a backend's scaled_norm_rows (NULL, zero-initialized:
-     * q, k and v as given): the rows of q, k and v that
-     * qk_norm_rope_kv_write and attention_rope_kv take are products of
-     * the residual rows norm_x ([rows][norm_dim], act_dtype, device) with
-     * weights the RMSNorm's weight was folded into (scale_columns); each
-     * row is taken times 1 / rms(its norm_x row) first, rms as matmul_rms
-     * has it with norm_eps. The norm before the matmul, taken where its
-     * product is next read. */
-    const void *norm_x;
-    int norm_dim;
-    float norm_eps;
 } kernels_batch;
 
 typedef struct kernels_backend kernels_backend;
@@ -277,32 +266,20 @@ struct kernels_backend {
      * normed row is never stored or rounded, w' = w * weight is.
      * rms(x) = sqrt(mean(x^2) + eps) over each row's k elements.
      *
-     * matmul_swiglu_rms: matmul_swiglu of x / rms(x) (wg and wu with the
-     * norm's weight folded in, [n][k] each), up its scratch as there
-     * (unused at up to fused_norm_rows rows).
+     * matmul_swiglu_rms: matmul_swiglu of x / rms(x), no scratch (wg and
+     * wu with the norm's weight folded in, [n][k] each).
      *
      * matmul_add: x[rows][n] += in[rows][k] x w[n][k]^T, the product
      * rounded to act_dtype first and then the sum, as rmsnorm's residual
-     * add of a stored matmul output gives it (the same bits), at up to
-     * fused_norm_rows rows; past them the sum may be taken before the one
-     * rounding (CUDA: cuBLAS's beta).
-     *
-     * scaled_norm_rows (0 where a backend lacks it): from
-     * scaled_norm_min_rows (past fused_norm_rows) up to these rows, the
-     * norms without a pass of their own: q/k/v
-     * is matmul(x, w') and the rows of its product are scaled where
-     * qk_norm_rope_kv_write or attention_rope_kv reads them
-     * (kernels_batch's norm_x), the MLP's norm is matmul_swiglu_rms's and
-     * both residual adds are matmul_add's. */
+     * add of a stored matmul output gives it (the same bits). */
     int fused_norm_rows;
-    int scaled_norm_rows, scaled_norm_min_rows;
     void (*scale_columns)(kernels_backend *be, void *w, shoal_dtype wdtype, int rows, int cols,
                           const float *scale);
     void (*matmul_rms)(kernels_backend *be, void *out, const void *x, const void *w,
                        shoal_dtype wdtype, int rows, int n, int k, float eps);
-    void (*matmul_swiglu_rms)(kernels_backend *be, void *out, void *up, const void *x,
-                              const void *wg, const void *wu, shoal_dtype wdtype, int rows, int n,
-                              int k, float eps);
+    void (*matmul_swiglu_rms)(kernels_backend *be, void *out, const void *x, const void *wg,
+                              const void *wu, shoal_dtype wdtype, int rows, int n, int k,
+                              float eps);
     void (*matmul_add)(kernels_backend *be, void *x, const void *in, const void *w,
                        shoal_dtype wdtype, int rows, int n, int k);
 

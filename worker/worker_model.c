@@ -38,8 +38,7 @@ struct worker_model {
     /* The layers' RMSNorm weights folded into their q/k/v and gate/up
      * weights (fold_norms): passes of at most be->fused_norm_rows rows
      * take each norm inside the matmul after it, and the residual add
-     * inside the matmul before it; passes of at most scaled_norm_rows
-     * take each norm where its matmul's product is read (model_ops). */
+     * inside the matmul before it. */
     bool norm_fused;
     float *inv_freq;
     model_layer *layers;
@@ -762,27 +761,17 @@ static bool logits_of_every_row(const worker_forward *f)
     return true;
 }
 
-/* Where a layer's RMSNorms are taken (fold_norms, kernels_backend.h) */
-typedef enum {
-    NORM_PASS,   /* a norm pass writes the normed rows (h) before each matmul */
-    NORM_FUSED,  /* inside the one-row matmuls (fused_norm_rows) */
-    NORM_SCALED, /* each row's scale where the matmul's product is read
-                    (scaled_norm_rows) */
-} norm_at;
-
-/* out = the layer's normed rows x w^T: h's where the norm pass ran, x's
- * with the norm taken inside the matmul (fused), or x's as they are, the
- * product's rows to be scaled by the op that reads them. */
-static void normed_matmul(worker_model *m, norm_at at, void *out, const model_matrix *w, int rows,
+/* out = the layer's normed row x w^T: h's where the norm pass ran, else
+ * x's with the norm taken inside the matmul (fused). */
+static void normed_matmul(worker_model *m, bool fused, void *out, const model_matrix *w, int rows,
                           int n)
 {
     kernels_backend *be = m->be;
     const worker_config *c = &m->cfg;
-    if (at == NORM_FUSED)
+    if (fused)
         be->matmul_rms(be, out, m->x, w->data, w->dtype, rows, n, c->hidden, c->rms_eps);
     else
-        be->matmul(be, out, be->act_dtype, at == NORM_SCALED ? m->x : m->h, w->data, w->dtype, rows,
-                   n, c->hidden);
+        be->matmul(be, out, be->act_dtype, m->h, w->data, w->dtype, rows, n, c->hidden);
 }
 
 /* Enqueues the pass's ops (and, for a step, the sampling); the logits of
@@ -813,24 +802,14 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
      * of [q | k | v] in the up buffer (free until the MLP) */
     int qkv_w = q_w + 2 * kv_w;
     bool qkv_room = (size_t)m->opt.max_rows * (size_t)c->intermediate >= (size_t)rows * qkv_w;
-    /* each RMSNorm inside the matmul after it (or where its product is
-     * read), each residual add inside the matmul before it (fold_norms):
-     * no norm pass in the layers */
-    norm_at at = NORM_PASS;
-    if (m->norm_fused && rows <= be->fused_norm_rows)
-        at = NORM_FUSED;
-    else if (m->norm_fused && rows >= be->scaled_norm_min_rows && rows <= be->scaled_norm_rows)
-        at = NORM_SCALED;
-    if (at == NORM_SCALED) {
-        batch.norm_x = m->x;
-        batch.norm_dim = c->hidden;
-        batch.norm_eps = c->rms_eps;
-    }
+    /* each RMSNorm inside the matmul after it, each residual add inside
+     * the matmul before it (fold_norms): no norm pass in the layers */
+    bool fused = m->norm_fused && rows <= be->fused_norm_rows;
     for (int l = 0; l < c->layers; l++) {
         const model_layer *L = &m->layers[l];
         void *q = m->q, *k = m->k, *v = m->v;
         int qkv_stride = 0;
-        if (at == NORM_PASS)
+        if (!fused)
             be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
         if (L->qkv_joined && qkv_room) {
             /* rows of [q | k | v], one GEMM (at 64 rows on the H200 12 +
@@ -839,11 +818,11 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             k = (unsigned char *)q + (size_t)q_w * a;
             v = (unsigned char *)k + (size_t)kv_w * a;
             qkv_stride = qkv_w;
-            normed_matmul(m, at, q, &L->q, rows, qkv_w);
+            normed_matmul(m, fused, q, &L->q, rows, qkv_w);
         } else {
-            normed_matmul(m, at, q, &L->q, rows, q_w);
-            normed_matmul(m, at, k, &L->k, rows, kv_w);
-            normed_matmul(m, at, v, &L->v, rows, kv_w);
+            normed_matmul(m, fused, q, &L->q, rows, q_w);
+            normed_matmul(m, fused, k, &L->k, rows, kv_w);
+            normed_matmul(m, fused, v, &L->v, rows, kv_w);
         }
         if (m->segs == 1 && m->seg_single[0] && !m->seg_prompt[0] && be->attention_rope_kv) {
             /* a decode round of one row a stream: rope, the KV write and
@@ -874,11 +853,10 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
                     &m->kv, &sb, l, scale);
             }
         }
-        if (at != NORM_PASS) {
-            /* up is free by now (q/k/v's rows were read) */
+        if (fused) {
             be->matmul_add(be, m->x, m->att, L->o.data, L->o.dtype, rows, c->hidden, q_w);
-            be->matmul_swiglu_rms(be, m->gate, m->up, m->x, L->gate.data, L->up.data, L->gate.dtype,
-                                  rows, c->intermediate, c->hidden, c->rms_eps);
+            be->matmul_swiglu_rms(be, m->gate, m->x, L->gate.data, L->up.data, L->gate.dtype, rows,
+                                  c->intermediate, c->hidden, c->rms_eps);
             be->matmul_add(be, m->x, m->gate, L->down.data, L->down.dtype, rows, c->hidden,
                            c->intermediate);
             continue;

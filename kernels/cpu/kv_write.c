@@ -80,7 +80,6 @@ void cpu_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q, 
     int hd = layout->head_dim, kvh = layout->kv_heads, rows = batch->rows;
     int q_stride = stride ? stride : heads * hd, k_stride = stride ? stride : kvh * hd;
     SHOAL_ASSERT(stride == 0 || (stride >= heads * hd + 2 * kvh * hd && q_out != q));
-    SHOAL_ASSERT(!batch->norm_x); /* scaled_norm_rows 0 */
     if (q_out != q)
         for (int r = 0; r < rows; r++)
             memcpy((float *)q_out + (size_t)r * (size_t)(heads * hd),

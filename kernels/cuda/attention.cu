@@ -1137,11 +1137,9 @@ void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const v
     const int hd = layout->head_dim, kvh = layout->kv_heads;
     size_t a = shoal_dtype_bytes(be->act_dtype);
     /* one kernel where the TMA partials start early and a KV head's query
-     * heads are one group (and q, k and v are normed rows); else the two
-     * ops */
+     * heads are one group; else the two ops */
     CUtensorMap map;
     if (batch->rows <= st->attn_rope && st->attn_early && batch->one_row_per_stream &&
-        !batch->norm_x &&
         stride > 0 && heads % kvh == 0 && heads / kvh <= TC_GM &&
         (const unsigned char *)k == (const unsigned char *)q + (size_t)heads * hd * a &&
         (const unsigned char *)v == (const unsigned char *)k + (size_t)kvh * hd * a &&

@@ -320,13 +320,6 @@ static void pick_kernels(cuda_state *st)
     st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 2);
     st->gemv_loads = env_int("SHOAL_CUDA_GEMV_LOADS", legacy ? 8 : 16) == 8 ? 8 : 16;
     st->norm_fused = env_int("SHOAL_CUDA_NORM_FUSED", legacy ? 0 : 1) != 0;
-    st->norm_scaled = env_int("SHOAL_CUDA_NORM_SCALED", legacy ? 0 : 2);
-    if (st->norm_scaled == 1)
-        st->norm_scaled = 2;
-    st->lab_rope_threads = env_int("SHOAL_LAB_ROPE_THREADS", 512);
-    if (st->lab_rope_threads != 128 && st->lab_rope_threads != 256)
-        st->lab_rope_threads = 512;
-    st->lab_swiglu_held = env_int("SHOAL_LAB_SWIGLU_HELD", 2) == 1 ? 1 : 2;
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
         st->prompt_tile = 5;
@@ -463,9 +456,6 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->gather = cuda_gather;
     /* the fused norm where the one-row GEMV takes bf16 matmuls */
     be->fused_norm_rows = st->norm_fused && act == SHOAL_DTYPE_BF16 && st->gemv_rows_max >= 1;
-    be->scaled_norm_rows =
-        be->fused_norm_rows && st->norm_scaled && st->rope_kv_fused ? CUDA_ROPE_KV_ROWS_MAX : 0;
-    be->scaled_norm_min_rows = st->norm_scaled;
     be->scale_columns = cuda_scale_columns;
     be->matmul_rms = cuda_matmul_rms;
     be->matmul_swiglu_rms = cuda_matmul_swiglu_rms;

@@ -197,14 +197,6 @@ typedef struct cuda_state {
      * (SHOAL_CUDA_NORM_FUSED, default 1; 0 = fused_norm_rows 0: the norm
      * kernel between, the weights as loaded) */
     bool norm_fused;
-    /* with norm_fused, the norms of passes of norm_scaled (at least 2) to
-     * CUDA_ROPE_KV_ROWS_MAX rows without a pass of their own
-     * (kernels_backend.h: scaled_norm_rows): the residual adds by
-     * cuBLAS's beta, each row's 1 / rms taken by the rope_kv and
-     * swiglu_rms kernels that read the matmuls' products
-     * (SHOAL_CUDA_NORM_SCALED, default 2; 0 = the norm pass past one row) */
-    int norm_scaled;
-    int lab_rope_threads, lab_swiglu_held; /* lab: SHOAL_LAB_ROPE_THREADS, _SWIGLU_HELD */
     /* its blocks a multiprocessor holds at this shared memory (0: not
      * asked yet; the kernel is fixed at open, the memory by the group) */
     size_t attn_tma_smem_known;
@@ -424,27 +416,6 @@ struct op_max {
     }
 };
 
-/* 1 / sqrt(mean(x^2) + eps) of a bf16 row of n elements (n a multiple of
- * 8, x 16-byte aligned), every thread of the block taking part and
- * getting it: the RMSNorm's scale where its product is read
- * (kernels_backend.h: scaled_norm_rows). `shared` holds 32 floats. */
-
-static __device__ __forceinline__ float row_inv_rms(const bf16 *x, int n, float eps, float *shared)
-{
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n / 8; i += blockDim.x) {
-        uint4 v = ((const uint4 *)x)[i];
-        const bf16 *e = (const bf16 *)&v;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float f = __bfloat162float(e[j]);
-            ss = fmaf(f, f, ss);
-        }
-    }
-    ss = block_reduce(ss, op_add(), shared);
-    return 1.0f / sqrtf(ss / (float)n + eps);
-}
-
 /* ---- KV pages (kernels_backend.h's layout) ---- */
 
 /* Row r's page (bytes) in the arena, and its token slot in that page. */
@@ -517,15 +488,11 @@ void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const v
                             int layer, float scale);
 void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                  int dim);
-/* out = silu(gate * s) * (up * s), s each row's 1 / rms of x [rows][hidden]
- * (kernels_backend.h: matmul_swiglu_rms past fused_norm_rows); bf16 */
-void cuda_swiglu_rms(kernels_backend *be, void *out, const void *gate, const void *up,
-                     const void *x, int rows, int dim, int hidden, float eps);
 void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
                         const void *wu, shoal_dtype wdtype, int rows, int n, int k);
 void cuda_matmul_rms(kernels_backend *be, void *out, const void *x, const void *w,
                      shoal_dtype wdtype, int rows, int n, int k, float eps);
-void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, void *up, const void *x, const void *wg,
+void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, const void *x, const void *wg,
                             const void *wu, shoal_dtype wdtype, int rows, int n, int k, float eps);
 void cuda_matmul_add(kernels_backend *be, void *x, const void *in, const void *w,
                      shoal_dtype wdtype, int rows, int n, int k);

@@ -266,16 +266,32 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
     cuda_launched(be, "matmul (simt)");
 }
 
-/* gate and up of rows past the GEMV's into out and up: with joined
- * weights and outputs as one matmul of 2n rows (one row) or one batched
- * GEMM (more), else two; false where cuBLAS failed (reported). */
-static bool gate_up_products(kernels_backend *be, void *out, void *up, const void *in,
-                             const void *wg, const void *wu, shoal_dtype wdtype, int rows, int n,
-                             int k)
+/* The GEMV with SwiGLU in its last step where it takes the matmul (one
+ * row by default; SHOAL_CUDA_GEMV_SWIGLU=0 turns it off): the swiglu
+ * kernel, its launch and the round trip of the projections through memory
+ * go. Elsewhere the composition, with joined weights and outputs as one
+ * matmul of 2n rows, as the model ran it before. */
+void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
+                        const void *wu, shoal_dtype wdtype, int rows, int n, int k)
 {
-    cuda_state *st = cuda_of(be);
     shoal_dtype act = be->act_dtype;
     size_t ab = shoal_dtype_bytes(act), wb = shoal_dtype_bytes(wdtype);
+    SHOAL_ASSERT(rows >= 0 && n > 0 && k > 0);
+    CUDA_ASSERT_ALIGNED(out, ab);
+    CUDA_ASSERT_ALIGNED(up, ab);
+    /* out and up do not overlap */
+    SHOAL_ASSERT((const char *)out + (size_t)rows * n * ab <= (const char *)up ||
+                 (const char *)up + (size_t)rows * n * ab <= (const char *)out || rows == 0);
+    if (rows == 0 || !cuda_usable(be))
+        return;
+    cuda_state *st = cuda_of(be);
+    if (st->gemv_swiglu && gemv_takes(be, wdtype, rows, k, in, wg) && (uintptr_t)wu % 16 == 0) {
+        CUDA_ASSERT_ALIGNED(in, ab);
+        launch_gemv<bf16, true>(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)wg,
+                                (const bf16 *)wu, rows, n, k, st->gemv_loads);
+        cuda_launched(be, "matmul_swiglu (gemv)");
+        return;
+    }
     bool joined_w = (const char *)wu == (const char *)wg + (size_t)n * k * wb;
     bool joined = rows == 1 && joined_w && (char *)up == (char *)out + (size_t)n * ab;
     if (joined) {
@@ -294,55 +310,20 @@ static bool gate_up_products(kernels_backend *be, void *out, void *up, const voi
             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) {
             cuda_fail_cublas(be, "matmul_swiglu", s);
-            return false;
+            return;
         }
         cuda_launched(be, "matmul_swiglu (batched)");
     } else {
         cuda_matmul(be, out, act, in, wg, wdtype, rows, n, k);
         cuda_matmul(be, up, act, in, wu, wdtype, rows, n, k);
     }
-    return true;
-}
-
-static void check_swiglu_buffers(kernels_backend *be, const void *out, const void *up, int rows,
-                                 int n, int k)
-{
-    size_t ab = shoal_dtype_bytes(be->act_dtype);
-    SHOAL_ASSERT(rows >= 0 && n > 0 && k > 0);
-    CUDA_ASSERT_ALIGNED(out, ab);
-    CUDA_ASSERT_ALIGNED(up, ab);
-    /* out and up do not overlap */
-    SHOAL_ASSERT((const char *)out + (size_t)rows * n * ab <= (const char *)up ||
-                 (const char *)up + (size_t)rows * n * ab <= (const char *)out || rows == 0);
-}
-
-/* The GEMV with SwiGLU in its last step where it takes the matmul (one
- * row by default; SHOAL_CUDA_GEMV_SWIGLU=0 turns it off): the swiglu
- * kernel, its launch and the round trip of the projections through memory
- * go. Elsewhere the composition, with joined weights and outputs as one
- * matmul of 2n rows, as the model ran it before. */
-void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
-                        const void *wu, shoal_dtype wdtype, int rows, int n, int k)
-{
-    check_swiglu_buffers(be, out, up, rows, n, k);
-    if (rows == 0 || !cuda_usable(be))
-        return;
-    cuda_state *st = cuda_of(be);
-    if (st->gemv_swiglu && gemv_takes(be, wdtype, rows, k, in, wg) && (uintptr_t)wu % 16 == 0) {
-        CUDA_ASSERT_ALIGNED(in, shoal_dtype_bytes(be->act_dtype));
-        launch_gemv<bf16, true>(st->stream, (bf16 *)out, (const bf16 *)in, (const bf16 *)wg,
-                                (const bf16 *)wu, rows, n, k, st->gemv_loads);
-        cuda_launched(be, "matmul_swiglu (gemv)");
-        return;
-    }
-    if (gate_up_products(be, out, up, in, wg, wu, wdtype, rows, n, k))
-        cuda_swiglu(be, out, out, up, rows, n);
+    cuda_swiglu(be, out, out, up, rows, n);
 }
 
 /* The RMSNorm before a matmul and the residual add after one, inside the
  * one-row GEMV (kernels_backend.h: fused_norm_rows). The model calls them
- * at those rows only where the GEMV takes the matmul; false where there is
- * nothing to launch. */
+ * only where the GEMV takes the matmul; false where there is nothing to
+ * launch. */
 static bool fused_launches(kernels_backend *be, shoal_dtype wdtype, int rows, int k,
                            const void *in, const void *w, const void *out)
 {
@@ -363,20 +344,10 @@ void cuda_matmul_rms(kernels_backend *be, void *out, const void *x, const void *
     cuda_launched(be, "matmul_rms (gemv)");
 }
 
-/* Past fused_norm_rows (scaled_norm_rows): the products of the unnormed
- * rows, then swiglu_rms scales each row by its 1 / rms as it reads them. */
-void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, void *up, const void *x,
-                            const void *wg, const void *wu, shoal_dtype wdtype, int rows, int n,
-                            int k, float eps)
+void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, const void *x, const void *wg,
+                            const void *wu, shoal_dtype wdtype, int rows, int n, int k, float eps)
 {
     SHOAL_ASSERT((uintptr_t)wu % 16 == 0);
-    if (rows > be->fused_norm_rows) {
-        SHOAL_ASSERT(rows <= be->scaled_norm_rows && wdtype == SHOAL_DTYPE_BF16);
-        check_swiglu_buffers(be, out, up, rows, n, k);
-        if (cuda_usable(be) && gate_up_products(be, out, up, x, wg, wu, wdtype, rows, n, k))
-            cuda_swiglu_rms(be, out, out, up, x, rows, n, k, eps);
-        return;
-    }
     if (!fused_launches(be, wdtype, rows, k, x, wg, out))
         return;
     cuda_state *st = cuda_of(be);
@@ -385,29 +356,9 @@ void cuda_matmul_swiglu_rms(kernels_backend *be, void *out, void *up, const void
     cuda_launched(be, "matmul_swiglu_rms (gemv)");
 }
 
-/* Past fused_norm_rows: x = x + in w^T by cuBLAS's beta (the sum in f32,
- * rounded once), no residual pass after. */
 void cuda_matmul_add(kernels_backend *be, void *x, const void *in, const void *w,
                      shoal_dtype wdtype, int rows, int n, int k)
 {
-    if (rows > be->fused_norm_rows) {
-        SHOAL_ASSERT(rows <= be->scaled_norm_rows && wdtype == SHOAL_DTYPE_BF16 && n > 0 &&
-                     k > 0);
-        CUDA_ASSERT_ALIGNED(x, 2);
-        CUDA_ASSERT_ALIGNED(in, 2);
-        CUDA_ASSERT_ALIGNED(w, 2);
-        if (!cuda_usable(be))
-            return;
-        const float alpha = 1.0f, beta = 1.0f;
-        cublasStatus_t s = cublasGemmEx(cuda_of(be)->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows,
-                                        k, &alpha, w, CUDA_R_16BF, k, in, CUDA_R_16BF, k, &beta,
-                                        x, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT);
-        if (s != CUBLAS_STATUS_SUCCESS)
-            cuda_fail_cublas(be, "matmul_add", s);
-        cuda_launched(be, "matmul_add (cublas)");
-        return;
-    }
     if (!fused_launches(be, wdtype, rows, k, in, w, x))
         return;
     cuda_state *st = cuda_of(be);

@@ -61,16 +61,10 @@ void cuda_qk_norm_rope(kernels_backend *be, void *x, int rows, int heads, int he
                          eps, positions, inv_freq);
 }
 
-/* rope_kv_kernel's blocks where it takes each row's norm: one row each */
-enum { ROPE_SCALED_THREADS = 512 };
-
 /* Warps (row, task): tasks [0, heads) are q's heads, [heads, heads + kvh)
  * k's, [heads + kvh, heads + 2 kvh) v's. Every thread waits (pdl_wait)
- * before it reads q, k or v, and before it returns. SCALED (B.norm_x):
- * blocks of ROPE_SCALED_THREADS, of one row each (blockIdx.y), take the
- * row's 1 / rms of norm_x after the wait (x is final only once the
- * kernels before have finished) and read q, k and v times it. */
-template <typename T, typename KV, bool SCALED>
+ * before it reads q, k or v, and before it returns. */
+template <typename T, typename KV>
 static __global__ void rope_kv_kernel(T *q_out, const T *q, T *k, const T *v, int q_stride,
                                       int k_stride, int heads, const float *q_norm,
                                       const float *k_norm, float eps, const float *inv_freq,
@@ -79,10 +73,9 @@ static __global__ void rope_kv_kernel(T *q_out, const T *q, T *k, const T *v, in
 {
     pdl_trigger(); /* decode attention after may start copying the KV before the new rows */
     const int kvh = L.kv_heads, hd = L.head_dim, per_row = heads + 2 * kvh;
-    const int warps = SCALED ? (int)blockDim.x / 32 : ROPE_WARPS;
-    const int task = blockIdx.x * warps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const bool valid = SCALED ? task < per_row : task < B.rows * per_row;
-    const int r = SCALED ? blockIdx.y : valid ? task / per_row : 0, t = task % per_row;
+    const int task = blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const bool valid = task < B.rows * per_row;
+    const int r = valid ? task / per_row : 0, t = task % per_row;
     /* what the GEMV does not write: the rotation and the page slot */
     float cs[ROPE_PAIRS_MAX], sn[ROPE_PAIRS_MAX];
     int slot = 0;
@@ -97,21 +90,6 @@ static __global__ void rope_kv_kernel(T *q_out, const T *q, T *k, const T *v, in
     if (valid && t >= heads)
         page = kv_row_page(arena, L, B, r, &slot);
     pdl_wait();
-    float in_scale = 1.0f;
-    if constexpr (SCALED) {
-        /* the head's two 128-byte lines asked for before the row's sum,
-         * so that both round trips overlap */
-        if (valid && lane * 128 < hd * (int)sizeof(T)) {
-            const T *src = t < heads   ? q + (size_t)r * q_stride + (size_t)t * hd
-                           : t < heads + kvh ? k + (size_t)r * k_stride + (size_t)(t - heads) * hd
-                                             : v + (size_t)r * k_stride +
-                                                   (size_t)(t - heads - kvh) * hd;
-            asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)src + lane * 128));
-        }
-        __shared__ float red[32];
-        in_scale = row_inv_rms((const bf16 *)B.norm_x + (size_t)r * B.norm_dim, B.norm_dim,
-                               B.norm_eps, red);
-    }
     if (!valid)
         return;
     auto angle = [&](int j, int, float *c, float *s) {
@@ -121,7 +99,7 @@ static __global__ void rope_kv_kernel(T *q_out, const T *q, T *k, const T *v, in
     if (t < heads) {
         norm_rope_head(q + (size_t)r * q_stride + (size_t)t * hd,
                        q_out + ((size_t)r * heads + t) * hd, hd, lane, q_norm, eps, angle,
-                       [](int, T) {}, in_scale);
+                       [](int, T) {});
         return;
     }
     const int kv = t >= heads + kvh, h = t - heads - kv * kvh;
@@ -131,34 +109,23 @@ static __global__ void rope_kv_kernel(T *q_out, const T *q, T *k, const T *v, in
     size_t row_at = (size_t)r * k_stride + (size_t)h * hd;
     if (kv) { /* as kv_write: the stored v, converted */
         for (int d = lane; d < hd; d += 32)
-            kv_store(dst + d, to_f32(v[row_at + d]) * in_scale, scale);
+            kv_store(dst + d, to_f32(v[row_at + d]), scale);
         return;
     }
     /* k rotated, stored, and its stored value converted, as kv_write reads it */
-    norm_rope_head(
-        k + row_at, k + row_at, hd, lane, k_norm, eps, angle,
-        [&](int d, T x) { kv_store(dst + d, to_f32(x), scale); }, in_scale);
+    norm_rope_head(k + row_at, k + row_at, hd, lane, k_norm, eps, angle,
+                   [&](int d, T x) { kv_store(dst + d, to_f32(x), scale); });
 }
 
 template <typename T, typename KV>
-static void launch_rope_kv(cudaStream_t stream, T *q_out, const T *q, T *k, const T *v,
-                           int q_stride, int k_stride, int heads, const float *q_norm,
-                           const float *k_norm, float eps, const float *inv_freq,
-                           unsigned char *arena, const kernels_kv_layout &L,
-                           const kernels_batch &B, int layer, int scaled_threads)
+static void launch_rope_kv(cudaStream_t stream, unsigned blocks, T *q_out, const T *q, T *k,
+                           const T *v, int q_stride, int k_stride, int heads,
+                           const float *q_norm, const float *k_norm, float eps,
+                           const float *inv_freq, unsigned char *arena,
+                           const kernels_kv_layout &L, const kernels_batch &B, int layer)
 {
-    const int per_row = heads + 2 * L.kv_heads, w = scaled_threads / 32;
-    if (B.norm_x) {
-        dim3 grid((unsigned)((per_row + w - 1) / w), (unsigned)B.rows);
-        cuda_launch_pdl(stream, grid, scaled_threads, rope_kv_kernel<T, KV, true>, q_out, q, k,
-                        v, q_stride, k_stride, heads, q_norm, k_norm, eps, inv_freq, arena, L, B,
-                        layer);
-        return;
-    }
-    unsigned blocks = (unsigned)((B.rows * per_row + ROPE_WARPS - 1) / ROPE_WARPS);
-    cuda_launch_pdl(stream, blocks, ROPE_WARPS * 32, rope_kv_kernel<T, KV, false>, q_out, q, k,
-                    v, q_stride, k_stride, heads, q_norm, k_norm, eps, inv_freq, arena, L, B,
-                    layer);
+    cuda_launch_pdl(stream, blocks, ROPE_WARPS * 32, rope_kv_kernel<T, KV>, q_out, q, k, v,
+                    q_stride, k_stride, heads, q_norm, k_norm, eps, inv_freq, arena, L, B, layer);
 }
 
 void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q, void *k,
@@ -171,12 +138,6 @@ void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q,
     int rows = batch->rows, kvh = layout->kv_heads, hd = layout->head_dim;
     int q_stride = stride ? stride : heads * hd, k_stride = stride ? stride : kvh * hd;
     SHOAL_ASSERT(stride == 0 || (stride >= (heads + 2 * kvh) * hd && q_out != q));
-    /* the rows' norm where the model left it to this op (scaled_norm_rows) */
-    SHOAL_ASSERT(!batch->norm_x ||
-                 (rows <= be->scaled_norm_rows && be->act_dtype == SHOAL_DTYPE_BF16 &&
-                  batch->norm_dim > 0 && batch->norm_dim % 8 == 0));
-    if (batch->norm_x)
-        CUDA_ASSERT_ALIGNED(batch->norm_x, 16);
     if (!st->rope_kv_fused || rows > CUDA_ROPE_KV_ROWS_MAX) {
         /* a prompt's many rows: the plain kernels (kv_write's 16-byte moves) */
         cuda_qk_norm_rope_to(be, q_out, heads * hd, q, rows, heads, hd, q_stride, q_norm, eps,
@@ -197,19 +158,19 @@ void cuda_qk_norm_rope_kv_write(kernels_backend *be, void *q_out, const void *q,
     CUDA_ASSERT_ALIGNED(v, ab);
     if (rows == 0 || !cuda_usable(be))
         return;
+    unsigned blocks = (unsigned)((rows * (heads + 2 * kvh) + ROPE_WARPS - 1) / ROPE_WARPS);
     cuda_dispatch_act(be->act_dtype, [&](auto act) {
         using T = decltype(act);
         if (layout->dtype == SHOAL_DTYPE_BF16)
-            launch_rope_kv<T, bf16>(st->stream, (T *)q_out, (const T *)q, (T *)k, (const T *)v,
-                                    q_stride, k_stride, heads, q_norm, k_norm, eps, inv_freq,
-                                    (unsigned char *)arena, *layout, *batch, layer,
-                                    st->lab_rope_threads);
+            launch_rope_kv<T, bf16>(st->stream, blocks, (T *)q_out, (const T *)q, (T *)k,
+                                    (const T *)v, q_stride, k_stride, heads, q_norm, k_norm, eps,
+                                    inv_freq, (unsigned char *)arena, *layout, *batch, layer);
         else
-            launch_rope_kv<T, __nv_fp8_storage_t>(st->stream, (T *)q_out, (const T *)q, (T *)k,
-                                                  (const T *)v, q_stride, k_stride, heads,
-                                                  q_norm, k_norm, eps, inv_freq,
+            launch_rope_kv<T, __nv_fp8_storage_t>(st->stream, blocks, (T *)q_out, (const T *)q,
+                                                  (T *)k, (const T *)v, q_stride, k_stride,
+                                                  heads, q_norm, k_norm, eps, inv_freq,
                                                   (unsigned char *)arena, *layout, *batch,
-                                                  layer, st->lab_rope_threads);
+                                                  layer);
     });
     cuda_launched(be, "qk_norm_rope_kv_write");
 }

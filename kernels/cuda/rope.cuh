@@ -18,21 +18,18 @@ enum { ROPE_WARPS = 4 };
 /* Norm and rotation of one head at v by one warp, into out (v itself for
  * in place: each lane reads its pairs before it writes them; NULL: none);
  * cos_sin(j, i, &c, &s) gives pair i's (the lane's j-th), and every value
- * (to be) stored at out[e] is also handed to sink(e, value). Each value
- * read is taken times in_scale first (its row's 1 / rms where the norm
- * before the matmul was left to it; 1: exact). The one body of every
- * kernel that rotates, so their bits are the plain kernel's. */
+ * (to be) stored at out[e] is also handed to sink(e, value). The one body
+ * of every kernel that rotates, so their bits are the plain kernel's. */
 template <typename T, typename CosSin, typename Sink>
 static __device__ __forceinline__ void norm_rope_head(const T *v, T *out, int head_dim, int lane,
                                                       const float *norm_weight, float eps,
-                                                      CosSin cos_sin, Sink sink,
-                                                      float in_scale = 1.0f)
+                                                      CosSin cos_sin, Sink sink)
 {
     float inv = 1.0f;
     if (norm_weight) {
         float ss = 0.0f;
         for (int i = lane; i < head_dim; i += 32) {
-            float e = to_f32(v[i]) * in_scale;
+            float e = to_f32(v[i]);
             ss += e * e;
         }
         ss = warp_reduce(ss, op_add());
@@ -44,7 +41,7 @@ static __device__ __forceinline__ void norm_rope_head(const T *v, T *out, int he
         int i = lane + 32 * j;
         if (i >= half)
             break;
-        float a = to_f32(v[i]) * in_scale, b = to_f32(v[i + half]) * in_scale;
+        float a = to_f32(v[i]), b = to_f32(v[i + half]);
         if (norm_weight) {
             a = norm_weight[i] * (a * inv);
             b = norm_weight[i + half] * (b * inv);

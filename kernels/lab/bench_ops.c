@@ -199,7 +199,7 @@ static void call(op *o, int i)
         break;
     case OP_MATMUL_SWIGLU_RMS: {
         const unsigned char *w = weight_at(b, 2 * INTER, HID, i);
-        be->matmul_swiglu_rms(be, b->gate, b->up, b->h, w, w + (size_t)INTER * HID * 2,
+        be->matmul_swiglu_rms(be, b->gate, b->h, w, w + (size_t)INTER * HID * 2,
                               SHOAL_DTYPE_BF16, o->rows, INTER, HID, 1e-6f);
         break;
     }
@@ -395,13 +395,8 @@ static kernels_batch make_batch(kernels_backend *be, bufs *b, int streams, int r
     if (be->upload(be, b->positions, pos, (size_t)n * 4) ||
         be->upload(be, b->row_stream, rs, (size_t)n * 4) || be->sync(be))
         die("upload failed");
-    kernels_batch kb = {.rows = rows,
-                        .streams = streams,
-                        .page_table_stride = PAGES_PER_STREAM,
-                        .row_stream = b->row_stream,
-                        .positions = b->positions,
-                        .page_table = b->page_table,
-                        .one_row_per_stream = rows_each == 1};
+    kernels_batch kb = {rows, streams, PAGES_PER_STREAM, b->row_stream, b->positions,
+                        b->page_table, rows_each == 1};
     return kb;
 }
 

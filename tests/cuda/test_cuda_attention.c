@@ -80,13 +80,7 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
      * let one reach a result, even times a zero weight */
     unsigned char *arena = xmalloc(arena_bytes);
     memset(arena, 0xff, arena_bytes);
-    kernels_batch kb = {.rows = kv_rows,
-                        .streams = streams,
-                        .page_table_stride = stride,
-                        .row_stream = kv_stream,
-                        .positions = kv_pos,
-                        .page_table = table,
-                        .one_row_per_stream = false};
+    kernels_batch kb = {kv_rows, streams, stride, kv_stream, kv_pos, table, false};
     cpu->kv_write(cpu, arena, &Lc, &kb, LAYER, k, v);
 
     /* the round */
@@ -105,13 +99,7 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
     bool one_row = true;
     for (int s = 0; s < streams; s++)
         one_row = one_row && rows_of[s] <= 1;
-    kernels_batch cb = {.rows = rows,
-                        .streams = streams,
-                        .page_table_stride = stride,
-                        .row_stream = row_stream,
-                        .positions = positions,
-                        .page_table = table,
-                        .one_row_per_stream = one_row};
+    kernels_batch cb = {rows, streams, stride, row_stream, positions, table, one_row};
     float scale = 1.0f / sqrtf((float)sh.head_dim);
     cpu->attention(cpu, ref, q, sh.heads, arena, &Lc, &cb, LAYER, scale);
 
@@ -128,13 +116,7 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
     void *dtable = dev_copy(gpu, table, (size_t)pages * 4);
     size_t out_bytes = qn * shoal_dtype_bytes(act);
     void *dout = dev_alloc(gpu, out_bytes);
-    kernels_batch gb = {.rows = rows,
-                        .streams = streams,
-                        .page_table_stride = stride,
-                        .row_stream = drs,
-                        .positions = dpos,
-                        .page_table = dtable,
-                        .one_row_per_stream = one_row};
+    kernels_batch gb = {rows, streams, stride, drs, dpos, dtable, one_row};
 
     dev_poison(gpu, dout, out_bytes);
     gpu->attention(gpu, dout, dq, sh.heads, darena, &Lg, &gb, LAYER, scale);

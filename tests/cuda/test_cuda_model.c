@@ -599,14 +599,10 @@ static void one_row_swiglu_in_the_gemv_equals_the_swiglu_pass(void)
 /* The same for q's and k's norm and rope with the KV write as one kernel
  * at one row (SHOAL_CUDA_ROPE_KV=1, the default) against the three
  * kernels (=0): the same per-head body, k converted into the pages from
- * its stored value. Qwen3 (q/k norms) and Llama 3 (none, scaled rope).
- * The norm pass past one row on both sides: the three kernels take no
- * row's norm (SHOAL_CUDA_NORM_SCALED needs the one kernel). */
+ * its stored value. Qwen3 (q/k norms) and Llama 3 (none, scaled rope). */
 static void one_row_rope_kv_kernel_equals_the_three_kernels(void)
 {
-    setenv("SHOAL_CUDA_NORM_SCALED", "0", 1);
     one_row_switch_keeps_the_logits("SHOAL_CUDA_ROPE_KV", "rope + KV write fused vs three kernels");
-    unsetenv("SHOAL_CUDA_NORM_SCALED");
 }
 
 /* Makes dummy_dir a model directory of head dim 128 (the TMA partials';
@@ -698,23 +694,6 @@ static void fused_norm_keeps_the_logits_close(void)
                                  tol);
 }
 
-/* The norms of passes past one row where their products are read
- * (SHOAL_CUDA_NORM_SCALED=1, the default: the residual adds by cuBLAS's
- * beta, each row's 1 / rms taken by rope with the KV write and by
- * swiglu_rms) against the norm pass on the same folded weights (=0): the
- * prompts' passes (17 rows and fewer) and the round of three streams,
- * within bf16's reach of each other, on the bf16 fixtures and the dummy
- * model of head dim 128. */
-static void scaled_norm_keeps_the_logits_close(void)
-{
-    static const char *const names[] = {"qwen3-tied-bf16", "llama3-scaled-bf16"};
-    const double tol = 3e-2;
-    rounds_keep_the_logits("SHOAL_CUDA_NORM_SCALED", "1", "norm where read vs the norm pass", names,
-                           2, 17, 6, false, tol);
-    dummy_rounds_keep_the_logits("SHOAL_CUDA_NORM_SCALED", "1", "norm where read vs the norm pass",
-                                 tol);
-}
-
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_model", argc, argv);
@@ -727,6 +706,5 @@ int main(int argc, char **argv)
     TEST_RUN(early_attention_keeps_the_logits);
     TEST_RUN(attention_with_rope_keeps_the_logits);
     TEST_RUN(fused_norm_keeps_the_logits_close);
-    TEST_RUN(scaled_norm_keeps_the_logits_close);
     return TEST_EXIT();
 }

@@ -129,13 +129,7 @@ static void paged_attention_matches_dense_reference(void)
         fill(k, (size_t)n * KVH * HD, 2.0f);
         fill(v, (size_t)n * KVH * HD, 1.0f);
         fill(q, (size_t)n * HEADS * HD, 2.0f);
-        kernels_batch B = {.rows = n,
-                           .streams = 1,
-                           .page_table_stride = pages,
-                           .row_stream = stream,
-                           .positions = pos,
-                           .page_table = table,
-                           .one_row_per_stream = false};
+        kernels_batch B = {n, 1, pages, stream, pos, table, false};
         be->kv_write(be, arena, &L, &B, LAYER, k, v);
         float scale = 1.0f / sqrtf((float)HD);
         be->attention(be, o, q, HEADS, arena, &L, &B, LAYER, scale);
@@ -204,13 +198,7 @@ static void qk_norm_rope_kv_write_takes_joined_rows(void)
             int32_t table[2] = {1, 0}, stream[5] = {0}, pos[5];
             for (int r = 0; r < rows; r++)
                 pos[r] = 11 + r; /* across the first page's end */
-            kernels_batch B = {.rows = rows,
-                               .streams = 1,
-                               .page_table_stride = 2,
-                               .row_stream = stream,
-                               .positions = pos,
-                               .page_table = table,
-                               .one_row_per_stream = false};
+            kernels_batch B = {rows, 1, 2, stream, pos, table, false};
             float *q = malloc((size_t)rows * QW * 4), *k = malloc((size_t)rows * KW * 4);
             float *v = malloc((size_t)rows * KW * 4), *j = malloc((size_t)rows * W * 4);
             float *jq = malloc((size_t)rows * QW * 4);

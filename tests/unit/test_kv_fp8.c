@@ -75,13 +75,7 @@ static void run_attention(kernels_backend *be, shoal_dtype kv_dtype, const float
         table[p] = pages - 1 - p;
     for (int r = 0; r < rows; r++)
         pos[r] = r;
-    kernels_batch B = {.rows = rows,
-                       .streams = 1,
-                       .page_table_stride = pages,
-                       .row_stream = stream,
-                       .positions = pos,
-                       .page_table = table,
-                       .one_row_per_stream = false};
+    kernels_batch B = {rows, 1, pages, stream, pos, table, false};
     int layer = layers - 1;
     be->kv_write(be, arena, &L, &B, layer, k, v);
     be->attention(be, out, q, heads, arena, &L, &B, layer, 1.0f / sqrtf((float)hd));
