@@ -527,13 +527,26 @@ static void one_row_gemv_loads_keep_the_bits(void)
  *   matmul_rms and matmul_swiglu_rms on the scaled weights: within the
  *     bf16 tolerance of the CPU's rmsnorm (with the weight), then matmul
  *     or matmul_swiglu on the weights as they were, and of the GPU's own
- *     norm pass (a weight of ones) then the GEMV on the scaled weights;
+ *     norm pass (a weight of ones) then the GEMV on the scaled weights
+ *     (matmul_swiglu_rms within swiglu_norm_tol_*: its g and u are rounded
+ *     to bf16, each path's its own way, before silu and the product);
  *   matmul_add: bit for bit the GEMV into a buffer, then rmsnorm's
  *     residual add of it into x, and within the tolerance of the CPU's
  *     x + in w^T.
  * Shapes: a 4,096-column row (one group of 16 loads a lane), 4,104 and
  * 8,200 (groups and a tail), 2,056 and 96 (the tail alone); n not a
  * multiple of the block's rows. */
+/* matmul_swiglu_rms's tolerance, bf16: g and u each rounded before silu
+ * and the product, and the product rounded, where a matmul rounds once;
+ * at a few outputs a flip of one of them moves the norm of the error.
+ * A host model of the two paths (the norm in the GEMV, and the rounded
+ * normed row then the GEMV), 100,000 draws at 40 outputs of k 96 (this
+ * test's smallest shape): against the CPU's f32 at most 1.09e-2 (3.4%
+ * over 6e-3), between the two paths at most 1.74e-2 (8.9% over 6e-3; a
+ * GPU run failed so at 6.13e-3); at 300 outputs of k 4,104 at most
+ * 5.0e-3 and 6.2e-3. A scale left out misses by far more. */
+static const double swiglu_norm_tol_cpu = 2e-2, swiglu_norm_tol_pass = 3e-2;
+
 static void norm_and_residual_inside_the_gemv_match_the_passes(void)
 {
     static const int nk[][2] = {{1024, 4096}, {300, 4104}, {130, 8200}, {77, 2056}, {40, 96}};
@@ -594,7 +607,8 @@ static void norm_and_residual_inside_the_gemv_match_the_passes(void)
             else
                 gpu->matmul_rms(gpu, dout, dx, dw, SHOAL_DTYPE_BF16, 1, n, k, eps);
             f32_from_dev(gpu, got, dout, (size_t)n, act);
-            report(what, shape, rel_err(got, ref, (size_t)n), tol_for(act));
+            report(what, shape, rel_err(got, ref, (size_t)n),
+                   op ? swiglu_norm_tol_cpu : tol_for(act));
             /* the GPU's passes: the norm (of weight ones), then the GEMV */
             gpu->rmsnorm(gpu, dh, dx, NULL, dones, 1, k, eps);
             if (op)
@@ -605,7 +619,8 @@ static void norm_and_residual_inside_the_gemv_match_the_passes(void)
             f32_from_dev(gpu, gref, dout, (size_t)n, act);
             char vs[112];
             snprintf(vs, sizeof vs, "%s vs the norm pass", shape);
-            report(what, vs, rel_err(got, gref, (size_t)n), tol_for(act));
+            report(what, vs, rel_err(got, gref, (size_t)n),
+                   op ? swiglu_norm_tol_pass : tol_for(act));
         }
         /* matmul_add: x of n elements, the GEMV's input of k */
         float *x0 = xmalloc((size_t)n * 4), *gx = xmalloc((size_t)n * 4);
