@@ -520,6 +520,19 @@ static void one_row_gemv_loads_keep_the_bits(void)
     kernels_backend_close(bes[1]);
 }
 
+/* matmul_swiglu_rms's tolerance, bf16: g and u each rounded before silu
+ * and the product, and the product rounded, where a matmul rounds once;
+ * at a few outputs a flip of one of them moves the norm of the error.
+ * A host model of the two paths (the norm in the GEMV, and the rounded
+ * normed row then the GEMV), 100,000 draws at 40 outputs of k 96 (this
+ * test's smallest shape): against the CPU's f32 at most 1.09e-2 (3.4%
+ * over 6e-3), between the two paths at most 1.74e-2 (8.9% over 6e-3; a
+ * GPU run failed so at 6.13e-3); at 300 outputs of k 4,104 at most
+ * 5.0e-3 and 6.2e-3. A scale left out (the model again) misses by over
+ * 1e-2 in 99.9% of draws at 40 outputs and by 0.3 or more at 1,024 of
+ * k 4,096, this test's first shape. */
+static const double swiglu_norm_tol_cpu = 2e-2, swiglu_norm_tol_pass = 3e-2;
+
 /* The RMSNorm and the residual add inside the one-row GEMV (bf16,
  * kernels_backend.h: fused_norm_rows), each against the passes it
  * replaces:
@@ -536,19 +549,6 @@ static void one_row_gemv_loads_keep_the_bits(void)
  * Shapes: a 4,096-column row (one group of 16 loads a lane), 4,104 and
  * 8,200 (groups and a tail), 2,056 and 96 (the tail alone); n not a
  * multiple of the block's rows. */
-/* matmul_swiglu_rms's tolerance, bf16: g and u each rounded before silu
- * and the product, and the product rounded, where a matmul rounds once;
- * at a few outputs a flip of one of them moves the norm of the error.
- * A host model of the two paths (the norm in the GEMV, and the rounded
- * normed row then the GEMV), 100,000 draws at 40 outputs of k 96 (this
- * test's smallest shape): against the CPU's f32 at most 1.09e-2 (3.4%
- * over 6e-3), between the two paths at most 1.74e-2 (8.9% over 6e-3; a
- * GPU run failed so at 6.13e-3); at 300 outputs of k 4,104 at most
- * 5.0e-3 and 6.2e-3. A scale left out (the model again) misses by over
- * 1e-2 in 99.9% of draws at 40 outputs and by 0.3 or more at 1,024 of
- * k 4,096, this test's first shape. */
-static const double swiglu_norm_tol_cpu = 2e-2, swiglu_norm_tol_pass = 3e-2;
-
 static void norm_and_residual_inside_the_gemv_match_the_passes(void)
 {
     static const int nk[][2] = {{1024, 4096}, {300, 4104}, {130, 8200}, {77, 2056}, {40, 96}};
