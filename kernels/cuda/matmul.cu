@@ -160,8 +160,7 @@ static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 
 {
     const int per_block = SWIGLU ? GEMV_WARPS / 2 : GEMV_WARPS;
     unsigned blocks = (unsigned)((n + per_block - 1) / per_block);
-    if constexpr (EPI != GEMV_PLAIN) {
-        SHOAL_ASSERT(rows == 1);
+    if (rows == 1) { /* the loads a lane as asked; the norm and the add here only */
         if (loads == GEMV_LOADS_ROWS)
             launch_gemv_r<1, O, SWIGLU, GEMV_LOADS_ROWS, EPI>(stream, blocks, out, in, w, w2, n,
                                                                k, eps);
@@ -170,23 +169,22 @@ static void launch_gemv(cudaStream_t stream, O *out, const bf16 *in, const bf16 
                                                                   n, k, eps);
         return;
     }
-    if (rows == 1 && loads == GEMV_LOADS_ROWS) {
-        launch_gemv_r<1, O, SWIGLU, GEMV_LOADS_ROWS>(stream, blocks, out, in, w, w2, n, k, eps);
-        return;
-    }
-    switch (rows) {
+    if constexpr (EPI != GEMV_PLAIN) {
+        SHOAL_ASSERT(!"gemv: the norm and the add at one row only");
+    } else {
+        switch (rows) {
 #define GEMV_CASE(R)                                                                             \
     case R: launch_gemv_r<R, O, SWIGLU>(stream, blocks, out, in, w, w2, n, k, eps); break;
-        GEMV_CASE(1)
-        GEMV_CASE(2)
-        GEMV_CASE(3)
-        GEMV_CASE(4)
-        GEMV_CASE(5)
-        GEMV_CASE(6)
-        GEMV_CASE(7)
-        GEMV_CASE(8)
+            GEMV_CASE(2)
+            GEMV_CASE(3)
+            GEMV_CASE(4)
+            GEMV_CASE(5)
+            GEMV_CASE(6)
+            GEMV_CASE(7)
+            GEMV_CASE(8)
 #undef GEMV_CASE
-    default: SHOAL_ASSERT(!"gemv: 1 to CUDA_GEMV_ROWS_MAX rows");
+        default: SHOAL_ASSERT(!"gemv: 1 to CUDA_GEMV_ROWS_MAX rows");
+        }
     }
 }
 
