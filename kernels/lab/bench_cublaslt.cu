@@ -5,10 +5,17 @@
  * through 3 GiB (nothing served from L2) as graph replays. It says whether
  * choosing the algorithm per shape would pay (kernels/lab/README.md).
  *
- *   shoal-lab-cublaslt [--device N] [--algos N] [--lm-head]
+ *   shoal-lab-cublaslt [--device N] [--algos N] [--lm-head | --split]
  *
  * --lm-head: the 8B shape's lm_head alone (151936 x 4096, f32 logits, as
- * the backend's head writes them) at 16 to 128 rows. */
+ * the backend's head writes them) at 16 to 128 rows.
+ *
+ * --split: q/k/v, o and down at 32 and 64 rows as the backend calls them
+ * against the same product split over k by hand: a strided-batched GEMM of
+ * S batches (batch s reads columns [s k / S, (s + 1) k / S) of the weights
+ * and of the input rows) writing S f32 parts, alone (a consumer that sums
+ * the parts as it reads them, so no kernel of its own) and followed by a
+ * kernel that sums them into bf16 (kernels/lab/README.md row 29.1). */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -97,13 +104,95 @@ template <typename F> static double time_calls(bench &b, F run)
     return t[REPS / 2] * 1e3 / CALLS;
 }
 
+/* out[i] = bf16(sum over s of parts[s][i]), s in order */
+static __global__ void sum_parts(__nv_bfloat16 *out, const float *parts, int S, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = 0.0f;
+        for (int p = 0; p < S; p++)
+            v += parts[(size_t)p * n + i];
+        out[i] = __float2bfloat16(v);
+    }
+}
+
+/* --split: the decode matmuls split over k by hand (the file's comment) */
+static void run_split(bench &b)
+{
+    struct shape {
+        const char *what;
+        int n, k;
+    };
+    static const shape shapes[] = {{"q+k+v 6144x4096", 6144, 4096},
+                                   {"o 4096x4096", 4096, 4096},
+                                   {"gate+up 24576x4096", 24576, 4096},
+                                   {"down 4096x12288", 4096, 12288}};
+    static const int splits[] = {2, 3, 4, 6, 8};
+    printf("decode matmuls split over k by hand: cublasGemmEx (bf16 out, as the backend) against "
+           "a strided-batched GEMM of S f32 parts, alone and + a sum kernel (us a call, GB/s of "
+           "weights)\n");
+    for (const auto &s : shapes)
+        for (int rows : {32, 64}) {
+            const size_t wbytes = (size_t)s.n * s.k * 2;
+            const float alpha = 1.0f, beta = 0.0f;
+            double dflt = time_calls(b, [&](int i) {
+                return cublasGemmEx(b.blas, CUBLAS_OP_T, CUBLAS_OP_N, s.n, rows, s.k, &alpha,
+                                    weight_at(b, wbytes, i), CUDA_R_16BF, s.k, b.x, CUDA_R_16BF,
+                                    s.k, &beta, b.out, CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+            });
+            printf("  %-18s %3d rows: default %7.2f us (%5.0f GB/s)\n", s.what, rows, dflt,
+                   wbytes / dflt / 1e3);
+            if (s.n == 24576) { /* as the backend: gate and up a batch of two, bf16 */
+                const int h = s.n / 2;
+                double two = time_calls(b, [&](int i) {
+                    return cublasGemmStridedBatchedEx(
+                               b.blas, CUBLAS_OP_T, CUBLAS_OP_N, h, rows, s.k, &alpha,
+                               weight_at(b, wbytes, i), CUDA_R_16BF, s.k, (long long)h * s.k, b.x,
+                               CUDA_R_16BF, s.k, 0, &beta, b.out, CUDA_R_16BF, h,
+                               (long long)h * rows, 2, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+                });
+                printf("    gate and up a batch of two (the backend): %7.2f us (%5.0f GB/s)\n", two,
+                       wbytes / two / 1e3);
+            }
+            for (int S : splits) {
+                if (s.k % (S * 64))
+                    continue;
+                const int ks = s.k / S;
+                const size_t n_out = (size_t)s.n * rows;
+                float *parts = (float *)b.out;
+                __nv_bfloat16 *sum = (__nv_bfloat16 *)((char *)b.out + (size_t)S * n_out * 4);
+                auto gemm = [&](int i) {
+                    return cublasGemmStridedBatchedEx(
+                               b.blas, CUBLAS_OP_T, CUBLAS_OP_N, s.n, rows, ks, &alpha,
+                               weight_at(b, wbytes, i), CUDA_R_16BF, s.k, ks, b.x, CUDA_R_16BF, s.k,
+                               ks, &beta, parts, CUDA_R_32F, s.n, (long long)n_out, S,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+                };
+                double alone = time_calls(b, gemm);
+                double with_sum = time_calls(b, [&](int i) {
+                    if (!gemm(i))
+                        return false;
+                    sum_parts<<<264, 256, 0, b.stream>>>(sum, parts, S, n_out);
+                    return cudaGetLastError() == cudaSuccess;
+                });
+                printf("    S %d: parts %7.2f us (%5.0f GB/s, %.2fx); + sum %7.2f us (%.2fx)\n", S,
+                       alone, wbytes / alone / 1e3, dflt / alone, with_sum, dflt / with_sum);
+            }
+            fflush(stdout);
+        }
+}
+
 int main(int argc, char **argv)
 {
     int device = 0, algos_max = 32;
-    bool lm_head = false;
+    bool lm_head = false, split = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--lm-head") == 0)
             lm_head = true;
+        else if (strcmp(argv[i], "--split") == 0)
+            split = true;
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = atoi(argv[++i]);
         else if (strcmp(argv[i], "--algos") == 0 && i + 1 < argc)
@@ -122,6 +211,10 @@ int main(int argc, char **argv)
     CK(cudaMemset(b.pool, 0x3c, POOL_BYTES)); /* small bf16 values */
     CK(cudaMemset(b.x, 0x3c, 256 * 12288 * 2));
     CB(cublasSetWorkspace(b.blas, b.ws, WS_BYTES));
+    if (split) {
+        run_split(b);
+        return 0;
+    }
     struct shape {
         const char *what;
         int n, k;
