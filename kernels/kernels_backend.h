@@ -283,6 +283,23 @@ struct kernels_backend {
     void (*matmul_add)(kernels_backend *be, void *x, const void *in, const void *w,
                        shoal_dtype wdtype, int rows, int n, int k);
 
+    /* Optional (NULL where a backend lacks it): a matmul's residual add
+     * and the RMSNorm after it as one op,
+     *   x[rows][n] += in[rows][k] x w[n][k]^T (the product rounded to
+     *   act_dtype first, as rmsnorm's residual add of a stored matmul
+     *   output), then out = x / rms(x) * weight (F32 [n]),
+     * where the backend takes the operands (true); false where it does
+     * not, with nothing queued: the caller runs matmul, then rmsnorm with
+     * the product as its residual. The product's sum may be taken in
+     * another order than matmul's (within its rounding). CUDA takes
+     * decode rounds past its GEMV's rows, up to 64, where splitting k pays
+     * (a k of at least twice n, or k >= n at up to 32 rows): cuBLAS
+     * writes the split's f32 parts and the norm sums them, so no split-K
+     * reduction pass runs between (SHOAL_CUDA_GEMM_PARTS). */
+    bool (*matmul_add_rmsnorm)(kernels_backend *be, void *out, void *x, const void *in,
+                               const void *w, shoal_dtype wdtype, const float *weight, int rows,
+                               int n, int k, float eps);
+
     /* out[i] = in[idx[i]] for rows of dim (act_dtype). */
     void (*gather)(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                    int dim);

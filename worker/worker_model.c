@@ -774,6 +774,21 @@ static void normed_matmul(worker_model *m, bool fused, void *out, const model_ma
         be->matmul(be, out, be->act_dtype, m->h, w->data, w->dtype, rows, n, c->hidden);
 }
 
+/* x += in x w^T, then h = rmsnorm(x) * norm: one op where the backend
+ * takes it (true), else the product left in pend (false: the caller's
+ * rmsnorm adds it as its residual). */
+static bool matmul_add_norm(worker_model *m, const void *in, const model_matrix *w,
+                            const float *norm, int rows, int k)
+{
+    kernels_backend *be = m->be;
+    const worker_config *c = &m->cfg;
+    if (be->matmul_add_rmsnorm && be->matmul_add_rmsnorm(be, m->h, m->x, in, w->data, w->dtype,
+                                                         norm, rows, c->hidden, k, c->rms_eps))
+        return true;
+    be->matmul(be, m->pend, be->act_dtype, in, w->data, w->dtype, rows, c->hidden, k);
+    return false;
+}
+
 /* Enqueues the pass's ops (and, for a step, the sampling); the logits of
  * the wanted rows stay in m->logits, sampled tokens in m->results. */
 static void model_ops(worker_model *m, const worker_forward *f, int stride, run_kind kind)
@@ -795,6 +810,7 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
 
     be->embed(be, m->x, m->embed.data, m->embed.dtype, m->ids, rows, c->hidden);
     const void *pending = NULL; /* the last block's output, still to add to x */
+    bool normed = false;        /* h holds the next norm already (matmul_add_norm) */
     size_t a = kernels_act_bytes(be);
     /* gate and up as one matmul needs room for both outputs of the row */
     bool one_row = rows == 1, gate_up_room = m->opt.max_rows >= 2;
@@ -809,7 +825,7 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
         const model_layer *L = &m->layers[l];
         void *q = m->q, *k = m->k, *v = m->v;
         int qkv_stride = 0;
-        if (!fused)
+        if (!fused && !normed)
             be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
         if (L->qkv_joined && qkv_room) {
             /* rows of [q | k | v], one GEMM (at 64 rows on the H200 12 +
@@ -861,9 +877,8 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
                            c->intermediate);
             continue;
         }
-        be->matmul(be, m->pend, be->act_dtype, m->att, L->o.data, L->o.dtype, rows, c->hidden,
-                   q_w);
-        be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
+        if (!matmul_add_norm(m, m->att, &L->o, L->mlp_norm, rows, q_w))
+            be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
         if (L->gate.dtype == L->up.dtype) {
             /* one row of joined weights: [gate | up] in the gate buffer,
              * which the backend may take as one matmul (or as a GEMV that
@@ -880,15 +895,18 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
                        c->intermediate, c->hidden);
             be->swiglu(be, m->gate, m->gate, m->up, rows, c->intermediate);
         }
-        be->matmul(be, m->pend, be->act_dtype, m->gate, L->down.data, L->down.dtype, rows,
-                   c->hidden, c->intermediate);
-        pending = m->pend;
+        /* the next layer's norm, or the final one (unused by a pass that
+         * wants no logits) */
+        const float *next = l + 1 < c->layers ? m->layers[l + 1].attn_norm : m->final_norm;
+        normed = matmul_add_norm(m, m->gate, &L->down, next, rows, c->intermediate);
+        pending = normed ? NULL : m->pend;
     }
     if (f->logit_count == 0)
         return;
     /* Only the rows whose logits are wanted go through the vocabulary
      * projection, the largest matmul of a decode step. */
-    be->rmsnorm(be, m->h, m->x, pending, m->final_norm, rows, c->hidden, c->rms_eps);
+    if (!normed)
+        be->rmsnorm(be, m->h, m->x, pending, m->final_norm, rows, c->hidden, c->rms_eps);
     /* every row's logits in row order (a decode round): the normed rows
      * are the head's input as they stand, no gather pass */
     const void *sel = m->h;

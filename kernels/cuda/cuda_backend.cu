@@ -207,6 +207,7 @@ static void cuda_close(kernels_backend *be)
         cudaFree(st->attn_scratch);
         cudaFree(st->sample_parts);
         cudaFree(st->cublas_workspace);
+        cudaFree(st->gemm_parts_buf);
         if (st->cublas)
             cublasDestroy(st->cublas);
         if (st->stream)
@@ -328,6 +329,7 @@ static void pick_kernels(cuda_state *st)
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;
     st->gate_up_batched = env_int("SHOAL_CUDA_GATE_UP_BATCHED", legacy ? 0 : 1) != 0;
     st->gemm_splitk = env_int("SHOAL_CUDA_GEMM_SPLITK", 0) != 0;
+    st->gemm_parts = env_int("SHOAL_CUDA_GEMM_PARTS", legacy ? 0 : 1);
     st->gemm_splitk_s = env_int("SHOAL_CUDA_GEMM_SPLITK_S", 0);
     if (st->gemm_splitk_s > 8)
         st->gemm_splitk_s = 8;
@@ -411,6 +413,13 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
                              device, cudaGetErrorString(e));
         goto out_close;
     }
+    if (st->gemm_parts &&
+        (e = cudaMalloc(&st->gemm_parts_buf, CUDA_GEMM_PARTS_BYTES)) != cudaSuccess) {
+        err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                             "cuda: GPU %d: no memory for the split matmul's parts: %s", device,
+                             cudaGetErrorString(e));
+        goto out_close;
+    }
     if ((cs = cublasCreate(&st->cublas)) != CUBLAS_STATUS_SUCCESS ||
         (cs = cublasSetStream(st->cublas, st->stream)) != CUBLAS_STATUS_SUCCESS ||
         (cs = cublasSetWorkspace(st->cublas, st->cublas_workspace,
@@ -460,6 +469,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->matmul_rms = cuda_matmul_rms;
     be->matmul_swiglu_rms = cuda_matmul_swiglu_rms;
     be->matmul_add = cuda_matmul_add;
+    be->matmul_add_rmsnorm = cuda_matmul_add_rmsnorm;
     be->sample = cuda_sample;
     be->fill_random = cuda_fill_random;
     be->graph_slots = CUDA_GRAPH_SLOTS;

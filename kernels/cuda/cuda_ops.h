@@ -28,6 +28,10 @@ extern "C" {
  * allocates during a GEMM (32 MiB is what cuBLAS asks for on Hopper). */
 #define CUDA_CUBLAS_WORKSPACE_BYTES (32u << 20)
 
+/* Bytes of matmul_add_rmsnorm's f32 parts: four parts of 64 rows of 8,192
+ * (matmul.cu: gemm_parts takes no more). */
+#define CUDA_GEMM_PARTS_BYTES ((size_t)4 * 64 * 8192 * 4)
+
 /* Attention partial scratch per row: one (max, sum, acc[head_dim]) F32
  * record per query head and segment. 512 KiB a row holds 32 query heads of
  * 128 dims in 31 segments; the segment count is capped to fit (and at
@@ -219,6 +223,14 @@ typedef struct cuda_state {
      * its stages (SHOAL_CUDA_GEMM_SPLITK_STAGES, 4 or 8; 0 = by the grid),
      * and its tensor maps (matmul_splitk.cu). */
     bool gemm_splitk;
+    /* matmul_add_rmsnorm's split of k (matmul.cu: gemm_parts): 1 = by the
+     * shape (default), 0 = never (matmul then rmsnorm), N > 1 = N parts
+     * wherever they fit (SHOAL_CUDA_GEMM_PARTS); its f32 parts' scratch
+     * (CUDA_GEMM_PARTS_BYTES). H200, down (4096 x 12288) at 64 rows: four
+     * parts 27.8 us against cuBLAS's 30.6 with its reduction pass
+     * (kernels/lab row 29.1) */
+    int gemm_parts;
+    float *gemm_parts_buf;
     int gemm_splitk_s;
     int gemm_splitk_stages;
     int gemm_clusters[2][9]; /* [8 stages, 4][S]: clusters that fit at once */
@@ -488,6 +500,14 @@ void cuda_attention_rope_kv(kernels_backend *be, void *out, void *q_out, const v
                             int layer, float scale);
 void cuda_swiglu(kernels_backend *be, void *out, const void *gate, const void *up, int rows,
                  int dim);
+bool cuda_matmul_add_rmsnorm(kernels_backend *be, void *out, void *x, const void *in, const void *w,
+                             shoal_dtype wdtype, const float *weight, int rows, int n, int k,
+                             float eps);
+/* rmsnorm whose residual is the sum of nparts f32 parts (parts + p *
+ * part_stride, [rows][dim] each), added in part order and rounded to bf16
+ * as a stored matmul output is (bf16 rows of a multiple of 8) */
+void cuda_rmsnorm_parts(kernels_backend *be, void *out, void *x, const float *parts, int nparts,
+                        size_t part_stride, const float *weight, int rows, int dim, float eps);
 void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
                         const void *wu, shoal_dtype wdtype, int rows, int n, int k);
 void cuda_matmul_rms(kernels_backend *be, void *out, const void *x, const void *w,

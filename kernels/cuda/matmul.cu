@@ -318,6 +318,60 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
     cuda_swiglu(be, out, out, up, rows, n);
 }
 
+/* The parts matmul_add_rmsnorm splits k into for these operands, 0 where
+ * it does not take them. Rounds of 9 to 64 rows (past any GEMV's rows;
+ * a prompt's GEMMs are long enough for cuBLAS alone), four parts
+ * where k is at least twice n or, at up to 32 rows, at least n: H200,
+ * cuBLAS against four f32 parts of a strided-batched GEMM (kernels/lab
+ * row 29.1), down (4096 x 12288) at 64 rows 30.6 against 27.8 us, at 32
+ * 28.6 against 26.6; o (4096 x 4096) at 32 rows 12.8 against 10.7, at 64
+ * 11.4 against 11.3 (not taken: the norm's wider reads would eat it);
+ * q/k/v and gate/up not faster split. SHOAL_CUDA_GEMM_PARTS: 0 never,
+ * N > 1 N parts wherever they fit. */
+static int gemm_parts(kernels_backend *be, shoal_dtype wdtype, int rows, int n, int k,
+                      const void *in, const void *w)
+{
+    int parts = cuda_of(be)->gemm_parts;
+    if (parts == 1)
+        parts = k >= 2 * n || (k >= n && rows <= 32) ? 4 : 0;
+    if (parts < 2 || parts > 8 || rows <= CUDA_GEMV_ROWS_MAX || rows > 64 ||
+        be->act_dtype != SHOAL_DTYPE_BF16 || wdtype != SHOAL_DTYPE_BF16 || n % 8 != 0 ||
+        k % (8 * parts) != 0 || (size_t)parts * rows * n * 4 > CUDA_GEMM_PARTS_BYTES ||
+        (uintptr_t)in % 16 != 0 || (uintptr_t)w % 16 != 0)
+        return 0;
+    return parts;
+}
+
+bool cuda_matmul_add_rmsnorm(kernels_backend *be, void *out, void *x, const void *in, const void *w,
+                             shoal_dtype wdtype, const float *weight, int rows, int n, int k,
+                             float eps)
+{
+    SHOAL_ASSERT(rows >= 0 && n > 0 && k > 0);
+    const int parts = gemm_parts(be, wdtype, rows, n, k, in, w);
+    if (!parts || (uintptr_t)out % 16 != 0 || (uintptr_t)x % 16 != 0 || (uintptr_t)weight % 16 != 0)
+        return false;
+    if (!cuda_usable(be))
+        return true; /* taken: the backend's error stands for it */
+    cuda_state *st = cuda_of(be);
+    /* part p = in[:, p k / parts ...] x w[:, the same columns]^T, f32:
+     * column-major out^T of n x rows, batch p a k / parts further along
+     * both operands' rows */
+    const int ks = k / parts;
+    const long long stride = (long long)n * rows;
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t s = cublasGemmStridedBatchedEx(
+        st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, ks, &alpha, w, CUDA_R_16BF, k, ks, in,
+        CUDA_R_16BF, k, ks, &beta, st->gemm_parts_buf, CUDA_R_32F, n, stride, parts,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cuda_fail_cublas(be, "matmul_add_rmsnorm", s);
+        return true;
+    }
+    cuda_launched(be, "matmul_add_rmsnorm (parts)");
+    cuda_rmsnorm_parts(be, out, x, st->gemm_parts_buf, parts, (size_t)stride, weight, rows, n, eps);
+    return true;
+}
+
 /* The RMSNorm before a matmul and the residual add after one, inside the
  * one-row GEMV (kernels_backend.h: fused_norm_rows). The model calls them
  * only where the GEMV takes the matmul; false where there is nothing to

@@ -487,8 +487,9 @@ static void graph_rounds_equal_op_by_op_rounds(void)
 }
 
 /* A prompt of `prompt_len` rows and `rounds` decode rounds of one row
- * (the last of them of one row of each of three streams: two more with
- * prompts of their own) on each of the `n` models opened with the switch
+ * (the last of them of one row of each of `streams` streams, 2 to 16:
+ * the others with prompts of their own) on each of the `n` models opened
+ * with the switch
  * `env` at 0 and at `on_value` give the same logits, bit for bit. With one_row,
  * every pass is of one row (the prompts a row a pass, no round of three):
  * no cuBLAS kernel runs, for racecheck, which reports hazards inside
@@ -496,15 +497,17 @@ static void graph_rounds_equal_op_by_op_rounds(void)
  * for the logits within it (||a - b|| / ||a||) instead of the same bits. */
 static void rounds_keep_the_logits(const char *env, const char *on_value, const char *what,
                                    const char *const *names, int n, int prompt_len, int rounds,
-                                   bool one_row, double tol)
+                                   int streams, bool one_row, double tol)
 {
-    enum { PAGES = 8, STREAMS = 3, PROMPT_MAX = 64, ROUNDS_MAX = 96 };
+    enum { PAGES = 8, STREAMS_MAX = 16, PROMPT_MAX = 64, ROUNDS_MAX = 96 };
+    const int STREAMS = streams;
+    SHOAL_ASSERT(streams >= 2 && streams <= STREAMS_MAX && prompt_len > STREAMS_MAX);
     SHOAL_ASSERT(prompt_len <= PROMPT_MAX && rounds <= ROUNDS_MAX && rounds >= 2);
     SHOAL_ASSERT(prompt_len + rounds <= PAGES * 16);
     config c = {test_gpu, SHOAL_DTYPE_BF16, SHOAL_DTYPE_BF16, 16, 64};
     for (int mi = 0; mi < n; mi++) {
         int32_t prompt[PROMPT_MAX], ppos[PROMPT_MAX], zero[PROMPT_MAX] = {0};
-        int32_t toks[ROUNDS_MAX][STREAMS];
+        int32_t toks[ROUNDS_MAX][STREAMS_MAX];
         for (int i = 0; i < prompt_len; i++) {
             prompt[i] = (int32_t)rnd_below(100);
             ppos[i] = i;
@@ -525,8 +528,10 @@ static void rounds_keep_the_logits(const char *env, const char *on_value, const 
             /* the prompts' last rows, rounds - 1 of one row, one of all */
             out[on] = xmalloc((size_t)(rounds - 1 + 2 * STREAMS) * vocab * 4);
             float *o = out[on];
-            int32_t table[STREAMS * PAGES], last = prompt_len - 1, lr[STREAMS] = {0, 1, 2};
-            int32_t rs[STREAMS] = {0, 1, 2}, pos[STREAMS];
+            int32_t table[STREAMS_MAX * PAGES], last = prompt_len - 1, lr[STREAMS_MAX];
+            int32_t rs[STREAMS_MAX], pos[STREAMS_MAX];
+            for (int s = 0; s < STREAMS; s++)
+                lr[s] = rs[s] = s;
             for (int p = 0; p < STREAMS * PAGES; p++)
                 table[p] = (p * 7 + 3) % (STREAMS * PAGES); /* scattered */
             shoal_diag diag = {{0}};
@@ -581,7 +586,7 @@ static void rounds_keep_the_logits(const char *env, const char *on_value, const 
 static void one_row_switch_keeps_the_logits(const char *env, const char *what)
 {
     static const char *const names[] = {"qwen3-tied-bf16", "llama3-scaled-bf16"};
-    rounds_keep_the_logits(env, "1", what, names, 2, 17, 6, false, 0.0);
+    rounds_keep_the_logits(env, "1", what, names, 2, 17, 6, 3, false, 0.0);
 }
 
 /* Decode rounds of one row with SwiGLU formed in the gate/up GEMV
@@ -651,7 +656,7 @@ static void dummy_rounds_keep_the_logits(const char *env, const char *on, const 
     if (!make_dummy_model())
         return;
     const char *const names[] = {dummy_dir};
-    rounds_keep_the_logits(env, on, what, names, 1, 30, 66, test_sanitize, tol);
+    rounds_keep_the_logits(env, on, what, names, 1, 30, 66, 3, test_sanitize, tol);
     remove_dummy_model();
 }
 
@@ -688,10 +693,27 @@ static void fused_norm_keeps_the_logits_close(void)
 {
     static const char *const names[] = {"qwen3-tied-bf16", "llama3-scaled-bf16"};
     const double tol = 3e-2;
-    rounds_keep_the_logits("SHOAL_CUDA_NORM_FUSED", "1", "norm in the GEMV vs the norm pass",
-                           names, 2, 17, 6, false, tol);
+    rounds_keep_the_logits("SHOAL_CUDA_NORM_FUSED", "1", "norm in the GEMV vs the norm pass", names,
+                           2, 17, 6, 3, false, tol);
     dummy_rounds_keep_the_logits("SHOAL_CUDA_NORM_FUSED", "1", "norm in the GEMV vs the norm pass",
                                  tol);
+}
+
+/* matmul_add_rmsnorm's k split into f32 parts that the norm sums
+ * (SHOAL_CUDA_GEMM_PARTS=1, the default) against matmul, then rmsnorm
+ * with the product as its residual (=0), on the dummy model (hidden 512:
+ * its o and down projections' k are 2 and 3 times n, so passes of 9 to
+ * 64 rows take the split): 16 streams' prompts of 15 to 30 rows and a
+ * decode round of all 16 keep the logits within bf16's reach, and differ
+ * (the split ran). */
+static void split_matmul_keeps_the_logits_close(void)
+{
+    if (!make_dummy_model())
+        return;
+    const char *const names[] = {dummy_dir};
+    rounds_keep_the_logits("SHOAL_CUDA_GEMM_PARTS", "1", "k split into parts vs matmul, rmsnorm",
+                           names, 1, 30, 4, 16, false, 3e-2);
+    remove_dummy_model();
 }
 
 int main(int argc, char **argv)
@@ -706,5 +728,6 @@ int main(int argc, char **argv)
     TEST_RUN(early_attention_keeps_the_logits);
     TEST_RUN(attention_with_rope_keeps_the_logits);
     TEST_RUN(fused_norm_keeps_the_logits_close);
+    TEST_RUN(split_matmul_keeps_the_logits_close);
     return TEST_EXIT();
 }

@@ -362,6 +362,112 @@ static kernels_backend *open_gpu_with(const char *name, const char *value)
     return be;
 }
 
+/* Whether the CUDA backend's matmul_add_rmsnorm takes these operands
+ * (matmul.cu: gemm_parts, its default rule): bf16, 9 to 64 rows, k of
+ * four parts of whole 16-byte chunks, a k of at least twice n or, at up
+ * to 32 rows, at least n. */
+static bool parts_take(int rows, int n, int k)
+{
+    return act == SHOAL_DTYPE_BF16 && rows >= 9 && rows <= 64 && n % 8 == 0 && k % 32 == 0 &&
+           (k >= 2 * n || (k >= n && rows <= 32));
+}
+
+/* matmul_add_rmsnorm (x += in w^T, then the norm; CUDA: k split into f32
+ * parts that the norm sums) against the passes it stands for: x within
+ * the dtype's tolerance of the CPU's x + the product rounded as stored,
+ * and of the GPU's matmul then rmsnorm with the product as the residual;
+ * the normed rows likewise. Taken exactly where the rule says (rows 8
+ * and 65 are not a decode round's, k = n at 33 rows does not pay, k not
+ * a whole number of 32-element chunks), false with nothing written
+ * elsewhere. A part left out would move x by far more than the
+ * tolerance: checked on the host for each shape. */
+static void matmul_add_rmsnorm_matches_the_passes(void)
+{
+    static const int nk[][2] = {{256, 1024}, {512, 512}, {264, 520}, {1024, 4096}};
+    static const int rowss[] = {8, 9, 16, 33, 64, 65};
+    const float eps = 1e-6f;
+    CHECK_MSG(gpu->matmul_add_rmsnorm != NULL, "the CUDA backend has matmul_add_rmsnorm");
+    if (!gpu->matmul_add_rmsnorm)
+        return;
+    size_t ab = shoal_dtype_bytes(act);
+    for (int s = 0; s < (test_sanitize ? 2 : 4); s++)
+        for (int ri = 0; ri < 6; ri++) {
+            const int n = nk[s][0], k = nk[s][1], rows = rowss[ri];
+            const size_t xn = (size_t)rows * n, inn = (size_t)rows * k, wn = (size_t)n * k;
+            float *x0 = xmalloc(xn * 4), *in = xmalloc(inn * 4), *wt = xmalloc(wn * 4);
+            float *nw = xmalloc((size_t)n * 4), *prod = xmalloc(xn * 4), *part = xmalloc(xn * 4);
+            float *x1 = xmalloc(xn * 4), *href = xmalloc(xn * 4), *xbad = xmalloc(xn * 4);
+            float *gx = xmalloc(xn * 4), *gh = xmalloc(xn * 4), *px = xmalloc(xn * 4),
+                  *ph = xmalloc(xn * 4);
+            uint16_t *hw = xmalloc(wn * 2);
+            fill_uniform(x0, xn, 2.0f, act);
+            fill_uniform(in, inn, 1.0f, act);
+            fill_uniform(wt, wn, 0.1f, SHOAL_DTYPE_BF16);
+            for (size_t i = 0; i < wn; i++)
+                hw[i] = shoal_f32_to_bf16(wt[i]);
+            for (int i = 0; i < n; i++)
+                nw[i] = 1.0f + 0.5f * rnd_uniform();
+            /* the host: x1 = x0 + the product as stored, then the norm */
+            cpu->matmul(cpu, prod, SHOAL_DTYPE_F32, in, hw, SHOAL_DTYPE_BF16, rows, n, k);
+            for (size_t i = 0; i < xn; i++)
+                x1[i] = round_to(x0[i] + round_to(prod[i], act), act);
+            cpu->rmsnorm(cpu, href, x1, NULL, nw, rows, n, eps);
+            char shape[80];
+            snprintf(shape, sizeof shape, "rows %d n %d k %d", rows, n, k);
+            /* the product with its last quarter of k left out */
+            if (k % 4 == 0) {
+                float *in3 = xmalloc(inn * 4);
+                for (int r = 0; r < rows; r++)
+                    for (int j = 0; j < k; j++)
+                        in3[(size_t)r * k + j] = j < 3 * k / 4 ? in[(size_t)r * k + j] : 0.0f;
+                cpu->matmul(cpu, part, SHOAL_DTYPE_F32, in3, hw, SHOAL_DTYPE_BF16, rows, n, k);
+                for (size_t i = 0; i < xn; i++)
+                    xbad[i] = round_to(x0[i] + round_to(part[i], act), act);
+                CHECK_MSG(rel_err(xbad, x1, xn) > 10 * tol_for(act),
+                          "matmul_add_rmsnorm %s: a part left out stays within the tolerance",
+                          shape);
+                free(in3);
+            }
+            void *dx = dev_from_f32(gpu, x0, xn, act), *dx2 = dev_from_f32(gpu, x0, xn, act);
+            void *din = dev_from_f32(gpu, in, inn, act);
+            void *dw = dev_copy(gpu, hw, wn * 2);
+            void *dnw = dev_from_f32(gpu, nw, (size_t)n, SHOAL_DTYPE_F32);
+            void *dh = dev_alloc(gpu, xn * ab), *dh2 = dev_alloc(gpu, xn * ab),
+                 *dp = dev_alloc(gpu, xn * ab);
+            dev_poison(gpu, dh, xn * ab);
+            bool took = gpu->matmul_add_rmsnorm(gpu, dh, dx, din, dw, SHOAL_DTYPE_BF16, dnw, rows,
+                                                n, k, eps);
+            CHECK_MSG(took == parts_take(rows, n, k), "matmul_add_rmsnorm %s (%s): %s", shape,
+                      act_name(act), took ? "taken where the rule says not" : "not taken");
+            f32_from_dev(gpu, gx, dx, xn, act);
+            if (took) {
+                f32_from_dev(gpu, gh, dh, xn, act);
+                report("matmul_add_rmsnorm x", shape, rel_err(gx, x1, xn), tol_for(act));
+                report("matmul_add_rmsnorm out", shape, rel_err(gh, href, xn), tol_for(act));
+                /* the GPU's passes */
+                gpu->matmul(gpu, dp, act, din, dw, SHOAL_DTYPE_BF16, rows, n, k);
+                gpu->rmsnorm(gpu, dh2, dx2, dp, dnw, rows, n, eps);
+                f32_from_dev(gpu, px, dx2, xn, act);
+                f32_from_dev(gpu, ph, dh2, xn, act);
+                char vs[112];
+                snprintf(vs, sizeof vs, "%s vs matmul, rmsnorm", shape);
+                report("matmul_add_rmsnorm x", vs, rel_err(gx, px, xn), tol_for(act));
+                report("matmul_add_rmsnorm out", vs, rel_err(gh, ph, xn), tol_for(act));
+            } else {
+                size_t bad = count_differing(gx, x0, xn);
+                CHECK_MSG(bad == 0, "matmul_add_rmsnorm %s: not taken, yet x changed in %zu", shape,
+                          bad);
+            }
+            CHECK(gpu->sync(gpu) == SHOAL_OK);
+            void *dev[] = {dx, dx2, din, dw, dnw, dh, dh2, dp};
+            for (int i = 0; i < 8; i++)
+                gpu->free(gpu, dev[i]);
+            void *host[] = {x0, in, wt, nw, prod, part, x1, href, xbad, gx, gh, px, ph, hw};
+            for (int i = 0; i < 14; i++)
+                free(host[i]);
+        }
+}
+
 /* The split-K GEMM (SHOAL_CUDA_GEMM_SPLITK=1, bf16, 2 to 64 rows) against
  * the CPU within bf16's tolerance, with its tile's k split over the
  * cluster's blocks and its stages as the GPU's size picks them, and fixed
@@ -1286,6 +1392,7 @@ int main(int argc, char **argv)
         TEST_RUN(norm_and_residual_inside_the_gemv_match_the_passes);
         TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
         TEST_RUN(matmul_split_k_matches_cpu);
+        TEST_RUN(matmul_add_rmsnorm_matches_the_passes);
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
