@@ -292,10 +292,11 @@ struct kernels_backend {
      * not, with nothing queued: the caller runs matmul, then rmsnorm with
      * the product as its residual. The product's sum may be taken in
      * another order than matmul's (within its rounding). CUDA takes
-     * decode rounds past its GEMV's rows, up to 64, where splitting k pays
-     * (a k of at least twice n, or k >= n at up to 32 rows): cuBLAS
-     * writes the split's f32 parts and the norm sums them, so no split-K
-     * reduction pass runs between (SHOAL_CUDA_GEMM_PARTS). */
+     * passes of 9 to 64 rows (past its GEMV's; a decode round's sizes),
+     * BF16, where splitting k pays (a k of at least twice n, or k >= n at
+     * up to 32 rows): cuBLAS writes the split's f32 parts and the norm
+     * sums them, so no split-K reduction pass runs between
+     * (SHOAL_CUDA_GEMM_PARTS). */
     bool (*matmul_add_rmsnorm)(kernels_backend *be, void *out, void *x, const void *in,
                                const void *w, shoal_dtype wdtype, const float *weight, int rows,
                                int n, int k, float eps);
