@@ -23,6 +23,10 @@
 
 static uint64_t test_rng;
 static bool test_sanitize; /* --sanitize: the small cases, for compute-sanitizer */
+/* --race: fewer still, where a test has such a list (racecheck, which
+ * checks every shared-memory access, is the slowest tool); implies
+ * --sanitize */
+static bool test_race;
 /* The device under test: GPU 0, or with SHOAL_TEST_ON_CPU=1 the CPU backend
  * in its place, a dry run of the test code itself where no GPU is. */
 static const char *test_gpu = "0";
@@ -33,6 +37,8 @@ static inline void cuda_test_start(const char *name, int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--sanitize") == 0)
             test_sanitize = true;
+        else if (strcmp(argv[i], "--race") == 0)
+            test_sanitize = test_race = true;
     test_dry = getenv("SHOAL_TEST_ON_CPU") != NULL;
     if (test_dry)
         test_gpu = "cpu";
@@ -50,7 +56,9 @@ static inline void cuda_test_start(const char *name, int argc, char **argv)
     }
     printf("%s: seed %llu (SHOAL_TEST_SEED=%llu repeats it)%s\n", name,
            (unsigned long long)test_rng, (unsigned long long)test_rng,
-           test_sanitize ? ", sanitizer cases" : "");
+           test_race       ? ", racecheck cases"
+           : test_sanitize ? ", sanitizer cases"
+                           : "");
     fflush(stdout);
 }
 

@@ -362,6 +362,46 @@ static void fp8_pages_with_scales(void)
     one_decode_row_in_short_segments(SHOAL_DTYPE_F8_E4M3);
 }
 
+/* --race (racecheck): one case for each kernel that shares memory
+ * between a block's threads, bf16 activations alone (the tensor-core
+ * kernels; f32 takes the SIMT partials, which --sanitize's memcheck
+ * covers). Under --sanitize racecheck did not reach them: the f32 pass
+ * ran first and took the step's whole 300 s (kernels/lab README). */
+static void race_case(const char *label, shape sh, shoal_dtype kvdt, int streams, const int *rows,
+                      const int *past)
+{
+    printf("  %s\n", label); /* a cut run shows how far it got */
+    fflush(stdout);
+    run_case(label, sh, kvdt, streams, rows, past);
+}
+
+static void every_shared_memory_kernel_once(void)
+{
+    int rows[8], past[8];
+    /* the warp-specialized wgmma prompt kernel (tile 5), two streams */
+    rows[0] = 100, rows[1] = 29, past[0] = 0, past[1] = 37;
+    race_case("race: prompt rows, 8B shape, 2 streams", wide_shape, SHOAL_DTYPE_BF16, 2, rows,
+              past);
+    /* the TMA partials, persistent over a round's items, and the merge */
+    for (int s = 0; s < 8; s++)
+        rows[s] = 1, past[s] = s < 2 ? s * 17 : 40 + 37 * s;
+    race_case("race: decode round, 8B shape, 8 streams", wide_shape, SHOAL_DTYPE_BF16, 8, rows,
+              past);
+    /* one row at 4k: short segments, the merge holding them in registers */
+    rows[0] = 1, past[0] = 4095;
+    race_case("race: decode, one stream at 4,096 context", wide_shape, SHOAL_DTYPE_BF16, 1, rows,
+              past);
+    /* fp8 pages: the cp.async tensor-core partials and the mma.sync
+     * prompt tiles (the TMA kernels take bf16 pages alone) */
+    for (int s = 0; s < 8; s++)
+        rows[s] = 1, past[s] = s < 2 ? s * 17 : 40 + 37 * s;
+    race_case("race: decode round, fp8 pages", wide_shape, SHOAL_DTYPE_F8_E4M3, 8, rows, past);
+    rows[0] = 100, rows[1] = 29, past[0] = 0, past[1] = 37;
+    race_case("race: prompt rows, fp8 pages", wide_shape, SHOAL_DTYPE_F8_E4M3, 2, rows, past);
+    /* head dim 64: the cp.async partials and prompt tiles of other shapes */
+    race_case("race: two streams, head dim 64", main_shape, SHOAL_DTYPE_BF16, 2, rows, past);
+}
+
 int main(int argc, char **argv)
 {
     cuda_test_start("test_cuda_attention", argc, argv);
@@ -369,7 +409,7 @@ int main(int argc, char **argv)
     static const shoal_dtype acts[] = {SHOAL_DTYPE_F32, SHOAL_DTYPE_BF16};
     /* both activation dtypes under the sanitizer too: bf16 runs the
      * tensor-core kernels */
-    for (int a = 0; a < 2; a++) {
+    for (int a = test_race ? 1 : 0; a < 2; a++) {
         act = acts[a];
         gpu = open_backend(test_gpu, act);
         if (gpu->act_dtype != act) { /* a dry run: the CPU computes in f32 alone */
@@ -377,8 +417,12 @@ int main(int argc, char **argv)
             continue;
         }
         printf("-- activations %s\n", act_name(act));
-        TEST_RUN(bf16_pages);
-        TEST_RUN(fp8_pages_with_scales);
+        if (test_race) {
+            TEST_RUN(every_shared_memory_kernel_once);
+        } else {
+            TEST_RUN(bf16_pages);
+            TEST_RUN(fp8_pages_with_scales);
+        }
         CHECK(gpu->sync(gpu) == SHOAL_OK);
         kernels_backend_close(gpu);
     }
