@@ -319,9 +319,9 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
 }
 
 /* The parts matmul_add_rmsnorm splits k into for these operands, 0 where
- * it does not take them. Rounds of 9 to 64 rows (past any GEMV's rows;
- * a prompt's GEMMs are long enough for cuBLAS alone), four parts
- * where k is at least twice n or, at up to 32 rows, at least n: H200,
+ * it does not take them. Passes of 9 to 64 rows (decode rounds, and
+ * prompts that short; past any GEMV's rows), four parts where k is at
+ * least twice n or, at up to 32 rows, at least n: H200,
  * cuBLAS against four f32 parts of a strided-batched GEMM (kernels/lab
  * row 29.1), down (4096 x 12288) at 64 rows 30.6 against 27.8 us, at 32
  * 28.6 against 26.6; o (4096 x 4096) at 32 rows 12.8 against 10.7, at 64

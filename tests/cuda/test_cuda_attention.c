@@ -378,14 +378,14 @@ static void race_case(const char *label, shape sh, shoal_dtype kvdt, int streams
 static void every_shared_memory_kernel_once(void)
 {
     int rows[8], past[8];
-    /* the warp-specialized wgmma prompt kernel (tile 5), two streams */
-    rows[0] = 100, rows[1] = 29, past[0] = 0, past[1] = 37;
-    race_case("race: prompt rows, 8B shape, 2 streams", wide_shape, SHOAL_DTYPE_BF16, 2, rows,
-              past);
     /* the TMA partials, persistent over a round's items, and the merge */
     for (int s = 0; s < 8; s++)
         rows[s] = 1, past[s] = s < 2 ? s * 17 : 40 + 37 * s;
     race_case("race: decode round, 8B shape, 8 streams", wide_shape, SHOAL_DTYPE_BF16, 8, rows,
+              past);
+    /* the warp-specialized wgmma prompt kernel (tile 5), two streams */
+    rows[0] = 100, rows[1] = 29, past[0] = 0, past[1] = 37;
+    race_case("race: prompt rows, 8B shape, 2 streams", wide_shape, SHOAL_DTYPE_BF16, 2, rows,
               past);
     /* one row at 4k: short segments, the merge holding them in registers */
     rows[0] = 1, past[0] = 4095;
