@@ -329,7 +329,8 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
  * q/k/v and gate/up not faster split. SHOAL_CUDA_GEMM_PARTS: 0 never,
  * N > 1 N parts wherever they fit. */
 static int gemm_parts(kernels_backend *be, shoal_dtype wdtype, int rows, int n, int k,
-                      const void *in, const void *w)
+                      const void *in, const void *w, const void *out, const void *x,
+                      const float *weight)
 {
     int parts = cuda_of(be)->gemm_parts;
     if (parts == 1)
@@ -337,7 +338,7 @@ static int gemm_parts(kernels_backend *be, shoal_dtype wdtype, int rows, int n, 
     if (parts < 2 || parts > 8 || rows <= CUDA_GEMV_ROWS_MAX || rows > 64 ||
         be->act_dtype != SHOAL_DTYPE_BF16 || wdtype != SHOAL_DTYPE_BF16 || n % 8 != 0 ||
         k % (8 * parts) != 0 || (size_t)parts * rows * n * 4 > CUDA_GEMM_PARTS_BYTES ||
-        (uintptr_t)in % 16 != 0 || (uintptr_t)w % 16 != 0)
+        ((uintptr_t)in | (uintptr_t)w | (uintptr_t)out | (uintptr_t)x | (uintptr_t)weight) % 16)
         return 0;
     return parts;
 }
@@ -347,8 +348,8 @@ bool cuda_matmul_add_rmsnorm(kernels_backend *be, void *out, void *x, const void
                              float eps)
 {
     SHOAL_ASSERT(rows >= 0 && n > 0 && k > 0);
-    const int parts = gemm_parts(be, wdtype, rows, n, k, in, w);
-    if (!parts || (uintptr_t)out % 16 != 0 || (uintptr_t)x % 16 != 0 || (uintptr_t)weight % 16 != 0)
+    const int parts = gemm_parts(be, wdtype, rows, n, k, in, w, out, x, weight);
+    if (!parts)
         return false;
     if (!cuda_usable(be))
         return true; /* taken: the backend's error stands for it */

@@ -362,44 +362,43 @@ static void fp8_pages_with_scales(void)
     one_decode_row_in_short_segments(SHOAL_DTYPE_F8_E4M3);
 }
 
+/* A --race case: its name first, so a run that racecheck's time limit
+ * cuts shows how far it got. */
+static void race_case(const char *label, shape sh, shoal_dtype kvdt, int streams, const int *rows,
+                      const int *past)
+{
+    printf("  %s\n", label);
+    fflush(stdout);
+    run_case(label, sh, kvdt, streams, rows, past);
+}
+
 /* --race (racecheck): one case for each kernel that shares memory
  * between a block's threads, bf16 activations alone (the tensor-core
  * kernels; f32 takes the SIMT partials, which --sanitize's memcheck
  * covers). Under --sanitize racecheck did not reach them: the f32 pass
  * ran first and took the step's whole 300 s (kernels/lab README). */
-static void race_case(const char *label, shape sh, shoal_dtype kvdt, int streams, const int *rows,
-                      const int *past)
-{
-    printf("  %s\n", label); /* a cut run shows how far it got */
-    fflush(stdout);
-    run_case(label, sh, kvdt, streams, rows, past);
-}
-
 static void every_shared_memory_kernel_once(void)
 {
-    int rows[8], past[8];
+    /* a decode round of 8 streams, two prompts, one row at 4k */
+    const int ones[8] = {1, 1, 1, 1, 1, 1, 1, 1}, past[8] = {0, 17, 114, 151, 188, 225, 262, 299};
+    const int prompt[2] = {100, 29}, prompt_past[2] = {0, 37}, at_4k = 4095;
     /* the TMA partials, persistent over a round's items, and the merge */
-    for (int s = 0; s < 8; s++)
-        rows[s] = 1, past[s] = s < 2 ? s * 17 : 40 + 37 * s;
-    race_case("race: decode round, 8B shape, 8 streams", wide_shape, SHOAL_DTYPE_BF16, 8, rows,
+    race_case("race: decode round, 8B shape, 8 streams", wide_shape, SHOAL_DTYPE_BF16, 8, ones,
               past);
-    /* the warp-specialized wgmma prompt kernel (tile 5), two streams */
-    rows[0] = 100, rows[1] = 29, past[0] = 0, past[1] = 37;
-    race_case("race: prompt rows, 8B shape, 2 streams", wide_shape, SHOAL_DTYPE_BF16, 2, rows,
-              past);
+    /* the warp-specialized wgmma prompt kernel (tile 5) */
+    race_case("race: prompt rows, 8B shape, 2 streams", wide_shape, SHOAL_DTYPE_BF16, 2, prompt,
+              prompt_past);
     /* one row at 4k: short segments, the merge holding them in registers */
-    rows[0] = 1, past[0] = 4095;
-    race_case("race: decode, one stream at 4,096 context", wide_shape, SHOAL_DTYPE_BF16, 1, rows,
-              past);
+    race_case("race: decode, one stream at 4,096 context", wide_shape, SHOAL_DTYPE_BF16, 1, ones,
+              &at_4k);
     /* fp8 pages: the cp.async tensor-core partials and the mma.sync
      * prompt tiles (the TMA kernels take bf16 pages alone) */
-    for (int s = 0; s < 8; s++)
-        rows[s] = 1, past[s] = s < 2 ? s * 17 : 40 + 37 * s;
-    race_case("race: decode round, fp8 pages", wide_shape, SHOAL_DTYPE_F8_E4M3, 8, rows, past);
-    rows[0] = 100, rows[1] = 29, past[0] = 0, past[1] = 37;
-    race_case("race: prompt rows, fp8 pages", wide_shape, SHOAL_DTYPE_F8_E4M3, 2, rows, past);
+    race_case("race: decode round, fp8 pages", wide_shape, SHOAL_DTYPE_F8_E4M3, 8, ones, past);
+    race_case("race: prompt rows, fp8 pages", wide_shape, SHOAL_DTYPE_F8_E4M3, 2, prompt,
+              prompt_past);
     /* head dim 64: the cp.async partials and prompt tiles of other shapes */
-    race_case("race: two streams, head dim 64", main_shape, SHOAL_DTYPE_BF16, 2, rows, past);
+    race_case("race: two streams, head dim 64", main_shape, SHOAL_DTYPE_BF16, 2, prompt,
+              prompt_past);
 }
 
 int main(int argc, char **argv)
