@@ -233,6 +233,11 @@ typedef struct cuda_state {
     float *gemm_parts_buf;
     int gemm_splitk_s;
     int gemm_splitk_stages;
+    /* matmul_swiglu past the GEMV's rows as one kernel (gemm_swiglu.cu):
+     * SHOAL_CUDA_GEMM_SWIGLU 1 (default; 2, 3 the lab's other shapes), 0 =
+     * cuBLAS's batched GEMM of gate and up, then the swiglu pass */
+    int gemm_swiglu;
+    int gemm_swiglu_pre; /* its stages copied before the wait on the kernel before */
     int gemm_clusters[2][9]; /* [8 stages, 4][S]: clusters that fit at once */
     cuda_gemm_tmap gemm_maps[CUDA_GEMM_MAPS];
     bool capturing;
@@ -569,6 +574,21 @@ bool cuda_tmap_bf16(const cuda_state *st, CUtensorMap *out, int rank, const void
 bool cuda_matmul_splitk(kernels_backend *be, void *out, const void *in, const void *w, int rows,
                         int n, int k);
 shoal_err cuda_matmul_splitk_init(kernels_backend *be);
+/* The tensor map of a bf16 matrix of `height` rows of k as the GEMMs copy
+ * it (boxes 64 wide, box_rows high, 128-byte swizzle; past k or height
+ * the boxes land as zeros), from the backend's cache (st->gemm_maps);
+ * false where the encoder refuses (matmul_splitk.cu). */
+bool cuda_gemm_map(cuda_state *st, const void *p, int k, int height, int box_rows,
+                   CUtensorMap *out);
+
+/* gemm_swiglu.cu: matmul_swiglu of 2 to 64 rows as one kernel (bf16 in,
+ * weights and out; k a multiple of 8; the weights and in 16-byte
+ * aligned) where SHOAL_CUDA_GEMM_SWIGLU is on; false where it does not
+ * take the operands (nothing launched). Its init, at open after
+ * cuda_attention_prompt_init, raises its shared-memory limit. */
+bool cuda_gemm_swiglu(kernels_backend *be, void *out, const void *in, const void *wg,
+                      const void *wu, int rows, int n, int k);
+shoal_err cuda_gemm_swiglu_init(kernels_backend *be);
 
 /* attention.cu: raises the kernels' shared-memory limits; once, at open. */
 shoal_err cuda_attention_init(kernels_backend *be);

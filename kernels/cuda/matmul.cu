@@ -290,6 +290,9 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
         cuda_launched(be, "matmul_swiglu (gemv)");
         return;
     }
+    if (wdtype == SHOAL_DTYPE_BF16 && act == SHOAL_DTYPE_BF16 && rows > 1 &&
+        cuda_gemm_swiglu(be, out, in, wg, wu, rows, n, k))
+        return;
     bool joined_w = (const char *)wu == (const char *)wg + (size_t)n * k * wb;
     bool joined = rows == 1 && joined_w && (char *)up == (char *)out + (size_t)n * ab;
     if (joined) {

@@ -191,15 +191,16 @@ static __global__ void __launch_bounds__(SK_THREADS, SK_STAGES == SK_STAGES_2 ? 
 #endif
 }
 
-/* The tensor map of a bf16 matrix of `height` rows of k (rows of 128-byte
- * boxes, 64 wide, box_rows high, 128-byte swizzle): from the backend's
+/* cuda_ops.h: the tensor maps of the GEMMs' operands, from the backend's
  * cache, direct-mapped on the address (a map is the address and shape
  * encoded: a hit is exact, a miss is encoded again, at a graph's capture
- * in the decode rounds). False where the encoder refuses. */
-static bool splitk_map(cuda_state *st, const void *p, int k, int height, int box_rows,
-                       CUtensorMap *out)
+ * in the decode rounds). The index mixes address bits far apart, so that
+ * gate and up weights, whose addresses differ in high bits alone, take
+ * different entries. */
+bool cuda_gemm_map(cuda_state *st, const void *p, int k, int height, int box_rows, CUtensorMap *out)
 {
-    cuda_gemm_tmap *t = &st->gemm_maps[((uintptr_t)p >> 8) % CUDA_GEMM_MAPS];
+    const uintptr_t a = (uintptr_t)p;
+    cuda_gemm_tmap *t = &st->gemm_maps[((a >> 8) ^ (a >> 17) ^ (a >> 26)) % CUDA_GEMM_MAPS];
     if (t->ptr != p || t->k != k || t->height != height || t->box_rows != box_rows) {
         const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)height};
         const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
@@ -263,7 +264,7 @@ bool cuda_matmul_splitk(kernels_backend *be, void *out, const void *in, const vo
     /* the rows' box is the round's rows: the tile's columns past them hold
      * what the stage held before, which reaches only the sums of those
      * columns, never written */
-    if (!splitk_map(st, w, k, n, SK_BN, &wmap) || !splitk_map(st, in, k, rows, rows, &xmap))
+    if (!cuda_gemm_map(st, w, k, n, SK_BN, &wmap) || !cuda_gemm_map(st, in, k, rows, rows, &xmap))
         return false;
     const int tiles = (n + SK_BN - 1) / SK_BN, ksteps = k / SK_BK;
     int splits, stages;

@@ -4,7 +4,7 @@
  * of a kernel beside the others, on the same buffers, in one process.
  *
  *   shoal-lab-ops [--device N] [--quick] [--prompt N] [--decode] [--gemm]
- *                 [--attention B C] [--swiglu R] [--matmul N K R]
+ *                 [--attention B C] [--swiglu R] [--matmul N K R] [--gate-up [R]]
  *
  * --prompt N times the prompt kernel alone at N tokens (16 to 4,096), the
  * variant the environment picks (for a profiler); --decode times decode
@@ -17,7 +17,10 @@
  * the split-K GEMM's shapes; --attention B C (decode attention at batch B,
  * context C), --swiglu R (swiglu of R rows) and --matmul N K R (a bf16
  * matmul of R rows) time one op alone, as the environment picks it (a
- * profiler's target).
+ * profiler's target). --gate-up times matmul_swiglu of the 8B shape at 9
+ * to 64 rows: one kernel (gemm_swiglu.cu; SHOAL_CUDA_GEMM_SWIGLU 1 to 4,
+ * _PRE 0 and 2) against cuBLAS's batched GEMM and the swiglu pass (0);
+ * --gate-up R at R rows alone, as the environment picks it.
  *
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
@@ -573,6 +576,25 @@ static void gemm_sweep(kernels_backend *const *bes, const char *const *names, in
         }
 }
 
+/* matmul_swiglu (gate and up, 24,576 x 4,096 joined, then silu(g) * u)
+ * past the GEMV's rows: the passes (cuBLAS's batched GEMM, swiglu)
+ * against gemm_swiglu.cu's shapes; GB/s of weights + activations. */
+static void gate_up_sweep(kernels_backend *const *bes, const char *const *names, int nvar, bufs *b,
+                          int reps)
+{
+    static const int rowss[] = {9, 16, 32, 48, 64};
+    printf("\nmatmul_swiglu 2 x %dx%d, bf16: the passes against one kernel, GB/s of weights + "
+           "activations\n",
+           INTER, HID);
+    for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++)
+        for (int vi = 0; vi < nvar; vi++) {
+            op o = {.kind = OP_MATMUL_SWIGLU, .be = bes[vi], .b = b, .rows = rowss[ri]};
+            double w = 2.0 * INTER * HID * 2 + (double)rowss[ri] * (HID + INTER) * 2;
+            row("matmul gate+up, swiglu", names[vi], rowss[ri], time_op(&o, 32, reps), w,
+                2.0 * rowss[ri] * 2 * INTER * HID, 0, NULL);
+        }
+}
+
 static void sample_sweep(kernels_backend *nb, kernels_backend *pb, bufs *b, int reps)
 {
     static const int rowss[] = {1, 64};
@@ -660,6 +682,7 @@ int main(int argc, char **argv)
     bool decode_only = false, gemm_only = false;
     int one_b = 0, one_c = 0, one_r = 0; /* --attention B C, --swiglu R */
     int mm_n = 0, mm_k = 0, mm_r = 0;    /* --matmul N K R */
+    int gate_up = -1;                    /* --gate-up [R]: 0 the sweep */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = atoi(argv[++i]);
@@ -671,6 +694,8 @@ int main(int argc, char **argv)
             decode_only = true;
         else if (strcmp(argv[i], "--gemm") == 0)
             gemm_only = true;
+        else if (strcmp(argv[i], "--gate-up") == 0)
+            gate_up = i + 1 < argc && argv[i + 1][0] != '-' ? atoi(argv[++i]) : 0;
         else if (strcmp(argv[i], "--attention") == 0 && i + 2 < argc) {
             one_b = atoi(argv[++i]);
             one_c = atoi(argv[++i]);
@@ -681,6 +706,43 @@ int main(int argc, char **argv)
             mm_k = atoi(argv[++i]);
             mm_r = atoi(argv[++i]);
         }
+    }
+    if (gate_up > 0) { /* matmul_swiglu alone, as the environment picks it (profiling) */
+        if (gate_up > 64) {
+            fprintf(stderr, "shoal-lab-ops: --gate-up takes 1 to 64 rows\n");
+            return 2;
+        }
+        kernels_backend *be = open_variant(device, false, 0, NULL);
+        bufs gbuf;
+        setup(be, &gbuf);
+        op o = {.kind = OP_MATMUL_SWIGLU, .be = be, .b = &gbuf, .rows = gate_up};
+        row("matmul_swiglu", "env", gate_up, time_op(&o, 32, 3),
+            2.0 * INTER * HID * 2 + (double)gate_up * (HID + INTER) * 2,
+            2.0 * gate_up * 2 * INTER * HID, 0, NULL);
+        kernels_backend_close(be);
+        return 0;
+    }
+    if (gate_up == 0) {
+        static const char *const names[] = {"passes", "gemm96", "gemm64", "gemm96s4",
+                                            "gemm96x2", "pre0", "pre2"};
+        static const char *const env[][3] = {
+            {"SHOAL_CUDA_GEMM_SWIGLU=0", NULL},
+            {"SHOAL_CUDA_GEMM_SWIGLU=1", NULL},
+            {"SHOAL_CUDA_GEMM_SWIGLU=2", NULL},
+            {"SHOAL_CUDA_GEMM_SWIGLU=3", NULL},
+            {"SHOAL_CUDA_GEMM_SWIGLU=4", NULL},
+            {"SHOAL_CUDA_GEMM_SWIGLU=1", "SHOAL_CUDA_GEMM_SWIGLU_PRE=0", NULL},
+            {"SHOAL_CUDA_GEMM_SWIGLU=1", "SHOAL_CUDA_GEMM_SWIGLU_PRE=2", NULL}};
+        enum { NV = sizeof names / sizeof names[0] };
+        kernels_backend *bes[NV];
+        for (int i = 0; i < NV; i++)
+            bes[i] = open_variant(device, false, 0, env[i]);
+        bufs gbuf;
+        setup(bes[0], &gbuf);
+        gate_up_sweep(bes, names, NV, &gbuf, 7);
+        for (int i = NV - 1; i >= 0; i--)
+            kernels_backend_close(bes[i]);
+        return 0;
     }
     if (mm_n || mm_k || mm_r) { /* one matmul alone, as the environment picks it (profiling) */
         if (mm_n < 1 || mm_n > INTER || mm_k < 1 || mm_k > INTER || mm_r < 1 || mm_r > 64) {

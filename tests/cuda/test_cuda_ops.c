@@ -386,7 +386,9 @@ static void matmul_add_rmsnorm_matches_the_passes(void)
     static const int nk[][2] = {{256, 1024}, {512, 512}, {264, 520}, {1024, 4096}};
     static const int rowss[] = {8, 9, 16, 33, 64, 65};
     const float eps = 1e-6f;
-    CHECK_MSG(gpu->matmul_add_rmsnorm != NULL, "the CUDA backend has matmul_add_rmsnorm");
+    /* the CPU backend, standing in on a dry run, has none */
+    CHECK_MSG(gpu->matmul_add_rmsnorm != NULL || test_dry,
+              "the CUDA backend has matmul_add_rmsnorm");
     if (!gpu->matmul_add_rmsnorm)
         return;
     size_t ab = shoal_dtype_bytes(act);
@@ -849,11 +851,14 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
                          * single GEMM's: within the tolerance (separate
                          * allocations may lie end to end) */
                         bool gemv = b != 2 && rows <= (b == 1 ? 8 : 1) && k % 8 == 0;
-                        bool batched = dwu == dw + wbytes && rows > 1 && !gemv &&
-                                       act == SHOAL_DTYPE_BF16 && wdt[w] == SHOAL_DTYPE_BF16;
-                        if (batched) {
-                            report("matmul_swiglu (batched) vs matmul, matmul, swiglu", shape,
-                                   rel_err(got, gref, on), tol_for(act));
+                        bool bf16s = act == SHOAL_DTYPE_BF16 && wdt[w] == SHOAL_DTYPE_BF16;
+                        bool batched = dwu == dw + wbytes && rows > 1 && !gemv && bf16s;
+                        /* past the GEMV, 2 to 64 rows: one kernel (gemm_swiglu.cu) */
+                        bool gemm = rows > 1 && rows <= 64 && !gemv && bf16s && k % 8 == 0;
+                        if (batched || gemm) {
+                            report(gemm ? "matmul_swiglu (gemm) vs matmul, matmul, swiglu"
+                                        : "matmul_swiglu (batched) vs matmul, matmul, swiglu",
+                                   shape, rel_err(got, gref, on), tol_for(act));
                         } else {
                             size_t bad = count_differing(got, gref, on);
                             CHECK_MSG(bad == 0,
@@ -876,6 +881,135 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
                 }
     CHECK(wide->sync(wide) == SHOAL_OK && off->sync(off) == SHOAL_OK);
     kernels_backend_close(wide);
+    kernels_backend_close(off);
+}
+
+/* Whether matmul_swiglu takes gemm_swiglu.cu's kernel on a backend
+ * whose GEMV takes one row: bf16, 2 to 64 rows, k a whole number of
+ * 16-byte chunks (the tensor maps' row pitch). */
+static bool gemm_swiglu_takes(int rows, int k)
+{
+    return act == SHOAL_DTYPE_BF16 && rows >= 2 && rows <= 64 && k % 8 == 0;
+}
+
+/* matmul_swiglu past the GEMV's rows as one kernel (SHOAL_CUDA_GEMM_SWIGLU
+ * 1 to 4: halves of 96 and 64 weight rows, six and four stages, clusters
+ * of two sharing the round's rows; 0 and 1 stages copied before the wait)
+ * against the CPU's composition and against the GPU's own passes
+ * (SHOAL_CUDA_GEMM_SWIGLU=0: cuBLAS's batched GEMM, then swiglu), both
+ * within the dtype's tolerance; the same bits on a second call. n not a
+ * multiple of a block's rows and k not of a stage's 64 (boxes past them
+ * land as zeros), joined and separate weights, the 8B model's gate/up at
+ * 64 rows (against the passes alone). Taken exactly where the rule says:
+ * the kernel never writes the up scratch, which the passes fill, so a
+ * poisoned scratch left as it was is the kernel's mark (one row is the
+ * GEMV's, which writes none either). A stage's k left out would miss by
+ * far more than the tolerance: checked on the host. */
+static void gemm_swiglu_matches_the_passes(void)
+{
+    static const int nk[][2] = {{96, 64}, {200, 200}, {300, 1024}, {64, 100}, {12288, 4096}};
+    static const int rowss[] = {1, 2, 9, 33, 64, 65};
+    /* SHOAL_CUDA_GEMM_SWIGLU and _PRE (stages copied before the wait) */
+    static const char *variants[][2] = {{"1", "6"}, {"2", "6"}, {"3", "6"}, {"4", "6"},
+                                        {"1", "0"}, {"4", "1"}};
+    enum { NV = sizeof variants / sizeof variants[0] };
+    if (act != SHOAL_DTYPE_BF16)
+        return;
+    kernels_backend *off = open_gpu_with("SHOAL_CUDA_GEMM_SWIGLU", "0");
+    kernels_backend *bes[NV];
+    for (int v = 0; v < NV; v++) {
+        setenv("SHOAL_CUDA_GEMM_SWIGLU_PRE", variants[v][1], 1);
+        bes[v] = open_gpu_with("SHOAL_CUDA_GEMM_SWIGLU", variants[v][0]);
+        unsetenv("SHOAL_CUDA_GEMM_SWIGLU_PRE");
+    }
+    for (int s = 0; s < 5; s++)
+        for (int ri = 0; ri < 6; ri++)
+            for (int joined = 0; joined < 2; joined++) {
+                const int rows = rowss[ri], n = nk[s][0], k = nk[s][1];
+                const bool big = (size_t)n * k > (1u << 22);
+                if (big && (test_sanitize || rows != 64 || !joined))
+                    continue;
+                const size_t wn = (size_t)n * k, on = (size_t)rows * n;
+                float *in = xmalloc((size_t)rows * k * 4), *wt = xmalloc(wn * 4);
+                uint16_t *hw = xmalloc(2 * wn * 2); /* [gate | up] */
+                fill_uniform(in, (size_t)rows * k, 1.0f, act);
+                for (int half = 0; half < 2; half++) {
+                    fill_uniform(wt, wn, 0.1f, SHOAL_DTYPE_BF16);
+                    for (size_t i = 0; i < wn; i++)
+                        hw[half * wn + i] = shoal_f32_to_bf16(wt[i]);
+                }
+                float *ref = xmalloc(on * 4), *cup = xmalloc(on * 4), *bad = xmalloc(on * 4);
+                float *got = xmalloc(on * 4), *again = xmalloc(on * 4), *pass = xmalloc(on * 4);
+                float *scratch = xmalloc(on * 4);
+                if (!big) /* the 8B shape against the passes alone: the host is slow */
+                    swiglu_cpu_ref(ref, cup, in, hw, hw + wn, SHOAL_DTYPE_BF16, rows, n, k);
+                char shape[96];
+                snprintf(shape, sizeof shape, "rows %d n %d k %d %s", rows, n, k,
+                         joined ? "joined" : "apart");
+                if (k > 64 && !big) { /* the last stage's k left out */
+                    float *in2 = xmalloc((size_t)rows * k * 4);
+                    for (int r = 0; r < rows; r++)
+                        for (int c = 0; c < k; c++)
+                            in2[(size_t)r * k + c] =
+                                c < (k - 1) / 64 * 64 ? in[(size_t)r * k + c] : 0.0f;
+                    swiglu_cpu_ref(bad, cup, in2, hw, hw + wn, SHOAL_DTYPE_BF16, rows, n, k);
+                    CHECK_MSG(rel_err(bad, ref, on) > 10 * tol_for(act),
+                              "matmul_swiglu %s: a stage left out stays within the tolerance",
+                              shape);
+                    free(in2);
+                }
+                for (int v = -1; v < NV; v++) {
+                    kernels_backend *be = v < 0 ? off : bes[v];
+                    void *din = dev_from_f32(be, in, (size_t)rows * k, act);
+                    unsigned char *dw = dev_copy(be, hw, joined ? 4 * wn : 2 * wn);
+                    void *dwu = joined ? (void *)(dw + 2 * wn) : dev_copy(be, hw + wn, 2 * wn);
+                    unsigned char *dout = dev_alloc(be, 2 * on * 2);
+                    for (int run = 0; run < 2; run++) {
+                        dev_poison(be, dout, 2 * on * 2);
+                        be->matmul_swiglu(be, dout, dout + on * 2, din, dw, dwu, SHOAL_DTYPE_BF16,
+                                          rows, n, k);
+                        f32_from_dev(be, v < 0 ? pass : run ? again : got, dout, on, act);
+                        if (v < 0)
+                            break;
+                    }
+                    if (v >= 0) {
+                        char what[128];
+                        snprintf(what, sizeof what, "%s, variant %s, %s stages early", shape,
+                                 variants[v][0], variants[v][1]);
+                        /* the up scratch: poison (NaN) where the kernel ran */
+                        f32_from_dev(be, scratch, dout + on * 2, on, act);
+                        size_t kept = 0;
+                        for (size_t i = 0; i < on; i++)
+                            kept += isnan(scratch[i]);
+                        const bool took = kept == on;
+                        CHECK_MSG(took == gemm_swiglu_takes(rows, k) || rows == 1,
+                                  "matmul_swiglu %s: %s", what,
+                                  took ? "the kernel taken where the rule says not"
+                                       : "the kernel not taken");
+                        if (!big)
+                            report("matmul_swiglu (gemm)", what, rel_err(got, ref, on),
+                                   tol_for(act));
+                        char vs[160];
+                        snprintf(vs, sizeof vs, "%s vs the passes", what);
+                        report("matmul_swiglu (gemm)", vs, rel_err(got, pass, on), tol_for(act));
+                        size_t differ = count_differing(got, again, on);
+                        CHECK_MSG(differ == 0,
+                                  "matmul_swiglu %s: %zu elements differ between two calls", what,
+                                  differ);
+                    }
+                    CHECK(be->sync(be) == SHOAL_OK);
+                    be->free(be, din);
+                    be->free(be, dw);
+                    if (!joined)
+                        be->free(be, dwu);
+                    be->free(be, dout);
+                }
+                void *host[] = {in, wt, hw, ref, cup, bad, got, again, pass, scratch};
+                for (int i = 0; i < 10; i++)
+                    free(host[i]);
+            }
+    for (int v = 0; v < NV; v++)
+        kernels_backend_close(bes[v]);
     kernels_backend_close(off);
 }
 
@@ -1393,6 +1527,7 @@ int main(int argc, char **argv)
         TEST_RUN(matmul_swiglu_matches_cpu_and_the_unfused_ops);
         TEST_RUN(matmul_split_k_matches_cpu);
         TEST_RUN(matmul_add_rmsnorm_matches_the_passes);
+        TEST_RUN(gemm_swiglu_matches_the_passes);
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
