@@ -3,7 +3,8 @@
  * A test file defines functions named after the behaviour they prove and
  * lists them in main with TEST_RUN. A failed CHECK prints where and why and
  * marks the test failed; main returns non-zero if any test failed, which
- * CTest counts. */
+ * CTest counts. SHOAL_TEST_ONLY=TEXT runs only the tests whose names hold
+ * TEXT (a sanitizer's run of one test). */
 #ifndef SHOAL_TEST_H
 #define SHOAL_TEST_H
 
@@ -40,8 +41,16 @@ static int test_failed_now;
 #define CHECK_HAS(text, fragment)                                                                \
     CHECK_MSG(strstr((text), (fragment)) != NULL, "'%s' lacks '%s'", (text), (fragment))
 
+static inline int test_selected(const char *name)
+{
+    const char *only = getenv("SHOAL_TEST_ONLY");
+    return !only || strstr(name, only) != NULL;
+}
+
 #define TEST_RUN(fn)                                                                             \
     do {                                                                                         \
+        if (!test_selected(#fn))                                                                 \
+            break;                                                                               \
         test_failed_now = 0;                                                                     \
         fn();                                                                                    \
         printf("%s %s\n", test_failed_now ? "FAIL" : "ok", #fn);                                 \

@@ -335,7 +335,9 @@ static void pick_kernels(cuda_state *st)
         st->gemm_splitk_s = 8;
     st->gemm_splitk_stages = env_int("SHOAL_CUDA_GEMM_SPLITK_STAGES", 0);
     st->gemm_swiglu = env_int("SHOAL_CUDA_GEMM_SWIGLU", legacy ? 0 : 1);
-    st->gemm_swiglu_pre = env_int("SHOAL_CUDA_GEMM_SWIGLU_PRE", 6);
+    st->gemm_rows_parts = env_int("SHOAL_CUDA_GEMM_ROWS_PARTS", legacy ? 0 : 1) != 0;
+    st->gemm_rows_pre = env_int("SHOAL_CUDA_GEMM_ROWS_PRE", 6);
+    st->gemm_rows_plain = env_int("SHOAL_CUDA_GEMM_ROWS_PLAIN", 0);
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
@@ -432,7 +434,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     }
     if ((err = alloc_attn_scratch(be, KERNELS_ATTN_SLICE_ROWS, diag)) ||
         (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be)) ||
-        (err = cuda_matmul_splitk_init(be)) || (err = cuda_gemm_swiglu_init(be))) {
+        (err = cuda_matmul_splitk_init(be)) || (err = cuda_gemm_rows_init(be))) {
         if (err == SHOAL_ERR_DEVICE)
             shoal_diag_set(diag, err, "%s", st->err_msg);
         goto out_close;

@@ -233,11 +233,16 @@ typedef struct cuda_state {
     float *gemm_parts_buf;
     int gemm_splitk_s;
     int gemm_splitk_stages;
-    /* matmul_swiglu past the GEMV's rows as one kernel (gemm_swiglu.cu):
-     * SHOAL_CUDA_GEMM_SWIGLU 1 (default; 2, 3 the lab's other shapes), 0 =
-     * cuBLAS's batched GEMM of gate and up, then the swiglu pass */
+    /* gemm_rows.cu: matmul_swiglu past the GEMV's rows as one kernel
+     * (SHOAL_CUDA_GEMM_SWIGLU 1, the default; 2 and 3 the lab's other
+     * shapes; 0 = cuBLAS's batched GEMM of gate and up, then the swiglu
+     * pass), matmul_add_rmsnorm's parts by it (SHOAL_CUDA_GEMM_ROWS_PARTS
+     * 1; 0 = cuBLAS's strided-batched GEMM), and the stages they copy
+     * before the wait on the kernel before (SHOAL_CUDA_GEMM_ROWS_PRE, 6) */
     int gemm_swiglu;
-    int gemm_swiglu_pre; /* its stages copied before the wait on the kernel before */
+    bool gemm_rows_parts;
+    int gemm_rows_plain;
+    int gemm_rows_pre;
     int gemm_clusters[2][9]; /* [8 stages, 4][S]: clusters that fit at once */
     cuda_gemm_tmap gemm_maps[CUDA_GEMM_MAPS];
     bool capturing;
@@ -581,14 +586,24 @@ shoal_err cuda_matmul_splitk_init(kernels_backend *be);
 bool cuda_gemm_map(cuda_state *st, const void *p, int k, int height, int box_rows,
                    CUtensorMap *out);
 
-/* gemm_swiglu.cu: matmul_swiglu of 2 to 64 rows as one kernel (bf16 in,
- * weights and out; k a multiple of 8; the weights and in 16-byte
- * aligned) where SHOAL_CUDA_GEMM_SWIGLU is on; false where it does not
- * take the operands (nothing launched). Its init, at open after
- * cuda_attention_prompt_init, raises its shared-memory limit. */
+/* gemm_rows.cu: the GEMMs of 2 to 64 rows that stream their weights (bf16
+ * in and weights; k a multiple of 8; in and the weights 16-byte aligned);
+ * false where they do not take the operands (nothing launched).
+ * cuda_gemm_swiglu: matmul_swiglu as one kernel (SHOAL_CUDA_GEMM_SWIGLU).
+ * cuda_gemm_parts: nparts f32 parts of out = in w^T, part p over k's
+ * columns [p k / nparts, (p + 1) k / nparts), [nparts][rows][n] at parts
+ * (SHOAL_CUDA_GEMM_ROWS_PARTS; k a multiple of 64 nparts, n of 4).
+ * cuda_gemm_plain: matmul's bf16 out = in w^T at 9 to 64 rows
+ * (SHOAL_CUDA_GEMM_ROWS_PLAIN, off by default). Their
+ * init, at open after cuda_attention_prompt_init, raises their
+ * shared-memory limits. */
 bool cuda_gemm_swiglu(kernels_backend *be, void *out, const void *in, const void *wg,
                       const void *wu, int rows, int n, int k);
-shoal_err cuda_gemm_swiglu_init(kernels_backend *be);
+bool cuda_gemm_plain(kernels_backend *be, void *out, const void *in, const void *w, int rows,
+                     int n, int k);
+bool cuda_gemm_parts(kernels_backend *be, float *parts, const void *in, const void *w, int rows,
+                     int n, int k, int nparts);
+shoal_err cuda_gemm_rows_init(kernels_backend *be);
 
 /* attention.cu: raises the kernels' shared-memory limits; once, at open. */
 shoal_err cuda_attention_init(kernels_backend *be);

@@ -231,7 +231,8 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
         return;
     }
     if (wdtype == act && out_dtype == act && act == SHOAL_DTYPE_BF16 &&
-        cuda_matmul_splitk(be, out, in, w, rows, n, k))
+        (cuda_gemm_plain(be, out, in, w, rows, n, k) ||
+         cuda_matmul_splitk(be, out, in, w, rows, n, k)))
         return;
     if (wdtype == act) {
         /* Row-major out = in w^T is column-major out^T = w^T(op T) in: the
@@ -329,15 +330,21 @@ void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in
  * row 29.1), down (4096 x 12288) at 64 rows 30.6 against 27.8 us, at 32
  * 28.6 against 26.6; o (4096 x 4096) at 32 rows 12.8 against 10.7, at 64
  * 11.4 against 11.3 (not taken: the norm's wider reads would eat it);
- * q/k/v and gate/up not faster split. SHOAL_CUDA_GEMM_PARTS: 0 never,
- * N > 1 N parts wherever they fit. */
+ * q/k/v and gate/up not faster split. Where gemm_rows.cu's kernel makes
+ * the parts (k a multiple of 256, n of 4) o takes them at 33 to 64 rows
+ * too: batch 64 at 1k +0.5% (kernels/lab row 30.5). SHOAL_CUDA_GEMM_PARTS:
+ * 0 never, N > 1 N parts wherever they fit. */
 static int gemm_parts(kernels_backend *be, shoal_dtype wdtype, int rows, int n, int k,
                       const void *in, const void *w, const void *out, const void *x,
                       const float *weight)
 {
-    int parts = cuda_of(be)->gemm_parts;
-    if (parts == 1)
-        parts = k >= 2 * n || (k >= n && rows <= 32) ? 4 : 0;
+    const cuda_state *st = cuda_of(be);
+    int parts = st->gemm_parts;
+    if (parts == 1) {
+        /* gemm_rows.cu's parts kernel takes o (k = n) at 64 rows too */
+        const bool ours = st->gemm_rows_parts && k % (64 * 4) == 0 && n % 4 == 0;
+        parts = k >= 2 * n || (k >= n && (rows <= 32 || ours)) ? 4 : 0;
+    }
     if (parts < 2 || parts > 8 || rows <= CUDA_GEMV_ROWS_MAX || rows > 64 ||
         be->act_dtype != SHOAL_DTYPE_BF16 || wdtype != SHOAL_DTYPE_BF16 || n % 8 != 0 ||
         k % (8 * parts) != 0 || (size_t)parts * rows * n * 4 > CUDA_GEMM_PARTS_BYTES ||
@@ -362,16 +369,18 @@ bool cuda_matmul_add_rmsnorm(kernels_backend *be, void *out, void *x, const void
      * both operands' rows */
     const int ks = k / parts;
     const long long stride = (long long)n * rows;
-    const float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t s = cublasGemmStridedBatchedEx(
-        st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, ks, &alpha, w, CUDA_R_16BF, k, ks, in,
-        CUDA_R_16BF, k, ks, &beta, st->gemm_parts_buf, CUDA_R_32F, n, stride, parts,
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        cuda_fail_cublas(be, "matmul_add_rmsnorm", s);
-        return true;
+    if (!cuda_gemm_parts(be, st->gemm_parts_buf, in, w, rows, n, k, parts)) {
+        const float alpha = 1.0f, beta = 0.0f;
+        cublasStatus_t s = cublasGemmStridedBatchedEx(
+            st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, ks, &alpha, w, CUDA_R_16BF, k, ks, in,
+            CUDA_R_16BF, k, ks, &beta, st->gemm_parts_buf, CUDA_R_32F, n, stride, parts,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            cuda_fail_cublas(be, "matmul_add_rmsnorm", s);
+            return true;
+        }
+        cuda_launched(be, "matmul_add_rmsnorm (parts)");
     }
-    cuda_launched(be, "matmul_add_rmsnorm (parts)");
     cuda_rmsnorm_parts(be, out, x, st->gemm_parts_buf, parts, (size_t)stride, weight, rows, n, eps);
     return true;
 }

@@ -142,46 +142,6 @@ static __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map
 #endif
 }
 
-/* tma_load_2d into the same offset of the shared memory of every block of
- * the cluster in `mask` (bit r: rank r), each block's barrier at bar's
- * offset counting the bytes. */
-static __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void *map,
-                                                             int col, int row, uint32_t bar,
-                                                             uint16_t mask)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"(map), "r"(col), "r"(row), "r"(bar), "h"(mask)
-                 : "memory");
-#endif
-}
-
-/* One arrival on the barrier at bar's offset in the shared memory of the
- * cluster's block `rank`, released to the cluster (what this thread's
- * block read before it is done). */
-static __device__ __forceinline__ void bar_arrive_remote(uint32_t bar, uint32_t rank)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-#endif
-}
-
-/* bar_wait, acquiring what the cluster's blocks released on it. */
-static __device__ __forceinline__ void bar_wait_cluster(uint32_t bar, uint32_t parity)
-{
-#ifdef SHOAL_WGMMA
-    asm volatile("{\n.reg .pred done;\nretry:\n"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra retry;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-#endif
-}
-
 /* The same from a 3-D tensor map: the box at (x, y, z). */
 static __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, int x, int y,
                                                    int z, uint32_t bar)

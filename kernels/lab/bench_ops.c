@@ -18,9 +18,10 @@
  * context C), --swiglu R (swiglu of R rows) and --matmul N K R (a bf16
  * matmul of R rows) time one op alone, as the environment picks it (a
  * profiler's target). --gate-up times matmul_swiglu of the 8B shape at 9
- * to 64 rows: one kernel (gemm_swiglu.cu; SHOAL_CUDA_GEMM_SWIGLU 1 to 4,
- * _PRE 0 and 2) against cuBLAS's batched GEMM and the swiglu pass (0);
- * --gate-up R at R rows alone, as the environment picks it.
+ * to 64 rows: one kernel (gemm_rows.cu; SHOAL_CUDA_GEMM_SWIGLU 1 to 3,
+ * SHOAL_CUDA_GEMM_ROWS_PRE 0 and 2) against cuBLAS's batched GEMM and the
+ * swiglu pass (0); --gate-up R at R rows alone, as the environment picks
+ * it.
  *
  * Variants are backends opened with the environment switches of
  * kernels/cuda (cuda_ops.h): "new" with the defaults, "v1" with
@@ -723,16 +724,15 @@ int main(int argc, char **argv)
         return 0;
     }
     if (gate_up == 0) {
-        static const char *const names[] = {"passes", "gemm96", "gemm64", "gemm96s4",
-                                            "gemm96x2", "pre0", "pre2"};
+        static const char *const names[] = {"passes",   "gemm96", "gemm64",
+                                            "gemm96s4", "pre0",   "pre2"};
         static const char *const env[][3] = {
             {"SHOAL_CUDA_GEMM_SWIGLU=0", NULL},
             {"SHOAL_CUDA_GEMM_SWIGLU=1", NULL},
             {"SHOAL_CUDA_GEMM_SWIGLU=2", NULL},
             {"SHOAL_CUDA_GEMM_SWIGLU=3", NULL},
-            {"SHOAL_CUDA_GEMM_SWIGLU=4", NULL},
-            {"SHOAL_CUDA_GEMM_SWIGLU=1", "SHOAL_CUDA_GEMM_SWIGLU_PRE=0", NULL},
-            {"SHOAL_CUDA_GEMM_SWIGLU=1", "SHOAL_CUDA_GEMM_SWIGLU_PRE=2", NULL}};
+            {"SHOAL_CUDA_GEMM_SWIGLU=1", "SHOAL_CUDA_GEMM_ROWS_PRE=0", NULL},
+            {"SHOAL_CUDA_GEMM_SWIGLU=1", "SHOAL_CUDA_GEMM_ROWS_PRE=2", NULL}};
         enum { NV = sizeof names / sizeof names[0] };
         kernels_backend *bes[NV];
         for (int i = 0; i < NV; i++)

@@ -365,22 +365,26 @@ static kernels_backend *open_gpu_with(const char *name, const char *value)
 /* Whether the CUDA backend's matmul_add_rmsnorm takes these operands
  * (matmul.cu: gemm_parts, its default rule): bf16, 9 to 64 rows, k of
  * four parts of whole 16-byte chunks, a k of at least twice n or, at up
- * to 32 rows, at least n. */
-static bool parts_take(int rows, int n, int k)
+ * to 32 rows (at any where gemm_rows.cu makes the parts: `ours`, k of
+ * four parts of whole 64-column stages), at least n. */
+static bool parts_take(int rows, int n, int k, bool ours)
 {
+    ours = ours && k % 256 == 0 && n % 4 == 0;
     return act == SHOAL_DTYPE_BF16 && rows >= 9 && rows <= 64 && n % 8 == 0 && k % 32 == 0 &&
-           (k >= 2 * n || (k >= n && rows <= 32));
+           (k >= 2 * n || (k >= n && (rows <= 32 || ours)));
 }
 
 /* matmul_add_rmsnorm (x += in w^T, then the norm; CUDA: k split into f32
  * parts that the norm sums) against the passes it stands for: x within
  * the dtype's tolerance of the CPU's x + the product rounded as stored,
  * and of the GPU's matmul then rmsnorm with the product as the residual;
- * the normed rows likewise. Taken exactly where the rule says (rows 8
- * and 65 are not a decode round's, k = n at 33 rows does not pay, k not
- * a whole number of 32-element chunks), false with nothing written
- * elsewhere. A part left out would move x by far more than the
- * tolerance: checked on the host for each shape. */
+ * the normed rows likewise; the parts by gemm_rows.cu's kernel (the
+ * default) and by cuBLAS (SHOAL_CUDA_GEMM_ROWS_PARTS=0). Taken exactly
+ * where the rule says (rows 8 and 65 are not a decode round's, k = n at
+ * 33 rows does not pay on cuBLAS, k not a whole number of 32-element
+ * chunks), false with nothing written elsewhere. A part left out would
+ * move x by far more than the tolerance: checked on the host for each
+ * shape. */
 static void matmul_add_rmsnorm_matches_the_passes(void)
 {
     static const int nk[][2] = {{256, 1024}, {512, 512}, {264, 520}, {1024, 4096}};
@@ -392,82 +396,90 @@ static void matmul_add_rmsnorm_matches_the_passes(void)
     if (!gpu->matmul_add_rmsnorm)
         return;
     size_t ab = shoal_dtype_bytes(act);
-    for (int s = 0; s < (test_sanitize ? 2 : 4); s++)
-        for (int ri = 0; ri < 6; ri++) {
-            const int n = nk[s][0], k = nk[s][1], rows = rowss[ri];
-            const size_t xn = (size_t)rows * n, inn = (size_t)rows * k, wn = (size_t)n * k;
-            float *x0 = xmalloc(xn * 4), *in = xmalloc(inn * 4), *wt = xmalloc(wn * 4);
-            float *nw = xmalloc((size_t)n * 4), *prod = xmalloc(xn * 4), *part = xmalloc(xn * 4);
-            float *x1 = xmalloc(xn * 4), *href = xmalloc(xn * 4), *xbad = xmalloc(xn * 4);
-            float *gx = xmalloc(xn * 4), *gh = xmalloc(xn * 4), *px = xmalloc(xn * 4),
-                  *ph = xmalloc(xn * 4);
-            uint16_t *hw = xmalloc(wn * 2);
-            fill_uniform(x0, xn, 2.0f, act);
-            fill_uniform(in, inn, 1.0f, act);
-            fill_uniform(wt, wn, 0.1f, SHOAL_DTYPE_BF16);
-            for (size_t i = 0; i < wn; i++)
-                hw[i] = shoal_f32_to_bf16(wt[i]);
-            for (int i = 0; i < n; i++)
-                nw[i] = 1.0f + 0.5f * rnd_uniform();
-            /* the host: x1 = x0 + the product as stored, then the norm */
-            cpu->matmul(cpu, prod, SHOAL_DTYPE_F32, in, hw, SHOAL_DTYPE_BF16, rows, n, k);
-            for (size_t i = 0; i < xn; i++)
-                x1[i] = round_to(x0[i] + round_to(prod[i], act), act);
-            cpu->rmsnorm(cpu, href, x1, NULL, nw, rows, n, eps);
-            char shape[80];
-            snprintf(shape, sizeof shape, "rows %d n %d k %d", rows, n, k);
-            /* the product with its last quarter of k left out */
-            if (k % 4 == 0) {
-                float *in3 = xmalloc(inn * 4);
-                for (int r = 0; r < rows; r++)
-                    for (int j = 0; j < k; j++)
-                        in3[(size_t)r * k + j] = j < 3 * k / 4 ? in[(size_t)r * k + j] : 0.0f;
-                cpu->matmul(cpu, part, SHOAL_DTYPE_F32, in3, hw, SHOAL_DTYPE_BF16, rows, n, k);
+    /* the parts by gemm_rows.cu's kernel (the default), and by cuBLAS */
+    kernels_backend *cublas_parts = open_gpu_with("SHOAL_CUDA_GEMM_ROWS_PARTS", "0");
+    for (int bi = 0; bi < 2; bi++)
+        for (int s = 0; s < (test_sanitize ? 2 : 4); s++)
+            for (int ri = 0; ri < 6; ri++) {
+                kernels_backend *g = bi ? cublas_parts : gpu;
+                const int n = nk[s][0], k = nk[s][1], rows = rowss[ri];
+                const size_t xn = (size_t)rows * n, inn = (size_t)rows * k, wn = (size_t)n * k;
+                float *x0 = xmalloc(xn * 4), *in = xmalloc(inn * 4), *wt = xmalloc(wn * 4);
+                float *nw = xmalloc((size_t)n * 4), *prod = xmalloc(xn * 4),
+                      *part = xmalloc(xn * 4);
+                float *x1 = xmalloc(xn * 4), *href = xmalloc(xn * 4), *xbad = xmalloc(xn * 4);
+                float *gx = xmalloc(xn * 4), *gh = xmalloc(xn * 4), *px = xmalloc(xn * 4),
+                      *ph = xmalloc(xn * 4);
+                uint16_t *hw = xmalloc(wn * 2);
+                fill_uniform(x0, xn, 2.0f, act);
+                fill_uniform(in, inn, 1.0f, act);
+                fill_uniform(wt, wn, 0.1f, SHOAL_DTYPE_BF16);
+                for (size_t i = 0; i < wn; i++)
+                    hw[i] = shoal_f32_to_bf16(wt[i]);
+                for (int i = 0; i < n; i++)
+                    nw[i] = 1.0f + 0.5f * rnd_uniform();
+                /* the host: x1 = x0 + the product as stored, then the norm */
+                cpu->matmul(cpu, prod, SHOAL_DTYPE_F32, in, hw, SHOAL_DTYPE_BF16, rows, n, k);
                 for (size_t i = 0; i < xn; i++)
-                    xbad[i] = round_to(x0[i] + round_to(part[i], act), act);
-                CHECK_MSG(rel_err(xbad, x1, xn) > 10 * tol_for(act),
-                          "matmul_add_rmsnorm %s: a part left out stays within the tolerance",
-                          shape);
-                free(in3);
+                    x1[i] = round_to(x0[i] + round_to(prod[i], act), act);
+                cpu->rmsnorm(cpu, href, x1, NULL, nw, rows, n, eps);
+                char shape[80];
+                snprintf(shape, sizeof shape, "rows %d n %d k %d, %s", rows, n, k,
+                         bi ? "cublas" : "gemm_rows");
+                /* the product with its last quarter of k left out */
+                if (k % 4 == 0) {
+                    float *in3 = xmalloc(inn * 4);
+                    for (int r = 0; r < rows; r++)
+                        for (int j = 0; j < k; j++)
+                            in3[(size_t)r * k + j] = j < 3 * k / 4 ? in[(size_t)r * k + j] : 0.0f;
+                    cpu->matmul(cpu, part, SHOAL_DTYPE_F32, in3, hw, SHOAL_DTYPE_BF16, rows, n, k);
+                    for (size_t i = 0; i < xn; i++)
+                        xbad[i] = round_to(x0[i] + round_to(part[i], act), act);
+                    CHECK_MSG(rel_err(xbad, x1, xn) > 10 * tol_for(act),
+                              "matmul_add_rmsnorm %s: a part left out stays within the tolerance",
+                              shape);
+                    free(in3);
+                }
+                void *dx = dev_from_f32(g, x0, xn, act), *dx2 = dev_from_f32(g, x0, xn, act);
+                void *din = dev_from_f32(g, in, inn, act);
+                void *dw = dev_copy(g, hw, wn * 2);
+                void *dnw = dev_from_f32(g, nw, (size_t)n, SHOAL_DTYPE_F32);
+                void *dh = dev_alloc(g, xn * ab), *dh2 = dev_alloc(g, xn * ab),
+                     *dp = dev_alloc(g, xn * ab);
+                dev_poison(g, dh, xn * ab);
+                bool took = g->matmul_add_rmsnorm(g, dh, dx, din, dw, SHOAL_DTYPE_BF16, dnw, rows,
+                                                  n, k, eps);
+                CHECK_MSG(took == parts_take(rows, n, k, bi == 0), "matmul_add_rmsnorm %s (%s): %s",
+                          shape, act_name(act),
+                          took ? "taken where the rule says not" : "not taken");
+                f32_from_dev(g, gx, dx, xn, act);
+                if (took) {
+                    f32_from_dev(g, gh, dh, xn, act);
+                    report("matmul_add_rmsnorm x", shape, rel_err(gx, x1, xn), tol_for(act));
+                    report("matmul_add_rmsnorm out", shape, rel_err(gh, href, xn), tol_for(act));
+                    /* the GPU's passes */
+                    g->matmul(g, dp, act, din, dw, SHOAL_DTYPE_BF16, rows, n, k);
+                    g->rmsnorm(g, dh2, dx2, dp, dnw, rows, n, eps);
+                    f32_from_dev(g, px, dx2, xn, act);
+                    f32_from_dev(g, ph, dh2, xn, act);
+                    char vs[112];
+                    snprintf(vs, sizeof vs, "%s vs matmul, rmsnorm", shape);
+                    report("matmul_add_rmsnorm x", vs, rel_err(gx, px, xn), tol_for(act));
+                    report("matmul_add_rmsnorm out", vs, rel_err(gh, ph, xn), tol_for(act));
+                } else {
+                    size_t bad = count_differing(gx, x0, xn);
+                    CHECK_MSG(bad == 0, "matmul_add_rmsnorm %s: not taken, yet x changed in %zu",
+                              shape, bad);
+                }
+                CHECK(g->sync(gpu) == SHOAL_OK);
+                void *dev[] = {dx, dx2, din, dw, dnw, dh, dh2, dp};
+                for (int i = 0; i < 8; i++)
+                    g->free(g, dev[i]);
+                void *host[] = {x0, in, wt, nw, prod, part, x1, href, xbad, gx, gh, px, ph, hw};
+                for (int i = 0; i < 14; i++)
+                    free(host[i]);
             }
-            void *dx = dev_from_f32(gpu, x0, xn, act), *dx2 = dev_from_f32(gpu, x0, xn, act);
-            void *din = dev_from_f32(gpu, in, inn, act);
-            void *dw = dev_copy(gpu, hw, wn * 2);
-            void *dnw = dev_from_f32(gpu, nw, (size_t)n, SHOAL_DTYPE_F32);
-            void *dh = dev_alloc(gpu, xn * ab), *dh2 = dev_alloc(gpu, xn * ab),
-                 *dp = dev_alloc(gpu, xn * ab);
-            dev_poison(gpu, dh, xn * ab);
-            bool took = gpu->matmul_add_rmsnorm(gpu, dh, dx, din, dw, SHOAL_DTYPE_BF16, dnw, rows,
-                                                n, k, eps);
-            CHECK_MSG(took == parts_take(rows, n, k), "matmul_add_rmsnorm %s (%s): %s", shape,
-                      act_name(act), took ? "taken where the rule says not" : "not taken");
-            f32_from_dev(gpu, gx, dx, xn, act);
-            if (took) {
-                f32_from_dev(gpu, gh, dh, xn, act);
-                report("matmul_add_rmsnorm x", shape, rel_err(gx, x1, xn), tol_for(act));
-                report("matmul_add_rmsnorm out", shape, rel_err(gh, href, xn), tol_for(act));
-                /* the GPU's passes */
-                gpu->matmul(gpu, dp, act, din, dw, SHOAL_DTYPE_BF16, rows, n, k);
-                gpu->rmsnorm(gpu, dh2, dx2, dp, dnw, rows, n, eps);
-                f32_from_dev(gpu, px, dx2, xn, act);
-                f32_from_dev(gpu, ph, dh2, xn, act);
-                char vs[112];
-                snprintf(vs, sizeof vs, "%s vs matmul, rmsnorm", shape);
-                report("matmul_add_rmsnorm x", vs, rel_err(gx, px, xn), tol_for(act));
-                report("matmul_add_rmsnorm out", vs, rel_err(gh, ph, xn), tol_for(act));
-            } else {
-                size_t bad = count_differing(gx, x0, xn);
-                CHECK_MSG(bad == 0, "matmul_add_rmsnorm %s: not taken, yet x changed in %zu", shape,
-                          bad);
-            }
-            CHECK(gpu->sync(gpu) == SHOAL_OK);
-            void *dev[] = {dx, dx2, din, dw, dnw, dh, dh2, dp};
-            for (int i = 0; i < 8; i++)
-                gpu->free(gpu, dev[i]);
-            void *host[] = {x0, in, wt, nw, prod, part, x1, href, xbad, gx, gh, px, ph, hw};
-            for (int i = 0; i < 14; i++)
-                free(host[i]);
-        }
+    kernels_backend_close(cublas_parts);
 }
 
 /* The split-K GEMM (SHOAL_CUDA_GEMM_SPLITK=1, bf16, 2 to 64 rows) against
@@ -535,6 +547,61 @@ static void matmul_split_k_matches_cpu(void)
         kernels_backend_close(be);
     }
     unsetenv("SHOAL_CUDA_GEMM_SPLITK");
+}
+
+/* matmul past the GEMV's rows by gemm_rows.cu's kernel
+ * (SHOAL_CUDA_GEMM_ROWS_PLAIN 1 and 2: tiles of 64 and 128 weight rows)
+ * against the CPU within bf16's tolerance, the same bits twice; n not a
+ * multiple of a tile, k not of a stage (boxes past them land as zeros),
+ * the 8B model's q/k/v (6144 x 4096, not under the sanitizer). */
+static void matmul_gemm_rows_matches_cpu(void)
+{
+    static const int nk[][2] = {{128, 64}, {200, 200}, {6144, 4096}};
+    static const int rowss[] = {9, 33, 64};
+    static const char *variants[] = {"1", "2"};
+    if (act != SHOAL_DTYPE_BF16)
+        return;
+    for (int v = 0; v < 2; v++) {
+        kernels_backend *be = open_gpu_with("SHOAL_CUDA_GEMM_ROWS_PLAIN", variants[v]);
+        for (int s = 0; s < 3; s++)
+            for (int ri = 0; ri < 3; ri++) {
+                const int rows = rowss[ri], n = nk[s][0], k = nk[s][1];
+                if (test_sanitize && (size_t)n * k > (1u << 22))
+                    continue;
+                const size_t on = (size_t)rows * n, wn = (size_t)n * k;
+                float *in = xmalloc((size_t)rows * k * 4), *wt = xmalloc(wn * 4);
+                float *ref = xmalloc(on * 4), *got = xmalloc(on * 4), *again = xmalloc(on * 4);
+                uint16_t *hw = xmalloc(wn * 2);
+                fill_uniform(in, (size_t)rows * k, 1.0f, act);
+                fill_uniform(wt, wn, 0.1f, SHOAL_DTYPE_BF16);
+                for (size_t i = 0; i < wn; i++)
+                    hw[i] = shoal_f32_to_bf16(wt[i]);
+                cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, in, hw, SHOAL_DTYPE_BF16, rows, n, k);
+                void *din = dev_from_f32(be, in, (size_t)rows * k, act);
+                void *dw = dev_copy(be, hw, wn * 2);
+                void *dout = dev_alloc(be, on * 2);
+                for (int run = 0; run < 2; run++) {
+                    dev_poison(be, dout, on * 2);
+                    be->matmul(be, dout, act, din, dw, SHOAL_DTYPE_BF16, rows, n, k);
+                    f32_from_dev(be, run ? again : got, dout, on, act);
+                }
+                char shape[96];
+                snprintf(shape, sizeof shape, "rows %d n %d k %d, tiles of %s", rows, n, k,
+                         v ? "128" : "64");
+                report("matmul (gemm rows)", shape, rel_err(got, ref, on), tol_for(act));
+                size_t bad = count_differing(got, again, on);
+                CHECK_MSG(bad == 0, "matmul (gemm rows) %s: %zu elements differ between two runs",
+                          shape, bad);
+                CHECK(be->sync(be) == SHOAL_OK);
+                be->free(be, din);
+                be->free(be, dw);
+                be->free(be, dout);
+                void *host[] = {in, wt, ref, got, again, hw};
+                for (int i = 0; i < 6; i++)
+                    free(host[i]);
+            }
+        kernels_backend_close(be);
+    }
 }
 
 /* The CPU's silu(g) * u with g and u rounded to the activations, as
@@ -884,7 +951,7 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
     kernels_backend_close(off);
 }
 
-/* Whether matmul_swiglu takes gemm_swiglu.cu's kernel on a backend
+/* Whether matmul_swiglu takes gemm_rows.cu's kernel on a backend
  * whose GEMV takes one row: bf16, 2 to 64 rows, k a whole number of
  * 16-byte chunks (the tensor maps' row pitch). */
 static bool gemm_swiglu_takes(int rows, int k)
@@ -892,9 +959,9 @@ static bool gemm_swiglu_takes(int rows, int k)
     return act == SHOAL_DTYPE_BF16 && rows >= 2 && rows <= 64 && k % 8 == 0;
 }
 
-/* matmul_swiglu past the GEMV's rows as one kernel (SHOAL_CUDA_GEMM_SWIGLU
- * 1 to 4: halves of 96 and 64 weight rows, six and four stages, clusters
- * of two sharing the round's rows; 0 and 1 stages copied before the wait)
+/* matmul_swiglu past the GEMV's rows as one kernel (gemm_rows.cu;
+ * SHOAL_CUDA_GEMM_SWIGLU 1 to 3: halves of 96 and 64 weight rows, six and
+ * four stages; 0 and 1 stages copied before the wait)
  * against the CPU's composition and against the GPU's own passes
  * (SHOAL_CUDA_GEMM_SWIGLU=0: cuBLAS's batched GEMM, then swiglu), both
  * within the dtype's tolerance; the same bits on a second call. n not a
@@ -909,18 +976,18 @@ static void gemm_swiglu_matches_the_passes(void)
 {
     static const int nk[][2] = {{96, 64}, {200, 200}, {300, 1024}, {64, 100}, {12288, 4096}};
     static const int rowss[] = {1, 2, 9, 33, 64, 65};
-    /* SHOAL_CUDA_GEMM_SWIGLU and _PRE (stages copied before the wait) */
-    static const char *variants[][2] = {{"1", "6"}, {"2", "6"}, {"3", "6"}, {"4", "6"},
-                                        {"1", "0"}, {"4", "1"}};
+    /* SHOAL_CUDA_GEMM_SWIGLU and SHOAL_CUDA_GEMM_ROWS_PRE (stages copied
+     * before the wait) */
+    static const char *variants[][2] = {{"1", "6"}, {"2", "6"}, {"3", "6"}, {"1", "0"}, {"1", "1"}};
     enum { NV = sizeof variants / sizeof variants[0] };
     if (act != SHOAL_DTYPE_BF16)
         return;
     kernels_backend *off = open_gpu_with("SHOAL_CUDA_GEMM_SWIGLU", "0");
     kernels_backend *bes[NV];
     for (int v = 0; v < NV; v++) {
-        setenv("SHOAL_CUDA_GEMM_SWIGLU_PRE", variants[v][1], 1);
+        setenv("SHOAL_CUDA_GEMM_ROWS_PRE", variants[v][1], 1);
         bes[v] = open_gpu_with("SHOAL_CUDA_GEMM_SWIGLU", variants[v][0]);
-        unsetenv("SHOAL_CUDA_GEMM_SWIGLU_PRE");
+        unsetenv("SHOAL_CUDA_GEMM_ROWS_PRE");
     }
     for (int s = 0; s < 5; s++)
         for (int ri = 0; ri < 6; ri++)
@@ -1528,6 +1595,7 @@ int main(int argc, char **argv)
         TEST_RUN(matmul_split_k_matches_cpu);
         TEST_RUN(matmul_add_rmsnorm_matches_the_passes);
         TEST_RUN(gemm_swiglu_matches_the_passes);
+        TEST_RUN(matmul_gemm_rows_matches_cpu);
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
