@@ -246,7 +246,7 @@ struct kernels_backend {
      * out (up == out + n), a backend may take both projections as one
      * matmul of 2n weight rows; one may also form the product in its
      * matmul's last step and write no projection (the CUDA GEMV at one
-     * row: no swiglu pass). */
+     * row, its TMA GEMM at 2 to 64: no swiglu pass). */
     void (*matmul_swiglu)(kernels_backend *be, void *out, void *up, const void *in,
                           const void *wg, const void *wu, shoal_dtype wdtype, int rows, int n,
                           int k);

@@ -337,7 +337,6 @@ static void pick_kernels(cuda_state *st)
     st->gemm_swiglu = env_int("SHOAL_CUDA_GEMM_SWIGLU", legacy ? 0 : 1);
     st->gemm_rows_parts = env_int("SHOAL_CUDA_GEMM_ROWS_PARTS", legacy ? 0 : 1) != 0;
     st->gemm_rows_pre = env_int("SHOAL_CUDA_GEMM_ROWS_PRE", 6);
-    st->gemm_rows_plain = env_int("SHOAL_CUDA_GEMM_ROWS_PLAIN", 0);
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)

@@ -241,7 +241,6 @@ typedef struct cuda_state {
      * before the wait on the kernel before (SHOAL_CUDA_GEMM_ROWS_PRE, 6) */
     int gemm_swiglu;
     bool gemm_rows_parts;
-    int gemm_rows_plain;
     int gemm_rows_pre;
     int gemm_clusters[2][9]; /* [8 stages, 4][S]: clusters that fit at once */
     cuda_gemm_tmap gemm_maps[CUDA_GEMM_MAPS];
@@ -592,15 +591,11 @@ bool cuda_gemm_map(cuda_state *st, const void *p, int k, int height, int box_row
  * cuda_gemm_swiglu: matmul_swiglu as one kernel (SHOAL_CUDA_GEMM_SWIGLU).
  * cuda_gemm_parts: nparts f32 parts of out = in w^T, part p over k's
  * columns [p k / nparts, (p + 1) k / nparts), [nparts][rows][n] at parts
- * (SHOAL_CUDA_GEMM_ROWS_PARTS; k a multiple of 64 nparts, n of 4).
- * cuda_gemm_plain: matmul's bf16 out = in w^T at 9 to 64 rows
- * (SHOAL_CUDA_GEMM_ROWS_PLAIN, off by default). Their
+ * (SHOAL_CUDA_GEMM_ROWS_PARTS; k a multiple of 64 nparts, n of 4). Their
  * init, at open after cuda_attention_prompt_init, raises their
  * shared-memory limits. */
 bool cuda_gemm_swiglu(kernels_backend *be, void *out, const void *in, const void *wg,
                       const void *wu, int rows, int n, int k);
-bool cuda_gemm_plain(kernels_backend *be, void *out, const void *in, const void *w, int rows,
-                     int n, int k);
 bool cuda_gemm_parts(kernels_backend *be, float *parts, const void *in, const void *w, int rows,
                      int n, int k, int nparts);
 shoal_err cuda_gemm_rows_init(kernels_backend *be);

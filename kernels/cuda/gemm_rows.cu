@@ -25,17 +25,16 @@
  * memory: g and u rounded to bf16 as the stored projections are, silu(g)
  * * u as the swiglu kernel forms it; or the part, as f32.
  *
- * Measured (H200, kernels/lab rows 30.x): gate/up with swiglu at 64 rows
- * 52.2 us against cuBLAS's batched GEMM and the pass's 59.4 (shoal-lab-ops
- * --gate-up), 48.0 against 56.2 at 9 rows. */
+ * Measured (H200, kernels/lab rows 30.1-30.6): gate/up with swiglu at 64
+ * rows 52.2 us against cuBLAS's batched GEMM and the pass's 59.4
+ * (shoal-lab-ops --gate-up), 48.0 against 56.2 at 9 rows; in the model,
+ * with down's and o's parts, batch 64 at 1k +2.2% and batch 16 +4.1%
+ * against cuBLAS. Tiles of 64 weight rows for a plain matmul (q/k/v, 96
+ * blocks) were slower than cuBLAS (20.2 against 16.2 us at 64 rows): the
+ * round's rows are read from L2 once a tile, as many bytes as the
+ * weights'. */
 #include "cuda_ops.h"
 #include "wgmma.cuh"
-
-extern "C" {
-#include "common/common_log.h"
-}
-
-#include <string.h>
 
 enum {
     GR_BM = 64,       /* rows of the round at most (wgmma's n) */
@@ -44,7 +43,7 @@ enum {
     GR_X_BYTES = GR_BM * GR_BK * 2,
 };
 
-enum gr_mode { GR_SWIGLU, GR_PARTS, GR_PLAIN };
+enum gr_mode { GR_SWIGLU, GR_PARTS };
 
 /* A block's tile: TILES slices of 64 weight rows (SWIGLU: the first half
  * gate rows, the second the same up rows) and STAGES stages of 64 k. */
@@ -190,22 +189,6 @@ static __global__ void __launch_bounds__(GR_THREADS, 1)
                     o[e] = h[e];
             }
         }
-    } else if constexpr (MODE == GR_PLAIN) {
-        /* two bf16 a thread */
-        bf16 *o0 = (bf16 *)out;
-        for (int idx = threadIdx.x; idx < rows * (S::rows / 2); idx += 128) {
-            const int m = idx / (S::rows / 2), jj = 2 * (idx % (S::rows / 2)), j = j0 + jj;
-            const float2 v = *(const float2 *)(red + m * S::red_stride + jj);
-            bf16 *o = o0 + (size_t)m * n + j;
-            if (j + 1 < n && (uintptr_t)o % 4 == 0) {
-                *(__nv_bfloat162 *)o = __floats2bfloat162_rn(v.x, v.y);
-            } else {
-                if (j < n)
-                    o[0] = __float2bfloat16_rn(v.x);
-                if (j + 1 < n)
-                    o[1] = __float2bfloat16_rn(v.y);
-            }
-        }
     } else {
         /* four f32 a thread; n a multiple of 4 (the caller's rule) */
         float *part = (float *)out + (size_t)blockIdx.y * rows * n;
@@ -240,13 +223,6 @@ enum { GR_SWIGLU_VARIANTS = sizeof gr_swiglu / sizeof gr_swiglu[0] };
 /* matmul_add_rmsnorm's parts: tiles of 128 weight rows, six stages. */
 static const gr_variant gr_parts = {gemm_rows<2, 6, GR_PARTS>, 128, gr_shape<2, 6>::smem};
 
-/* matmul's, by SHOAL_CUDA_GEMM_ROWS_PLAIN: 1 = tiles of 64 weight rows
- * (q/k/v of the 8B shape: 96 blocks), 2 = of 128 (48 blocks). */
-static const gr_variant gr_plain[] = {
-    {gemm_rows<1, 6, GR_PLAIN>, 64, gr_shape<1, 6>::smem},
-    {gemm_rows<2, 6, GR_PLAIN>, 128, gr_shape<2, 6>::smem},
-};
-
 static void gr_launch(cuda_state *st, const gr_variant *v, dim3 grid, const CUtensorMap &wmap,
                       const CUtensorMap &umap, const CUtensorMap &xmap, void *out, int rows, int n,
                       int ksteps)
@@ -277,25 +253,6 @@ bool cuda_gemm_swiglu(kernels_backend *be, void *out, const void *in, const void
     return true;
 }
 
-bool cuda_gemm_plain(kernels_backend *be, void *out, const void *in, const void *w, int rows,
-                     int n, int k)
-{
-    cuda_state *st = cuda_of(be);
-    if (st->gemm_rows_plain < 1 || st->gemm_rows_plain > 2 || !st->sm90a || !st->tmap_encode ||
-        rows <= CUDA_GEMV_ROWS_MAX || rows > GR_BM || k % 8 != 0 ||
-        ((uintptr_t)in | (uintptr_t)w) % 16 != 0)
-        return false;
-    const gr_variant *v = &gr_plain[st->gemm_rows_plain - 1];
-    CUtensorMap wmap, xmap;
-    if (!cuda_gemm_map(st, w, k, n, v->tile_rows, &wmap) ||
-        !cuda_gemm_map(st, in, k, rows, rows, &xmap))
-        return false;
-    const unsigned blocks = (unsigned)((n + v->tile_rows - 1) / v->tile_rows);
-    gr_launch(st, v, dim3(blocks), wmap, wmap, xmap, out, rows, n, (k + GR_BK - 1) / GR_BK);
-    cuda_launched(be, "matmul (gemm rows)");
-    return true;
-}
-
 bool cuda_gemm_parts(kernels_backend *be, float *parts, const void *in, const void *w, int rows,
                      int n, int k, int nparts)
 {
@@ -322,14 +279,9 @@ shoal_err cuda_gemm_rows_init(kernels_backend *be)
         /* cuBLAS's GEMMs and the passes serve */
         st->gemm_swiglu = 0;
         st->gemm_rows_parts = false;
-        st->gemm_rows_plain = 0;
         return SHOAL_OK;
     }
     for (const gr_variant &v : gr_swiglu)
-        if (cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)v.smem) != cudaSuccess)
-            goto fail;
-    for (const gr_variant &v : gr_plain)
         if (cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)v.smem) != cudaSuccess)
             goto fail;

@@ -231,8 +231,7 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
         return;
     }
     if (wdtype == act && out_dtype == act && act == SHOAL_DTYPE_BF16 &&
-        (cuda_gemm_plain(be, out, in, w, rows, n, k) ||
-         cuda_matmul_splitk(be, out, in, w, rows, n, k)))
+        cuda_matmul_splitk(be, out, in, w, rows, n, k))
         return;
     if (wdtype == act) {
         /* Row-major out = in w^T is column-major out^T = w^T(op T) in: the
@@ -268,7 +267,9 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
 /* The GEMV with SwiGLU in its last step where it takes the matmul (one
  * row by default; SHOAL_CUDA_GEMV_SWIGLU=0 turns it off): the swiglu
  * kernel, its launch and the round trip of the projections through memory
- * go. Elsewhere the composition, with joined weights and outputs as one
+ * go. Past its rows, up to 64, gemm_rows.cu's kernel does the same
+ * (SHOAL_CUDA_GEMM_SWIGLU=0 turns it off; up is left unwritten).
+ * Elsewhere the composition, with joined weights and outputs as one
  * matmul of 2n rows, as the model ran it before. */
 void cuda_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
                         const void *wu, shoal_dtype wdtype, int rows, int n, int k)

@@ -549,61 +549,6 @@ static void matmul_split_k_matches_cpu(void)
     unsetenv("SHOAL_CUDA_GEMM_SPLITK");
 }
 
-/* matmul past the GEMV's rows by gemm_rows.cu's kernel
- * (SHOAL_CUDA_GEMM_ROWS_PLAIN 1 and 2: tiles of 64 and 128 weight rows)
- * against the CPU within bf16's tolerance, the same bits twice; n not a
- * multiple of a tile, k not of a stage (boxes past them land as zeros),
- * the 8B model's q/k/v (6144 x 4096, not under the sanitizer). */
-static void matmul_gemm_rows_matches_cpu(void)
-{
-    static const int nk[][2] = {{128, 64}, {200, 200}, {6144, 4096}};
-    static const int rowss[] = {9, 33, 64};
-    static const char *variants[] = {"1", "2"};
-    if (act != SHOAL_DTYPE_BF16)
-        return;
-    for (int v = 0; v < 2; v++) {
-        kernels_backend *be = open_gpu_with("SHOAL_CUDA_GEMM_ROWS_PLAIN", variants[v]);
-        for (int s = 0; s < 3; s++)
-            for (int ri = 0; ri < 3; ri++) {
-                const int rows = rowss[ri], n = nk[s][0], k = nk[s][1];
-                if (test_sanitize && (size_t)n * k > (1u << 22))
-                    continue;
-                const size_t on = (size_t)rows * n, wn = (size_t)n * k;
-                float *in = xmalloc((size_t)rows * k * 4), *wt = xmalloc(wn * 4);
-                float *ref = xmalloc(on * 4), *got = xmalloc(on * 4), *again = xmalloc(on * 4);
-                uint16_t *hw = xmalloc(wn * 2);
-                fill_uniform(in, (size_t)rows * k, 1.0f, act);
-                fill_uniform(wt, wn, 0.1f, SHOAL_DTYPE_BF16);
-                for (size_t i = 0; i < wn; i++)
-                    hw[i] = shoal_f32_to_bf16(wt[i]);
-                cpu->matmul(cpu, ref, SHOAL_DTYPE_F32, in, hw, SHOAL_DTYPE_BF16, rows, n, k);
-                void *din = dev_from_f32(be, in, (size_t)rows * k, act);
-                void *dw = dev_copy(be, hw, wn * 2);
-                void *dout = dev_alloc(be, on * 2);
-                for (int run = 0; run < 2; run++) {
-                    dev_poison(be, dout, on * 2);
-                    be->matmul(be, dout, act, din, dw, SHOAL_DTYPE_BF16, rows, n, k);
-                    f32_from_dev(be, run ? again : got, dout, on, act);
-                }
-                char shape[96];
-                snprintf(shape, sizeof shape, "rows %d n %d k %d, tiles of %s", rows, n, k,
-                         v ? "128" : "64");
-                report("matmul (gemm rows)", shape, rel_err(got, ref, on), tol_for(act));
-                size_t bad = count_differing(got, again, on);
-                CHECK_MSG(bad == 0, "matmul (gemm rows) %s: %zu elements differ between two runs",
-                          shape, bad);
-                CHECK(be->sync(be) == SHOAL_OK);
-                be->free(be, din);
-                be->free(be, dw);
-                be->free(be, dout);
-                void *host[] = {in, wt, ref, got, again, hw};
-                for (int i = 0; i < 6; i++)
-                    free(host[i]);
-            }
-        kernels_backend_close(be);
-    }
-}
-
 /* The CPU's silu(g) * u with g and u rounded to the activations, as
  * every GPU path stores them before the product (the fused GEMV rounds
  * them; the unfused path stores them): against the CPU's f32 g and u,
@@ -1595,7 +1540,6 @@ int main(int argc, char **argv)
         TEST_RUN(matmul_split_k_matches_cpu);
         TEST_RUN(matmul_add_rmsnorm_matches_the_passes);
         TEST_RUN(gemm_swiglu_matches_the_passes);
-        TEST_RUN(matmul_gemm_rows_matches_cpu);
         if (!exact_ops_done) { /* act-independent: once */
             exact_ops_done = true;
             TEST_RUN(fill_random_makes_the_host_generators_bits);
