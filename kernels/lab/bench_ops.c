@@ -579,7 +579,7 @@ static void gemm_sweep(kernels_backend *const *bes, const char *const *names, in
 
 /* matmul_swiglu (gate and up, 24,576 x 4,096 joined, then silu(g) * u)
  * past the GEMV's rows: the passes (cuBLAS's batched GEMM, swiglu)
- * against gemm_swiglu.cu's shapes; GB/s of weights + activations. */
+ * against gemm_rows.cu's shapes; GB/s of weights + activations. */
 static void gate_up_sweep(kernels_backend *const *bes, const char *const *names, int nvar, bufs *b,
                           int reps)
 {

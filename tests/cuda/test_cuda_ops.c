@@ -865,7 +865,7 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
                         bool gemv = b != 2 && rows <= (b == 1 ? 8 : 1) && k % 8 == 0;
                         bool bf16s = act == SHOAL_DTYPE_BF16 && wdt[w] == SHOAL_DTYPE_BF16;
                         bool batched = dwu == dw + wbytes && rows > 1 && !gemv && bf16s;
-                        /* past the GEMV, 2 to 64 rows: one kernel (gemm_swiglu.cu) */
+                        /* past the GEMV, 2 to 64 rows: one kernel (gemm_rows.cu) */
                         bool gemm = rows > 1 && rows <= 64 && !gemv && bf16s && k % 8 == 0;
                         if (batched || gemm) {
                             report(gemm ? "matmul_swiglu (gemm) vs matmul, matmul, swiglu"
