@@ -362,6 +362,15 @@ static kernels_backend *open_gpu_with(const char *name, const char *value)
     return be;
 }
 
+/* Whether the GPU runs gemm_rows.cu's kernels: sm_90a code (a device of
+ * compute capability 9.0) and, on a dry run, never. */
+static bool gpu_has_tma_gemm(void)
+{
+    struct cudaDeviceProp p;
+    return !test_dry && cudaGetDeviceProperties(&p, 0) == cudaSuccess && p.major == 9 &&
+           p.minor == 0;
+}
+
 /* Whether the CUDA backend's matmul_add_rmsnorm takes these operands
  * (matmul.cu: gemm_parts, its default rule): bf16, 9 to 64 rows, k of
  * four parts of whole 16-byte chunks, a k of at least twice n or, at up
@@ -369,7 +378,7 @@ static kernels_backend *open_gpu_with(const char *name, const char *value)
  * four parts of whole 64-column stages), at least n. */
 static bool parts_take(int rows, int n, int k, bool ours)
 {
-    ours = ours && k % 256 == 0 && n % 4 == 0;
+    ours = ours && gpu_has_tma_gemm() && k % 256 == 0 && n % 4 == 0;
     return act == SHOAL_DTYPE_BF16 && rows >= 9 && rows <= 64 && n % 8 == 0 && k % 32 == 0 &&
            (k >= 2 * n || (k >= n && (rows <= 32 || ours)));
 }
@@ -387,7 +396,9 @@ static bool parts_take(int rows, int n, int k, bool ours)
  * shape. */
 static void matmul_add_rmsnorm_matches_the_passes(void)
 {
-    static const int nk[][2] = {{256, 1024}, {512, 512}, {264, 520}, {1024, 4096}};
+    /* {136, 2048}: a part of the kernel's tile past n, and more steps a
+     * part than its stages (each slot taken twice), under the sanitizer */
+    static const int nk[][2] = {{256, 1024}, {136, 2048}, {512, 512}, {264, 520}, {1024, 4096}};
     static const int rowss[] = {8, 9, 16, 33, 64, 65};
     const float eps = 1e-6f;
     /* the CPU backend, standing in on a dry run, has none */
@@ -399,7 +410,7 @@ static void matmul_add_rmsnorm_matches_the_passes(void)
     /* the parts by gemm_rows.cu's kernel (the default), and by cuBLAS */
     kernels_backend *cublas_parts = open_gpu_with("SHOAL_CUDA_GEMM_ROWS_PARTS", "0");
     for (int bi = 0; bi < 2; bi++)
-        for (int s = 0; s < (test_sanitize ? 2 : 4); s++)
+        for (int s = 0; s < (test_sanitize ? 2 : 5); s++)
             for (int ri = 0; ri < 6; ri++) {
                 kernels_backend *g = bi ? cublas_parts : gpu;
                 const int n = nk[s][0], k = nk[s][1], rows = rowss[ri];
@@ -471,7 +482,7 @@ static void matmul_add_rmsnorm_matches_the_passes(void)
                     CHECK_MSG(bad == 0, "matmul_add_rmsnorm %s: not taken, yet x changed in %zu",
                               shape, bad);
                 }
-                CHECK(g->sync(gpu) == SHOAL_OK);
+                CHECK(g->sync(g) == SHOAL_OK);
                 void *dev[] = {dx, dx2, din, dw, dnw, dh, dh2, dp};
                 for (int i = 0; i < 8; i++)
                     g->free(g, dev[i]);
@@ -901,7 +912,7 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
  * 16-byte chunks (the tensor maps' row pitch). */
 static bool gemm_swiglu_takes(int rows, int k)
 {
-    return act == SHOAL_DTYPE_BF16 && rows >= 2 && rows <= 64 && k % 8 == 0;
+    return act == SHOAL_DTYPE_BF16 && gpu_has_tma_gemm() && rows >= 2 && rows <= 64 && k % 8 == 0;
 }
 
 /* matmul_swiglu past the GEMV's rows as one kernel (gemm_rows.cu;
@@ -919,7 +930,9 @@ static bool gemm_swiglu_takes(int rows, int k)
  * far more than the tolerance: checked on the host. */
 static void gemm_swiglu_matches_the_passes(void)
 {
-    static const int nk[][2] = {{96, 64}, {200, 200}, {300, 1024}, {64, 100}, {12288, 4096}};
+    /* {101, 128}: odd n, the stores one element at a time */
+    static const int nk[][2] = {{96, 64},    {200, 200}, {101, 128},
+                                {300, 1024}, {64, 100},  {12288, 4096}};
     static const int rowss[] = {1, 2, 9, 33, 64, 65};
     /* SHOAL_CUDA_GEMM_SWIGLU and SHOAL_CUDA_GEMM_ROWS_PRE (stages copied
      * before the wait) */
@@ -934,7 +947,7 @@ static void gemm_swiglu_matches_the_passes(void)
         bes[v] = open_gpu_with("SHOAL_CUDA_GEMM_SWIGLU", variants[v][0]);
         unsetenv("SHOAL_CUDA_GEMM_ROWS_PRE");
     }
-    for (int s = 0; s < 5; s++)
+    for (int s = 0; s < 6; s++)
         for (int ri = 0; ri < 6; ri++)
             for (int joined = 0; joined < 2; joined++) {
                 const int rows = rowss[ri], n = nk[s][0], k = nk[s][1];
