@@ -76,17 +76,11 @@ static __global__ void __launch_bounds__(GR_THREADS, 1)
     const int j0 = (int)blockIdx.x * (MODE == GR_SWIGLU ? HALF : S::rows);
     const int k0 = (int)blockIdx.y * ksteps * GR_BK;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    unsigned char *smem = gr_raw + ((1024 - ((uintptr_t)gr_raw & 1023)) & 1023);
+    unsigned char *smem = wg::align_1024(gr_raw);
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(full);
     const uint32_t empty0 = (uint32_t)__cvta_generic_to_shared(empty);
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < STAGES; i++) {
-            wg::bar_init(full0 + 8 * i, 1);
-            wg::bar_init(empty0 + 8 * i, 4); /* lane 0 of each computing warp */
-        }
-        wg::bar_init_fence();
-    }
+    wg::stages_init(full0, empty0, STAGES, 4); /* lane 0 of each computing warp */
     __syncthreads();
     pdl_trigger();
     if (warp == 4) {
@@ -155,15 +149,9 @@ static __global__ void __launch_bounds__(GR_THREADS, 1)
      * stages' memory takes the sums, red[row of the round][tile row] */
     wg::named_sync(1, 128);
     float *red = (float *)smem;
-    const int wr = 16 * warp + (lane >> 2), col = 2 * (lane & 3);
 #pragma unroll
     for (int t = 0; t < TILES; t++)
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                red[(8 * i + col + (e & 1)) * S::red_stride + 64 * t + wr + (e >> 1) * 8] =
-                    d[t][i][e];
+        wg::sums_to_smem(d[t], red, S::red_stride, 64 * t, warp, lane);
     wg::named_sync(1, 128);
     pdl_wait(); /* out may have been read by a kernel before (passed long since) */
     if constexpr (MODE == GR_SWIGLU) {

@@ -368,9 +368,9 @@ bool cuda_matmul_add_rmsnorm(kernels_backend *be, void *out, void *x, const void
     /* part p = in[:, p k / parts ...] x w[:, the same columns]^T, f32:
      * column-major out^T of n x rows, batch p a k / parts further along
      * both operands' rows */
-    const int ks = k / parts;
     const long long stride = (long long)n * rows;
     if (!cuda_gemm_parts(be, st->gemm_parts_buf, in, w, rows, n, k, parts)) {
+        const int ks = k / parts;
         const float alpha = 1.0f, beta = 0.0f;
         cublasStatus_t s = cublasGemmStridedBatchedEx(
             st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, ks, &alpha, w, CUDA_R_16BF, k, ks, in,

@@ -73,17 +73,11 @@ static __global__ void __launch_bounds__(SK_THREADS, SK_STAGES == SK_STAGES_2 ? 
     const int tile = (int)blockIdx.x / splits;
     const int s0 = rank * ksteps / splits, steps = (rank + 1) * ksteps / splits - s0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    unsigned char *smem = sk_raw + ((1024 - ((uintptr_t)sk_raw & 1023)) & 1023);
+    unsigned char *smem = wg::align_1024(sk_raw);
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(full);
     const uint32_t empty0 = (uint32_t)__cvta_generic_to_shared(empty);
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < SK_STAGES; i++) {
-            wg::bar_init(full0 + 8 * i, 1);
-            wg::bar_init(empty0 + 8 * i, 4); /* lane 0 of each computing warp */
-        }
-        wg::bar_init_fence();
-    }
+    wg::stages_init(full0, empty0, SK_STAGES, 4); /* lane 0 of each computing warp */
     __syncthreads();
     pdl_trigger();
     if (warp == 4) {
@@ -138,15 +132,8 @@ static __global__ void __launch_bounds__(SK_THREADS, SK_STAGES == SK_STAGES_2 ? 
          * stages' memory takes the sums, red[row of the round][weight row] */
         wg::named_sync(1, 128);
         float *red = (float *)smem;
-        const int wr = 16 * warp + (lane >> 2), col = 2 * (lane & 3);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int m = 8 * i + col + (e & 1), j = wr + (e >> 1) * 8;
-                red[m * SK_RED_STRIDE + j] = d0[i][e];
-                red[m * SK_RED_STRIDE + 64 + j] = d1[i][e];
-            }
+        wg::sums_to_smem(d0, red, SK_RED_STRIDE, 0, warp, lane);
+        wg::sums_to_smem(d1, red, SK_RED_STRIDE, 64, warp, lane);
     }
     cluster.sync(); /* every block's sums written */
     pdl_wait();     /* out may still be read by the kernel before (passed already) */

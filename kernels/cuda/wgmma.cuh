@@ -127,6 +127,44 @@ static __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity)
 #endif
 }
 
+/* The stages of a TMA-fed GEMM (matmul_splitk.cu, gemm_rows.cu): dynamic
+ * shared memory from its first 1,024-byte boundary (the swizzle's repeat;
+ * the allocation asks for 1,024 more), and the stages' barrier pairs at
+ * full0 and empty0 (8 bytes apart), set by thread 0: `full` completes
+ * once the producer's copies have landed, `empty` once each of the
+ * `consumers` computing warps has arrived. The block syncs after. */
+static __device__ __forceinline__ unsigned char *align_1024(unsigned char *raw)
+{
+    return raw + ((1024 - ((uintptr_t)raw & 1023)) & 1023);
+}
+
+static __device__ __forceinline__ void stages_init(uint32_t full0, uint32_t empty0, int stages,
+                                                   int consumers)
+{
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < stages; i++) {
+            bar_init(full0 + 8 * i, 1);
+            bar_init(empty0 + 8 * i, consumers);
+        }
+        bar_init_fence();
+    }
+}
+
+/* One m64n64 accumulator (d of a warpgroup's thread, warp w of the group)
+ * into shared memory transposed: red[column][col0 + row], `stride` floats
+ * a column (the GEMMs' A rows are weight rows, their columns the round's
+ * rows). */
+static __device__ __forceinline__ void sums_to_smem(const float (&d)[8][4], float *red, int stride,
+                                                    int col0, int warp, int lane)
+{
+    const int r = col0 + 16 * warp + (lane >> 2), c = 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            red[(8 * i + c + (e & 1)) * stride + r + (e >> 1) * 8] = d[i][e];
+}
+
 /* One box of a 2-D tensor map (a __grid_constant__ kernel parameter) at
  * column `col`, row `row` into shared memory at dst, its bytes counted on
  * barrier bar. The map's 128-byte swizzle applies as sw128_at's does, from
