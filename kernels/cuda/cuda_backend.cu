@@ -257,6 +257,11 @@ extern "C" void cuda_backend_set_attention_fault(kernels_backend *be, kernels_at
     cuda_of(be)->attn_fault = fault;
 }
 
+extern "C" unsigned long cuda_backend_gemm_rows_launches(kernels_backend *be)
+{
+    return cuda_of(be)->gemm_rows_launches;
+}
+
 static shoal_err pick_act_dtype(shoal_dtype asked, shoal_dtype *out, shoal_diag *diag)
 {
     if (asked == SHOAL_DTYPE_INVALID) {

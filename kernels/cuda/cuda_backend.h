@@ -26,6 +26,11 @@ int cuda_backend_device_count(void);
 shoal_err cuda_backend_set_attention_slice_rows(kernels_backend *be, int rows);
 void cuda_backend_set_attention_fault(kernels_backend *be, kernels_attn_fault fault);
 
+/* Tests only: how many launches of gemm_rows.cu's kernels this backend has
+ * made (matmul_swiglu's and matmul_add_rmsnorm's parts), so a test can tell
+ * which path an op took where both give results within its tolerance. */
+unsigned long cuda_backend_gemm_rows_launches(kernels_backend *be);
+
 #ifdef __cplusplus
 }
 #endif

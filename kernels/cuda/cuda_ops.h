@@ -242,6 +242,7 @@ typedef struct cuda_state {
     int gemm_swiglu;
     bool gemm_rows_parts;
     int gemm_rows_pre;
+    unsigned long gemm_rows_launches; /* tests: cuda_backend_gemm_rows_launches */
     int gemm_clusters[2][9]; /* [8 stages, 4][S]: clusters that fit at once */
     cuda_gemm_tmap gemm_maps[CUDA_GEMM_MAPS];
     bool capturing;

@@ -217,6 +217,7 @@ static void gr_launch(cuda_state *st, const gr_variant *v, dim3 grid, const CUte
 {
     cuda_launch_pdl_smem(st->stream, grid, GR_THREADS, v->smem, v->kernel, wmap, umap, xmap, out,
                          rows, n, ksteps, st->gemm_rows_pre);
+    st->gemm_rows_launches++;
 }
 
 bool cuda_gemm_swiglu(kernels_backend *be, void *out, const void *in, const void *wg,

@@ -74,6 +74,19 @@ static inline kernels_backend *open_backend(const char *device, shoal_dtype act)
     return be;
 }
 
+/* open_backend with one variable of the environment set while it opens
+ * (a backend's switches are read then; name NULL sets none). */
+static inline kernels_backend *open_backend_with(const char *device, shoal_dtype act,
+                                                 const char *name, const char *value)
+{
+    if (name)
+        setenv(name, value, 1);
+    kernels_backend *be = open_backend(device, act);
+    if (name)
+        unsetenv(name);
+    return be;
+}
+
 static inline float rnd_uniform(void)
 {
     return common_rng_uniform(&test_rng);

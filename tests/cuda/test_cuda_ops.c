@@ -354,12 +354,7 @@ static void swiglu_matches_cpu(void)
 /* A backend opened with one environment switch set (NULL: none). */
 static kernels_backend *open_gpu_with(const char *name, const char *value)
 {
-    if (name)
-        setenv(name, value, 1);
-    kernels_backend *be = open_backend(test_gpu, act);
-    if (name)
-        unsetenv(name);
-    return be;
+    return open_backend_with(test_gpu, act, name, value);
 }
 
 /* Whether the GPU runs gemm_rows.cu's kernels: sm_90a code (a device of
@@ -376,9 +371,14 @@ static bool gpu_has_tma_gemm(void)
  * four parts of whole 16-byte chunks, a k of at least twice n or, at up
  * to 32 rows (at any where gemm_rows.cu makes the parts: `ours`, k of
  * four parts of whole 64-column stages), at least n. */
+static bool parts_ours(int n, int k)
+{
+    return gpu_has_tma_gemm() && k % 256 == 0 && n % 4 == 0;
+}
+
 static bool parts_take(int rows, int n, int k, bool ours)
 {
-    ours = ours && gpu_has_tma_gemm() && k % 256 == 0 && n % 4 == 0;
+    ours = ours && parts_ours(n, k);
     return act == SHOAL_DTYPE_BF16 && rows >= 9 && rows <= 64 && n % 8 == 0 && k % 32 == 0 &&
            (k >= 2 * n || (k >= n && (rows <= 32 || ours)));
 }
@@ -388,7 +388,8 @@ static bool parts_take(int rows, int n, int k, bool ours)
  * the dtype's tolerance of the CPU's x + the product rounded as stored,
  * and of the GPU's matmul then rmsnorm with the product as the residual;
  * the normed rows likewise; the parts by gemm_rows.cu's kernel (the
- * default) and by cuBLAS (SHOAL_CUDA_GEMM_ROWS_PARTS=0). Taken exactly
+ * default; its launch count says it ran exactly where it takes the
+ * operands) and by cuBLAS (SHOAL_CUDA_GEMM_ROWS_PARTS=0). Taken exactly
  * where the rule says (rows 8 and 65 are not a decode round's, k = n at
  * 33 rows does not pay on cuBLAS, k not a whole number of 32-element
  * chunks), false with nothing written elsewhere. A part left out would
@@ -458,11 +459,17 @@ static void matmul_add_rmsnorm_matches_the_passes(void)
                 void *dh = dev_alloc(g, xn * ab), *dh2 = dev_alloc(g, xn * ab),
                      *dp = dev_alloc(g, xn * ab);
                 dev_poison(g, dh, xn * ab);
+                const unsigned long launches = test_dry ? 0 : cuda_backend_gemm_rows_launches(g);
                 bool took = g->matmul_add_rmsnorm(g, dh, dx, din, dw, SHOAL_DTYPE_BF16, dnw, rows,
                                                   n, k, eps);
                 CHECK_MSG(took == parts_take(rows, n, k, bi == 0), "matmul_add_rmsnorm %s (%s): %s",
                           shape, act_name(act),
                           took ? "taken where the rule says not" : "not taken");
+                /* which kernel made the parts: gemm_rows.cu's exactly where it takes them */
+                const bool ours = !test_dry && cuda_backend_gemm_rows_launches(g) != launches;
+                CHECK_MSG(ours == (took && bi == 0 && parts_ours(n, k)),
+                          "matmul_add_rmsnorm %s: the parts %s gemm_rows.cu's kernel", shape,
+                          ours ? "by" : "not by");
                 f32_from_dev(g, gx, dx, xn, act);
                 if (took) {
                     f32_from_dev(g, gh, dh, xn, act);
