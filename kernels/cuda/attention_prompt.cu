@@ -27,6 +27,7 @@
 #include "attention_mma.cuh"
 #include "wgmma.cuh"
 
+#include <algorithm>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <limits.h>
@@ -48,6 +49,7 @@ struct prompt_args {
     int page_table_stride;
     int rows;
     int pack; /* query heads a block takes together (of one KV head): prompt_rows_map */
+    int tiles; /* attn_prompt_ws: tiles of BM / pack tokens (its items: heads / pack x tiles) */
     /* attn_prompt_ws: the arena as rows of 128 bf16 (a token's K or V of one
      * KV head), boxes of 64 columns by a page's tokens, 128-byte swizzle */
     CUtensorMap kv_map;
@@ -265,25 +267,32 @@ static __device__ __forceinline__ int warp_max(int v)
     return v;
 }
 
-/* Stages the block's BM rows (prompt_rows_map): their streams and
- * positions (-1 past the last token) into row_s and row_p, and their query
- * rows by cp.async, chunk c of row `row` at qs + L::at(row, c) (zeros past
- * the last token). The caller commits and waits. */
-template <int HD, int BM, int THREADS, typename L>
-static __device__ __forceinline__ void prompt_stage_q(uint32_t qs, int *row_s, int *row_p,
-                                                      const bf16 *q, const int32_t *row_stream,
-                                                      const int32_t *positions, int rows, int heads,
-                                                      prompt_rows_map map, int tid)
+/* The stream and position of each of a block's BM rows (prompt_rows_map;
+ * -1 past the last token), rows tid, tid + THREADS, ... */
+template <int BM, int THREADS>
+static __device__ __forceinline__ void
+prompt_rows_fill(int *row_s, int *row_p, const int32_t *row_stream, const int32_t *positions,
+                 int rows, prompt_rows_map map, int tid)
 {
-    constexpr int CH = HD / 8;
-    const size_t q_stride = (size_t)heads * HD;
     for (int i = tid; i < BM; i += THREADS) {
         int r = map.t0 + i % map.tb;
         row_s[i] = r < rows ? row_stream[r] : -1;
         row_p[i] = r < rows ? positions[r] : -1;
     }
-    for (int i = tid; i < BM * CH; i += THREADS) {
-        int row = i / CH, c = i % CH, r = map.t0 + row % map.tb, h = map.h0 + row / map.tb;
+}
+
+/* The query rows row0 .. row0 + n - 1 of a block's tile by cp.async, chunk
+ * c of row `row` at qs + L::at(row, c) (zeros past the last token), by
+ * threads tid of THREADS. The caller commits and waits. */
+template <int HD, int THREADS, typename L>
+static __device__ __forceinline__ void prompt_copy_q(uint32_t qs, const bf16 *q, int rows,
+                                                     int heads, prompt_rows_map map, int row0,
+                                                     int n, int tid)
+{
+    constexpr int CH = HD / 8;
+    const size_t q_stride = (size_t)heads * HD;
+    for (int i = tid; i < n * CH; i += THREADS) {
+        int row = row0 + i / CH, c = i % CH, r = map.t0 + row % map.tb, h = map.h0 + row / map.tb;
         bool valid = r < rows;
         mma::cp_async16(qs + L::at(row, c),
                         valid ? (const void *)(q + (size_t)r * q_stride + (size_t)h * HD + c * 8)
@@ -292,36 +301,84 @@ static __device__ __forceinline__ void prompt_stage_q(uint32_t qs, int *row_s, i
     }
 }
 
+/* Stages the block's BM rows (prompt_rows_map): their streams and
+ * positions into row_s and row_p, and their query rows (prompt_copy_q).
+ * The caller commits and waits. */
+template <int HD, int BM, int THREADS, typename L>
+static __device__ __forceinline__ void
+prompt_stage_q(uint32_t qs, int *row_s, int *row_p, const bf16 *q, const int32_t *row_stream,
+               const int32_t *positions, int rows, int heads, prompt_rows_map map, int tid)
+{
+    prompt_rows_fill<BM, THREADS>(row_s, row_p, row_stream, positions, rows, map, tid);
+    prompt_copy_q<HD, THREADS, L>(qs, q, rows, heads, map, 0, BM, tid);
+}
+
 /* The next stream among the tile's rows not yet done (-1: none left): its
  * rows are marked done and *maxp is the last position among them. A tile
  * holds one stream in the usual case (the model sends runs of one). Each
- * warp works it out on its own, a lane a row (BM a multiple of 32), with
- * the same result in every lane. */
+ * warp works it out on its own, a lane a row (BM a multiple of 32): rs[k]
+ * and rp[k] are row 32 k + lane's stream and position, and every lane gets
+ * the same result. */
 template <int BM>
-static __device__ __forceinline__ int prompt_next_stream(const int *row_s, const int *row_p,
-                                                         unsigned (&done)[BM / 32], int *maxp)
+static __device__ __forceinline__ int prompt_next_stream_lanes(const int (&rs)[BM / 32],
+                                                               const int (&rp)[BM / 32],
+                                                               unsigned (&done)[BM / 32], int *maxp)
 {
     const int lane = threadIdx.x & 31;
     int first = -INT_MAX; /* minus the first row not done */
 #pragma unroll
     for (int k = BM / 32 - 1; k >= 0; k--)
-        if (!((done[k] >> lane) & 1) && row_s[32 * k + lane] >= 0)
+        if (!((done[k] >> lane) & 1) && rs[k] >= 0)
             first = -(32 * k + lane);
     first = -warp_max(first);
     *maxp = -1;
     if (first == INT_MAX)
         return -1;
-    const int s = row_s[first];
+    int s = -1;
+#pragma unroll
+    for (int k = 0; k < BM / 32; k++) {
+        const int v = __shfl_sync(0xffffffffu, rs[k], first & 31);
+        if (k == first >> 5)
+            s = v;
+    }
     int mp = -1;
 #pragma unroll
     for (int k = 0; k < BM / 32; k++) {
-        const bool mine = row_s[32 * k + lane] == s;
+        const bool mine = rs[k] == s;
         done[k] |= __ballot_sync(0xffffffffu, mine);
         if (mine)
-            mp = max(mp, row_p[32 * k + lane]);
+            mp = max(mp, rp[k]);
     }
     *maxp = warp_max(mp);
     return s;
+}
+
+/* prompt_next_stream_lanes over rows staged in shared memory. */
+template <int BM>
+static __device__ __forceinline__ int prompt_next_stream(const int *row_s, const int *row_p,
+                                                         unsigned (&done)[BM / 32], int *maxp)
+{
+    const int lane = threadIdx.x & 31;
+    int rs[BM / 32], rp[BM / 32];
+#pragma unroll
+    for (int k = 0; k < BM / 32; k++) {
+        rs[k] = row_s[32 * k + lane];
+        rp[k] = row_p[32 * k + lane];
+    }
+    return prompt_next_stream_lanes<BM>(rs, rp, done, maxp);
+}
+
+/* Whether rows of another stream are left after the ones done. */
+template <int BM>
+static __device__ __forceinline__ bool prompt_rows_left(const int *row_s,
+                                                        const unsigned (&done)[BM / 32])
+{
+    const int lane = threadIdx.x & 31;
+    bool left = false;
+#pragma unroll
+    for (int k = 0; k < BM / 32; k++)
+        left |= !((done[k] >> lane) & 1) && row_s[32 * k + lane] >= 0;
+    return __any_sync(0xffffffffu, left);
 }
 
 /* A warp's rows of stream s against the keys: the last key each of the
@@ -769,8 +826,38 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
  * (setmaxnreg). Against the wgmma kernel on the H200: 4,096 tokens 333 ->
  * 420-432 TFLOP/s, 2,048 281 -> 336 (kernels/lab/README.md row 16.1;
  * the two computing warpgroups taking turns at issuing, as flash
- * attention 3's ping-pong, measured slower: row 16.2). */
+ * attention 3's ping-pong, measured slower: row 16.2).
+ *
+ * Persistent (SHOAL_CUDA_PROMPT_PERSIST, ws_item): a block takes item
+ * after item (a tile of rows of `pack` query heads, the heaviest first),
+ * and the stage ring runs on across them, so the copying warp stages the
+ * next item's first K and V tiles while the computing warpgroups finish
+ * this one's, and each computing warpgroup copies its rows of the next
+ * item's Q once its last S = Q K^T is done. One block an item (the grid
+ * of all items) is the same kernel without the overlap. */
 enum { WS_THREADS = 384 };
+
+#ifdef SHOAL_WGMMA
+/* The item a block takes in its round k, or -1 past the last: the items
+ * in order (heaviest first) dealt to the blocks forth and back in turn
+ * (snake order), so that the blocks' sums of work differ by about one
+ * round's spread. A grid of every item gives each block one. */
+static __device__ __forceinline__ int ws_item(int k, int items)
+{
+    const long long g = gridDim.x, c = blockIdx.x;
+    const long long idx = (long long)k * g + (k & 1 ? g - 1 - c : c);
+    return idx < items ? (int)idx : -1;
+}
+
+/* Item idx's rows: the query heads of idx % (heads / pack), the tile of
+ * tokens idx / (heads / pack) from the last (prompt_block_map's order). */
+static __device__ __forceinline__ prompt_rows_map ws_item_map(const prompt_args &a, int idx)
+{
+    const int gx = a.heads / a.pack, tb = WG_BM / a.pack;
+    return {(a.tiles - 1 - idx / gx) * tb, tb, idx % gx * a.pack};
+}
+
+#endif
 
 static __global__ void __launch_bounds__(WS_THREADS, 1)
     attn_prompt_ws(const __grid_constant__ prompt_args a, const bf16 *q, bf16 *out,
@@ -779,7 +866,7 @@ static __global__ void __launch_bounds__(WS_THREADS, 1)
 #ifdef SHOAL_WGMMA
     constexpr int HD = WG_HD, BM = WG_BM, BN = WG_BN, S = WG_STAGES;
     extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ int row_s[BM], row_p[BM];
+    __shared__ int row_s[BM], row_p[BM];              /* the computing warpgroups' item */
     __shared__ __align__(8) uint64_t bars[2 * S + 1]; /* full[S], empty[S], tail */
     const uint32_t qs = (mma::smem_addr(smem) + 1023u) & ~1023u;
     const uint32_t ks0 = qs + BM * HD * 2;
@@ -788,16 +875,17 @@ static __global__ void __launch_bounds__(WS_THREADS, 1)
     const uint32_t full0 = mma::smem_addr(&bars[0]), empty0 = full0 + 8 * S;
     const uint32_t tail_bar = full0 + 16 * S;
 
-    const prompt_rows_map map = prompt_block_map(BM / a.pack, a.pack);
-    const int kvh = map.h0 / a.group;
+    const int items = a.heads / a.pack * a.tiles;
     const int wgi = threadIdx.x >> 7; /* 0: copies; 1 and 2: products */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const size_t k_off = a.k_off + (size_t)kvh * a.head_stride;
-    const size_t v_off = a.v_off + (size_t)kvh * a.head_stride;
+    int idx = ws_item(0, items);
+    if (idx < 0)
+        return;
 
     if (wgi > 0)
         prompt_stage_q<HD, BM, 256, rows_sw128<BM>>(qs, row_s, row_p, q, row_stream, positions,
-                                                    a.rows, a.heads, map, threadIdx.x - 128);
+                                                    a.rows, a.heads, ws_item_map(a, idx),
+                                                    threadIdx.x - 128);
     mma::cp_async_commit();
     if (threadIdx.x == 0) {
         for (int i = 0; i < S; i++) {
@@ -807,10 +895,8 @@ static __global__ void __launch_bounds__(WS_THREADS, 1)
         wg::bar_init(tail_bar, 1);
         wg::bar_init_fence();
     }
-    __syncthreads(); /* row_s, row_p and the barriers; nothing block-wide after this */
+    __syncthreads(); /* the first item's rows and the barriers; nothing block-wide after */
 
-    unsigned done[BM / 32] = {};
-    int maxp, s;
     uint32_t it = 0; /* tiles staged (or taken) so far: the stage and its parity */
     if (wgi == 0) {
         wg::regs_dec<40>();
@@ -819,54 +905,70 @@ static __global__ void __launch_bounds__(WS_THREADS, 1)
         /* a copy: BR rows of one page (pages of more than a tile's tokens
          * give a tile part of one) */
         const int R = 1 << a.pt_shift, BR = min(R, BN), page_rows = (int)(a.page_bytes / 256);
-        const int krow = (int)(k_off / HD), vrow = (int)(v_off / HD);
         uint32_t tail_par = 0;
-        while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
-            const int32_t *pages = page_table + (size_t)s * (size_t)a.page_table_stride;
-            const int kv_end = maxp + 1, ntiles = (kv_end + BN - 1) / BN;
-            for (int j = 0; j < ntiles; j++, it++) {
-                const uint32_t st = it % S;
-                const int valid = min(BN, kv_end - j * BN), copies = (valid + BR - 1) / BR * 4;
-                /* copy c = lane + 32 k: rows c / 4 of the tile (BR tokens),
-                 * half (c / 2) % 2, K or V c % 2; its first row in the map */
-                int row[2];
+        for (int k = 0; idx >= 0; idx = ws_item(++k, items)) {
+            const prompt_rows_map map = ws_item_map(a, idx);
+            const int kvh = map.h0 / a.group;
+            const int krow = (int)((a.k_off + (size_t)kvh * a.head_stride) / HD);
+            const int vrow = (int)((a.v_off + (size_t)kvh * a.head_stride) / HD);
+            /* the item's rows, a lane's own (prompt_next_stream_lanes) */
+            int rs[BM / 32], rp[BM / 32];
 #pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const int c = lane + 32 * k, t = j * BN + (c >> 2) * BR;
-                    row[k] = c < copies
-                                 ? pages[t >> a.pt_shift] * page_rows + (c & 1 ? vrow : krow) +
-                                       (t & (R - 1))
-                                 : 0;
-                }
-                const bool tail = valid < BN;
-                const uint32_t bar = tail ? tail_bar : full0 + 8 * st;
-                wg::bar_wait(empty0 + 8 * st, ((it / S) & 1) ^ 1);
-                if (lane == 0)
-                    wg::bar_arrive_expect(bar, (uint32_t)(copies * BR * 128));
-                __syncwarp();
+            for (int r = 0; r < BM / 32; r++) {
+                const int t = map.t0 + (32 * r + lane) % map.tb;
+                rs[r] = t < a.rows ? row_stream[t] : -1;
+                rp[r] = t < a.rows ? positions[t] : -1;
+            }
+            unsigned done[BM / 32] = {};
+            int maxp, s;
+            while ((s = prompt_next_stream_lanes<BM>(rs, rp, done, &maxp)) >= 0) {
+                const int32_t *pages = page_table + (size_t)s * (size_t)a.page_table_stride;
+                const int kv_end = maxp + 1, ntiles = (kv_end + BN - 1) / BN;
+                for (int j = 0; j < ntiles; j++, it++) {
+                    const uint32_t st = it % S;
+                    const int valid = min(BN, kv_end - j * BN), copies = (valid + BR - 1) / BR * 4;
+                    /* copy c = lane + 32 k: rows c / 4 of the tile (BR
+                     * tokens), half (c / 2) % 2, K or V c % 2; its first
+                     * row in the map */
+                    int row[2];
 #pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const int c = lane + 32 * k;
-                    if (c >= copies)
-                        continue;
-                    const int half = (c >> 1) & 1;
-                    const uint32_t dst = (c & 1 ? vs0 : ks0) + st * tile_bytes +
-                                         half * (BN * 128) + (c >> 2) * BR * 128;
-                    wg::tma_load_2d(dst, &a.kv_map, half * 64, row[k], bar);
-                }
-                if (tail) { /* V's rows past the stream zeroed, then the stage is full */
-                    wg::bar_wait(tail_bar, tail_par);
-                    tail_par ^= 1;
-                    for (int i = lane; i < (BN - valid) * 16; i += 32) {
-                        const uint32_t at =
-                            vs0 + st * tile_bytes + wg::sw128_at<BN>(valid + i / 16, i % 16);
-                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0)
-                                     : "memory");
+                    for (int c2 = 0; c2 < 2; c2++) {
+                        const int c = lane + 32 * c2, t = j * BN + (c >> 2) * BR;
+                        row[c2] = c < copies ? pages[t >> a.pt_shift] * page_rows +
+                                                   (c & 1 ? vrow : krow) + (t & (R - 1))
+                                             : 0;
                     }
-                    wg::fence_smem();
-                    __syncwarp();
+                    const bool tail = valid < BN;
+                    const uint32_t bar = tail ? tail_bar : full0 + 8 * st;
+                    wg::bar_wait(empty0 + 8 * st, ((it / S) & 1) ^ 1);
                     if (lane == 0)
-                        wg::bar_arrive(full0 + 8 * st);
+                        wg::bar_arrive_expect(bar, (uint32_t)(copies * BR * 128));
+                    __syncwarp();
+#pragma unroll
+                    for (int c2 = 0; c2 < 2; c2++) {
+                        const int c = lane + 32 * c2;
+                        if (c >= copies)
+                            continue;
+                        const int half = (c >> 1) & 1;
+                        const uint32_t dst = (c & 1 ? vs0 : ks0) + st * tile_bytes +
+                                             half * (BN * 128) + (c >> 2) * BR * 128;
+                        wg::tma_load_2d(dst, &a.kv_map, half * 64, row[c2], bar);
+                    }
+                    if (tail) { /* V's rows past the stream zeroed, then the stage is full */
+                        wg::bar_wait(tail_bar, tail_par);
+                        tail_par ^= 1;
+                        for (int i = lane; i < (BN - valid) * 16; i += 32) {
+                            const uint32_t at =
+                                vs0 + st * tile_bytes + wg::sw128_at<BN>(valid + i / 16, i % 16);
+                            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at),
+                                         "r"(0)
+                                         : "memory");
+                        }
+                        wg::fence_smem();
+                        __syncwarp();
+                        if (lane == 0)
+                            wg::bar_arrive(full0 + 8 * st);
+                    }
                 }
             }
         }
@@ -876,51 +978,86 @@ static __global__ void __launch_bounds__(WS_THREADS, 1)
     const int grp = wgi - 1;
     const int wrow0 = (warp - 4) * 16; /* the warp's first row of the tile */
     const uint32_t qg = qs + grp * 64 * 128;
-    mma::cp_async_wait<0>();
-    wg::fence_smem();
-    wg::named_sync(1, 256); /* every computing thread's part of Q landed */
+    const int ctid = threadIdx.x - 128; /* of the computing threads */
 
     wg_rows g;
-    g.start();
     auto release = [&](uint32_t st) { wg::bar_arrive(empty0 + 8 * st); }; /* done reading st */
     auto take = [&]() { /* the stage of the next tile, once it has landed */
         const uint32_t st = it % S;
         wg::bar_wait(full0 + 8 * st, (it / S) & 1);
         return st;
     };
-    while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
-        const int ntiles = (maxp + 1 + BN - 1) / BN;
-        const wg_stream ws = wg_stream_of(row_s, row_p, s, wrow0, grp, ntiles);
-        const int ng = ws.ng;
-        uint32_t prev = 0; /* the stage of tile j - 1 */
-        if (ntiles > 0) { /* tile 0 apart: no O += P V pending before it */
-            prev = take();
-            if (ng > 0)
-                wg_first_tile(g, ws, qg, ks0 + prev * tile_bytes, a.scale_log2);
-            else
-                release(prev);
-            it++;
-        }
-        for (int j = 1; j < ntiles; j++, it++) {
-            const uint32_t st = take();
-            if (j < ng) {
-                wg_tile(g, ws, j, qg, ks0 + st * tile_bytes, vs0 + prev * tile_bytes,
-                        a.scale_log2, [&] { release(prev); });
-            } else {
-                if (j == ng && ng > 0) {
-                    wg_flush(g, vs0 + prev * tile_bytes);
+    for (int k = 0; idx >= 0; k++) {
+        const prompt_rows_map map = ws_item_map(a, idx);
+        const int next = ws_item(k + 1, items);
+        /* this group's rows of the next item's Q, once its last S = Q K^T
+         * of this item is done (every thread of the group at once) */
+        bool q_next = next < 0;
+        auto copy_q_next = [&] {
+            if (q_next)
+                return;
+            q_next = true;
+            prompt_copy_q<HD, 128, rows_sw128<BM>>(qs, q, a.rows, a.heads, ws_item_map(a, next),
+                                                   grp * 64, 64, ctid & 127);
+            mma::cp_async_commit();
+        };
+        mma::cp_async_wait<0>();
+        wg::fence_smem();
+        wg::named_sync(1, 256); /* the item's rows and both groups' Q landed */
+
+        g.start();
+        unsigned done[BM / 32] = {};
+        int maxp, s;
+        while ((s = prompt_next_stream<BM>(row_s, row_p, done, &maxp)) >= 0) {
+            const bool last = !prompt_rows_left<BM>(row_s, done); /* Q's last stream */
+            const int ntiles = (maxp + 1 + BN - 1) / BN;
+            const wg_stream ws = wg_stream_of(row_s, row_p, s, wrow0, grp, ntiles);
+            const int ng = ws.ng;
+            if (last && ng == 0)
+                copy_q_next();
+            uint32_t prev = 0; /* the stage of tile j - 1 */
+            if (ntiles > 0) {  /* tile 0 apart: no O += P V pending before it */
+                prev = take();
+                if (ng > 0)
+                    wg_first_tile(g, ws, qg, ks0 + prev * tile_bytes, a.scale_log2);
+                else
                     release(prev);
-                }
-                release(st);
+                if (last && ng == 1)
+                    copy_q_next();
+                it++;
             }
-            prev = st;
+            for (int j = 1; j < ntiles; j++, it++) {
+                const uint32_t st = take();
+                if (j < ng) {
+                    wg_tile(g, ws, j, qg, ks0 + st * tile_bytes, vs0 + prev * tile_bytes,
+                            a.scale_log2, [&] {
+                                release(prev);
+                                if (last && j == ng - 1)
+                                    copy_q_next();
+                            });
+                } else {
+                    if (j == ng && ng > 0) {
+                        wg_flush(g, vs0 + prev * tile_bytes);
+                        release(prev);
+                    }
+                    release(st);
+                }
+                prev = st;
+            }
+            if (ng == ntiles && ng > 0) {
+                wg_flush(g, vs0 + prev * tile_bytes);
+                release(prev);
+            }
         }
-        if (ng == ntiles && ng > 0) {
-            wg_flush(g, vs0 + prev * tile_bytes);
-            release(prev);
+        copy_q_next(); /* where no stream was left to do it */
+        prompt_store<HD>(g.o, g.l, wrow0, map, a.rows, 1.0f, out, (size_t)a.heads * HD);
+        if (next >= 0) {
+            wg::named_sync(1, 256); /* both groups are done with the item's rows */
+            prompt_rows_fill<BM, 256>(row_s, row_p, row_stream, positions, a.rows,
+                                      ws_item_map(a, next), ctid);
         }
+        idx = next;
     }
-    prompt_store<HD>(g.o, g.l, wrow0, map, a.rows, 1.0f, out, (size_t)a.heads * HD);
 #endif
 }
 
@@ -1144,8 +1281,20 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
                         a.pack = packs && bm % a.group == 0 ? a.group : 1;
                         const int tb = bm / a.pack;
                         const int tiles = (batch->rows + tb - 1) / tb;
-                        SHOAL_ASSERT(tiles <= 65535); /* gridDim.y */
+                        a.tiles = tiles;
                         dim3 grid((unsigned)(heads / a.pack), (unsigned)tiles);
+                        if (tile == 5) { /* attn_prompt_ws: its items over a row of blocks */
+                            const cuda_state *st = cuda_of(be);
+                            const long long items = (long long)grid.x * tiles;
+                            SHOAL_ASSERT(items <= INT_MAX);
+                            const int most =
+                                st->prompt_blocks > 0 ? st->prompt_blocks : st->sm_count;
+                            grid = dim3((unsigned)(st->prompt_persist
+                                                       ? std::min<long long>(items, most)
+                                                       : items));
+                        } else {
+                            SHOAL_ASSERT(tiles <= 65535); /* gridDim.y */
+                        }
                         kernel<<<grid, threads, bytes, stream>>>(a, (const bf16 *)q, (bf16 *)out,
                                                                  batch->row_stream,
                                                                  batch->positions,

@@ -329,6 +329,8 @@ static void pick_kernels(cuda_state *st)
     st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
     if (st->prompt_tile < 1 || st->prompt_tile > 5)
         st->prompt_tile = 5;
+    st->prompt_persist = env_int("SHOAL_CUDA_PROMPT_PERSIST", 1) != 0;
+    st->prompt_blocks = env_int("SHOAL_CUDA_PROMPT_BLOCKS", 0);
     st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
     st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
     st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;

@@ -338,12 +338,39 @@ static void a_decode_round_at_the_8b_shape(shoal_dtype kvdt)
     run_case(label, wide_shape, kvdt, streams, rows, past);
 }
 
+/* The warp-specialized prompt kernel persistent over 3 blocks
+ * (SHOAL_CUDA_PROMPT_BLOCKS): each block takes 20 to 70 items in turn, the
+ * stage ring and the next item's Q running on across them, items of
+ * several streams and items past the last token among them, over pages of
+ * 16 and 8 tokens. (The default grid, a block a multiprocessor, gives a
+ * block more than one item only past about 530 rows at the 8B shape.) */
+static void prompt_items_over_few_blocks(void)
+{
+    kernels_backend *keep = gpu;
+    gpu = open_backend_with(test_gpu, act, "SHOAL_CUDA_PROMPT_BLOCKS", "3");
+    const int rows3[3] = {5, 300, 40}, past3[3] = {0, 12, 1000};
+    run_case("8B shape, 3 blocks, 3 streams, 5 + 300 + 40 rows", wide_shape, SHOAL_DTYPE_BF16, 3,
+             rows3, past3);
+    if (!test_sanitize) {
+        const int rows1[1] = {600}, past1[1] = {130};
+        run_case("8B shape, 3 blocks, 600 rows", wide_shape, SHOAL_DTYPE_BF16, 1, rows1, past1);
+        shape sh = wide_shape;
+        sh.page_tokens = 8;
+        const int rows2[2] = {100, 300}, past2[2] = {0, 37};
+        run_case("8B shape, 3 blocks, 8-token pages, 2 streams", sh, SHOAL_DTYPE_BF16, 2, rows2,
+                 past2);
+    }
+    kernels_backend_close(gpu);
+    gpu = keep;
+}
+
 static void bf16_pages(void)
 {
     one_stream_at_every_slice_edge(SHOAL_DTYPE_BF16);
     two_streams_whose_slices_cross(SHOAL_DTYPE_BF16);
     prompt_rows_at_the_8b_shape(SHOAL_DTYPE_BF16);
     prompt_rows_over_other_page_sizes(SHOAL_DTYPE_BF16);
+    prompt_items_over_few_blocks();
     a_decode_round_of_more_streams_than_scratch_rows(SHOAL_DTYPE_BF16);
     a_decode_round_at_the_8b_shape(SHOAL_DTYPE_BF16);
     decode_rows_at_long_context(SHOAL_DTYPE_BF16);
@@ -388,6 +415,10 @@ static void every_shared_memory_kernel_once(void)
     /* the warp-specialized wgmma prompt kernel (tile 5) */
     race_case("race: prompt rows, 8B shape, 2 streams", wide_shape, SHOAL_DTYPE_BF16, 2, prompt,
               prompt_past);
+    /* the same kernel persistent: items after items in 3 blocks */
+    printf("  race: prompt items over 3 persistent blocks\n");
+    fflush(stdout);
+    prompt_items_over_few_blocks();
     /* one row at 4k: short segments, the merge holding them in registers */
     race_case("race: decode, one stream at 4,096 context", wide_shape, SHOAL_DTYPE_BF16, 1, ones,
               &at_4k);
