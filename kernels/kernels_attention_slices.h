@@ -31,6 +31,7 @@ typedef enum kernels_attn_fault {
     KERNELS_ATTN_FAULT_POSITIONS_AT_ROW_0,  /* positions alone not shifted */
     KERNELS_ATTN_FAULT_ROW_STREAM_AT_ROW_0, /* row_stream alone not shifted */
     KERNELS_ATTN_FAULT_PAGE_TABLE_SHIFTED,  /* the page table shifted like a row table */
+    KERNELS_ATTN_FAULT_STALE_Q, /* CUDA's persistent prompt kernel: a block's first item's Q kept */
 } kernels_attn_fault;
 
 /* A whole round, as the attention op receives it. */

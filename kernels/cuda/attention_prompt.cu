@@ -50,6 +50,7 @@ struct prompt_args {
     int rows;
     int pack; /* query heads a block takes together (of one KV head): prompt_rows_map */
     int tiles; /* attn_prompt_ws: tiles of BM / pack tokens (its items: heads / pack x tiles) */
+    bool stale_q; /* attn_prompt_ws, tests: the next item's Q never copied (a planted fault) */
     /* attn_prompt_ws: the arena as rows of 128 bf16 (a token's K or V of one
      * KV head), boxes of 64 columns by a page's tokens, 128-byte swizzle */
     CUtensorMap kv_map;
@@ -65,7 +66,8 @@ struct prompt_rows_map {
 };
 
 /* The block's rows (tb = a tile's tokens). The grid is (query heads /
- * pack, tiles), the heaviest tiles (the last rows, which see the most
+ * pack, tiles) (attn_prompt_ws deals the same items in the same order:
+ * ws_item), the heaviest tiles (the last rows, which see the most
  * keys) first, so the blocks of every head at one tile go out together and
  * a causal prompt's longest blocks never start in its last wave. One
  * head's tiles after another's (the grid before) left the last head's
@@ -997,6 +999,11 @@ static __global__ void __launch_bounds__(WS_THREADS, 1)
             if (q_next)
                 return;
             q_next = true;
+            if (a.stale_q)
+                return;
+            /* every warp of the group past its waits on the products that
+             * read Q: a thread copies rows of all four warps */
+            wg::named_sync(2 + grp, 128);
             prompt_copy_q<HD, 128, rows_sw128<BM>>(qs, q, a.rows, a.heads, ws_item_map(a, next),
                                                    grp * 64, 64, ctid & 127);
             mma::cp_async_commit();
@@ -1283,15 +1290,18 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
                         const int tiles = (batch->rows + tb - 1) / tb;
                         a.tiles = tiles;
                         dim3 grid((unsigned)(heads / a.pack), (unsigned)tiles);
-                        if (tile == 5) { /* attn_prompt_ws: its items over a row of blocks */
-                            const cuda_state *st = cuda_of(be);
+                        if (threads == WS_THREADS) { /* attn_prompt_ws: a row of blocks */
+                            cuda_state *st = cuda_of(be);
                             const long long items = (long long)grid.x * tiles;
                             SHOAL_ASSERT(items <= INT_MAX);
                             const int most =
                                 st->prompt_blocks > 0 ? st->prompt_blocks : st->sm_count;
-                            grid = dim3((unsigned)(st->prompt_persist
-                                                       ? std::min<long long>(items, most)
-                                                       : items));
+                            const long long blocks =
+                                st->prompt_persist ? std::min<long long>(items, most) : items;
+                            grid = dim3((unsigned)blocks);
+                            a.stale_q = st->attn_fault == KERNELS_ATTN_FAULT_STALE_Q;
+                            st->prompt_ws_rounds = std::max(st->prompt_ws_rounds,
+                                                            (int)((items + blocks - 1) / blocks));
                         } else {
                             SHOAL_ASSERT(tiles <= 65535); /* gridDim.y */
                         }

@@ -262,6 +262,11 @@ extern "C" unsigned long cuda_backend_gemm_rows_launches(kernels_backend *be)
     return cuda_of(be)->gemm_rows_launches;
 }
 
+extern "C" int cuda_backend_prompt_ws_rounds(kernels_backend *be)
+{
+    return cuda_of(be)->prompt_ws_rounds;
+}
+
 static shoal_err pick_act_dtype(shoal_dtype asked, shoal_dtype *out, shoal_diag *diag)
 {
     if (asked == SHOAL_DTYPE_INVALID) {

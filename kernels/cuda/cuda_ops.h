@@ -144,12 +144,15 @@ typedef struct cuda_state {
      * (SHOAL_CUDA_ATTN_BLOCKS; 0 = 1 for the TMA partials, 4 for others) */
     int attn_blocks;
     int prompt_tile;   /* 1 to 3: attention_prompt.cu's prompt_shape, 4 = wgmma, 5 = ws */
-    /* attn_prompt_ws persistent (SHOAL_CUDA_PROMPT_PERSIST, 1): a block a
-     * multiprocessor taking item after item, at most prompt_blocks of them
-     * where that is set (SHOAL_CUDA_PROMPT_BLOCKS: tests, many items a
-     * block); 0 = a block an item */
+    /* attn_prompt_ws: persistent (SHOAL_CUDA_PROMPT_PERSIST 1, the default),
+     * a block a multiprocessor taking item after item, or at most
+     * prompt_blocks blocks where that is above 0 (SHOAL_CUDA_PROMPT_BLOCKS:
+     * tests, many items a block); SHOAL_CUDA_PROMPT_PERSIST=0: a block an
+     * item. prompt_ws_rounds: the most items a block took in any launch
+     * (tests: cuda_backend_prompt_ws_rounds) */
     bool prompt_persist;
     int prompt_blocks;
+    int prompt_ws_rounds;
     bool sm90a;        /* this build holds sm_90a code for this GPU (wgmma, TMA) */
     bool prompt_wgmma; /* tile 4 or 5 asked for, and this build and GPU run it */
     /* Decode attention's partials with K and V staged by the tensor

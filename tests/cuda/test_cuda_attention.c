@@ -20,6 +20,8 @@
 static kernels_backend *cpu, *gpu;
 static shoal_dtype act;
 static int cases_run, faults_seen, faults_planted, prompt_cases;
+/* run_case plants the persistent prompt kernel's stale Q and wants red */
+static bool prompt_stale_q;
 
 typedef struct shape {
     int heads, kv_heads, head_dim, page_tokens;
@@ -144,10 +146,24 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
     /* the prompt op on the same round */
     float *prompt = xmalloc(qn * 4);
     dev_poison(gpu, dout, out_bytes);
+    if (prompt_stale_q)
+        cuda_backend_set_attention_fault(gpu, KERNELS_ATTN_FAULT_STALE_Q);
     gpu->attention_prompt(gpu, dout, dq, sh.heads, darena, &Lg, &gb, LAYER, scale);
+    if (prompt_stale_q)
+        cuda_backend_set_attention_fault(gpu, KERNELS_ATTN_FAULT_NONE);
     f32_from_dev(gpu, prompt, dout, qn, act);
 
     double tol = act == SHOAL_DTYPE_BF16 ? 6e-3 : 1e-5;
+    if (prompt_stale_q) { /* the planted fault alone: the rest was checked */
+        const double e = rel_err(prompt, ref, qn);
+        printf("  %-34s planted stale Q: prompt op %.2e%s\n", label, e,
+               e > tol ? " (red)" : " (UNSEEN)");
+        faults_planted++;
+        faults_seen += e > tol;
+        CHECK_MSG(e > tol, "%s: the planted stale Q went unseen", label);
+        free(prompt);
+        goto done;
+    }
     double err = rel_err(got, ref, qn), err_fault = rel_err(faulty, ref, qn);
     double err_prompt = rel_err(prompt, ref, qn);
     size_t differ = count_differing(got, unsliced, qn);
@@ -172,6 +188,7 @@ static void run_case(const char *label, shape sh, shoal_dtype kv_dtype, int stre
     }
     cases_run++;
 
+done:
     gpu->free(gpu, darena);
     gpu->free(gpu, dscales);
     gpu->free(gpu, dq);
@@ -338,30 +355,66 @@ static void a_decode_round_at_the_8b_shape(shoal_dtype kvdt)
     run_case(label, wide_shape, kvdt, streams, rows, past);
 }
 
-/* The warp-specialized prompt kernel persistent over 3 blocks
- * (SHOAL_CUDA_PROMPT_BLOCKS): each block takes 20 to 70 items in turn, the
- * stage ring and the next item's Q running on across them, items of
- * several streams and items past the last token among them, over pages of
- * 16 and 8 tokens. (The default grid, a block a multiprocessor, gives a
- * block more than one item only past about 530 rows at the 8B shape.) */
-static void prompt_items_over_few_blocks(void)
+/* The GPU runs the warp-specialized prompt kernel: sm_90a code (a device
+ * of compute capability 9.0) and, on a dry run, never. */
+static bool gpu_has_ws_prompt(void)
+{
+    struct cudaDeviceProp p;
+    return !test_dry && cudaGetDeviceProperties(&p, 0) == cudaSuccess && p.major == 9 &&
+           p.minor == 0;
+}
+
+/* run_case on a backend whose warp-specialized prompt kernel runs on at
+ * most 3 blocks (SHOAL_CUDA_PROMPT_BLOCKS), each taking 20 to 60 items in
+ * turn (unless SHOAL_CUDA_PROMPT_PERSIST=0 gives a block an item), then
+ * the same with each block's first item's Q kept for the rest (a planted
+ * fault), which must be red. */
+static void prompt_items_case(const char *label, shape sh, int streams, const int *rows,
+                              const int *past)
 {
     kernels_backend *keep = gpu;
     gpu = open_backend_with(test_gpu, act, "SHOAL_CUDA_PROMPT_BLOCKS", "3");
-    const int rows3[3] = {5, 300, 40}, past3[3] = {0, 12, 1000};
-    run_case("8B shape, 3 blocks, 3 streams, 5 + 300 + 40 rows", wide_shape, SHOAL_DTYPE_BF16, 3,
-             rows3, past3);
-    if (!test_sanitize) {
-        const int rows1[1] = {600}, past1[1] = {130};
-        run_case("8B shape, 3 blocks, 600 rows", wide_shape, SHOAL_DTYPE_BF16, 1, rows1, past1);
-        shape sh = wide_shape;
-        sh.page_tokens = 8;
-        const int rows2[2] = {100, 300}, past2[2] = {0, 37};
-        run_case("8B shape, 3 blocks, 8-token pages, 2 streams", sh, SHOAL_DTYPE_BF16, 2, rows2,
-                 past2);
+    run_case(label, sh, SHOAL_DTYPE_BF16, streams, rows, past);
+    const char *persist = getenv("SHOAL_CUDA_PROMPT_PERSIST");
+    /* the kernel runs with bf16 activations alone */
+    const bool many =
+        act == SHOAL_DTYPE_BF16 && gpu_has_ws_prompt() && !(persist && strcmp(persist, "0") == 0);
+    const int rounds = test_dry ? 0 : cuda_backend_prompt_ws_rounds(gpu);
+    CHECK_MSG(many ? rounds >= 20 : rounds <= 1, "%s: %d items a block", label, rounds);
+    if (many) {
+        prompt_stale_q = true;
+        run_case(label, sh, SHOAL_DTYPE_BF16, streams, rows, past);
+        prompt_stale_q = false;
     }
     kernels_backend_close(gpu);
     gpu = keep;
+}
+
+/* The persistent prompt kernel's items at the 8B shape (a block 32 tokens
+ * of 4 query heads: both computing warpgroups see the same keys) and at
+ * 40 query heads over 8 KV heads (a group of 5: a block 128 tokens of one
+ * head, so each warpgroup's 64 tokens end at its own key tile, and a
+ * stream can lie in one warpgroup's rows alone); items of several
+ * streams and items whose last rows are past the last token, over pages
+ * of 16 and 8 tokens. (The default grid, a block a multiprocessor, gives
+ * a block more than one item from 513 rows at the 8B shape on 132.) */
+static void prompt_items_over_few_blocks(void)
+{
+    const int rows3[3] = {5, 300, 40}, past3[3] = {0, 12, 1000};
+    prompt_items_case("8B shape, 3 blocks, 3 streams, 5 + 300 + 40 rows", wide_shape, 3, rows3,
+                      past3);
+    const shape group5 = {40, 8, 128, 16};
+    const int rows_u[3] = {70, 200, 3}, past_u[3] = {0, 60, 7};
+    prompt_items_case("group of 5, 3 blocks, 3 streams, 70 + 200 + 3 rows", group5, 3, rows_u,
+                      past_u);
+    if (!test_sanitize) {
+        const int rows1[1] = {600}, past1[1] = {130};
+        prompt_items_case("8B shape, 3 blocks, 600 rows", wide_shape, 1, rows1, past1);
+        shape sh = wide_shape;
+        sh.page_tokens = 8;
+        const int rows2[2] = {100, 300}, past2[2] = {0, 37};
+        prompt_items_case("8B shape, 3 blocks, 8-token pages, 2 streams", sh, 2, rows2, past2);
+    }
 }
 
 static void bf16_pages(void)
