@@ -74,10 +74,15 @@ struct prompt_rows_map {
  * longest blocks to the end: on the H200, warp-specialized kernel, 1,024
  * tokens 187 -> 243 TFLOP/s, 2,048 302 -> 342, 3,072 380 -> 391, 4,096
  * 425 -> 423 (kernels/lab/README.md row 16.3). */
+static __device__ __forceinline__ prompt_rows_map prompt_tile_map(int x, int y, int tiles, int tb,
+                                                                  int pack)
+{
+    return {(tiles - 1 - y) * tb, tb, x * pack};
+}
+
 static __device__ __forceinline__ prompt_rows_map prompt_block_map(int tb, int pack)
 {
-    const int tile = (int)(gridDim.y - 1 - blockIdx.y);
-    return {tile * tb, tb, (int)blockIdx.x * pack};
+    return prompt_tile_map((int)blockIdx.x, (int)blockIdx.y, (int)gridDim.y, tb, pack);
 }
 
 /* The block's tile of rows: WARPS warps of MT m-tiles (16 rows) each, a
@@ -269,18 +274,26 @@ static __device__ __forceinline__ int warp_max(int v)
     return v;
 }
 
-/* The stream and position of each of a block's BM rows (prompt_rows_map;
- * -1 past the last token), rows tid, tid + THREADS, ... */
+/* The stream and position of row i of a block's tile (prompt_rows_map;
+ * -1 past the last token). */
+static __device__ __forceinline__ void prompt_row_at(prompt_rows_map map, int i, int rows,
+                                                     const int32_t *row_stream,
+                                                     const int32_t *positions, int *s, int *p)
+{
+    const int r = map.t0 + i % map.tb;
+    *s = r < rows ? row_stream[r] : -1;
+    *p = r < rows ? positions[r] : -1;
+}
+
+/* prompt_row_at of each of a block's BM rows into row_s and row_p, rows
+ * tid, tid + THREADS, ... */
 template <int BM, int THREADS>
 static __device__ __forceinline__ void
 prompt_rows_fill(int *row_s, int *row_p, const int32_t *row_stream, const int32_t *positions,
                  int rows, prompt_rows_map map, int tid)
 {
-    for (int i = tid; i < BM; i += THREADS) {
-        int r = map.t0 + i % map.tb;
-        row_s[i] = r < rows ? row_stream[r] : -1;
-        row_p[i] = r < rows ? positions[r] : -1;
-    }
+    for (int i = tid; i < BM; i += THREADS)
+        prompt_row_at(map, i, rows, row_stream, positions, &row_s[i], &row_p[i]);
 }
 
 /* The query rows row0 .. row0 + n - 1 of a block's tile by cp.async, chunk
@@ -855,8 +868,8 @@ static __device__ __forceinline__ int ws_item(int k, int items)
  * tokens idx / (heads / pack) from the last (prompt_block_map's order). */
 static __device__ __forceinline__ prompt_rows_map ws_item_map(const prompt_args &a, int idx)
 {
-    const int gx = a.heads / a.pack, tb = WG_BM / a.pack;
-    return {(a.tiles - 1 - idx / gx) * tb, tb, idx % gx * a.pack};
+    const int gx = a.heads / a.pack;
+    return prompt_tile_map(idx % gx, idx / gx, a.tiles, WG_BM / a.pack, a.pack);
 }
 
 #endif
@@ -916,11 +929,8 @@ static __global__ void __launch_bounds__(WS_THREADS, 1)
             /* the item's rows, a lane's own (prompt_next_stream_lanes) */
             int rs[BM / 32], rp[BM / 32];
 #pragma unroll
-            for (int r = 0; r < BM / 32; r++) {
-                const int t = map.t0 + (32 * r + lane) % map.tb;
-                rs[r] = t < a.rows ? row_stream[t] : -1;
-                rp[r] = t < a.rows ? positions[t] : -1;
-            }
+            for (int r = 0; r < BM / 32; r++)
+                prompt_row_at(map, 32 * r + lane, a.rows, row_stream, positions, &rs[r], &rp[r]);
             unsigned done[BM / 32] = {};
             int maxp, s;
             while ((s = prompt_next_stream_lanes<BM>(rs, rp, done, &maxp)) >= 0) {

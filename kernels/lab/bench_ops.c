@@ -59,6 +59,7 @@
  * 151,936 logits; paged decode attention at batch 1/32/64 and 4k/8k/32k
  * context and batch 64 at 1k (effective read bandwidth); causal prompt
  * attention at 2,048 and 4,096 tokens (TFLOP/s). */
+#include "common/common_assert.h"
 #include "common/common_dtype.h"
 #include "kernels/kernels_backend.h"
 
@@ -596,6 +597,26 @@ static void gate_up_sweep(kernels_backend *const *bes, const char *const *names,
         }
 }
 
+typedef void sweep_fn(kernels_backend *const *bes, const char *const *names, int nvar, bufs *b,
+                      int reps);
+
+/* A backend for each variant (its environment: up to 3 variables,
+ * NULL-ended), the sweep over them (7 repeats), the backends closed. */
+static void variant_sweep(int device, const char *const *names, const char *const (*env)[4],
+                          int nvar, sweep_fn *sweep)
+{
+    enum { MOST = 8 };
+    SHOAL_ASSERT(nvar >= 1 && nvar <= MOST);
+    kernels_backend *bes[MOST];
+    for (int i = 0; i < nvar; i++)
+        bes[i] = open_variant(device, false, 0, env[i]);
+    bufs b;
+    setup(bes[0], &b);
+    sweep(bes, names, nvar, &b, 7);
+    for (int i = nvar - 1; i >= 0; i--)
+        kernels_backend_close(bes[i]);
+}
+
 static void sample_sweep(kernels_backend *nb, kernels_backend *pb, bufs *b, int reps)
 {
     static const int rowss[] = {1, 64};
@@ -726,22 +747,14 @@ int main(int argc, char **argv)
     if (gate_up == 0) {
         static const char *const names[] = {"passes",   "gemm96", "gemm64",
                                             "gemm96s4", "pre0",   "pre2"};
-        static const char *const env[][3] = {
+        static const char *const env[][4] = {
             {"SHOAL_CUDA_GEMM_SWIGLU=0", NULL},
             {"SHOAL_CUDA_GEMM_SWIGLU=1", NULL},
             {"SHOAL_CUDA_GEMM_SWIGLU=2", NULL},
             {"SHOAL_CUDA_GEMM_SWIGLU=3", NULL},
             {"SHOAL_CUDA_GEMM_SWIGLU=1", "SHOAL_CUDA_GEMM_ROWS_PRE=0", NULL},
             {"SHOAL_CUDA_GEMM_SWIGLU=1", "SHOAL_CUDA_GEMM_ROWS_PRE=2", NULL}};
-        enum { NV = sizeof names / sizeof names[0] };
-        kernels_backend *bes[NV];
-        for (int i = 0; i < NV; i++)
-            bes[i] = open_variant(device, false, 0, env[i]);
-        bufs gbuf;
-        setup(bes[0], &gbuf);
-        gate_up_sweep(bes, names, NV, &gbuf, 7);
-        for (int i = NV - 1; i >= 0; i--)
-            kernels_backend_close(bes[i]);
+        variant_sweep(device, names, env, sizeof names / sizeof names[0], gate_up_sweep);
         return 0;
     }
     if (mm_n || mm_k || mm_r) { /* one matmul alone, as the environment picks it (profiling) */
@@ -857,15 +870,7 @@ int main(int argc, char **argv)
              "SHOAL_CUDA_GEMM_SPLITK_STAGES=4", NULL},
             {"SHOAL_CUDA_GEMM_SPLITK=1", "SHOAL_CUDA_GEMM_SPLITK_S=6",
              "SHOAL_CUDA_GEMM_SPLITK_STAGES=4", NULL}};
-        enum { NV = sizeof names / sizeof names[0] };
-        kernels_backend *bes[NV];
-        for (int i = 0; i < NV; i++)
-            bes[i] = open_variant(device, false, 0, sk_env[i][0] ? sk_env[i] : NULL);
-        bufs gbuf;
-        setup(bes[0], &gbuf);
-        gemm_sweep(bes, names, NV, &gbuf, 7);
-        for (int i = NV - 1; i >= 0; i--)
-            kernels_backend_close(bes[i]);
+        variant_sweep(device, names, sk_env, sizeof names / sizeof names[0], gemm_sweep);
         return 0;
     }
     static const char *const prev_env[] = {"SHOAL_CUDA_SAMPLE=0", "SHOAL_CUDA_ATTN_FILL=0",
