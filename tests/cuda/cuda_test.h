@@ -74,6 +74,16 @@ static inline kernels_backend *open_backend(const char *device, shoal_dtype act)
     return be;
 }
 
+/* Whether the GPU runs the sm_90a kernels (gemm_rows.cu's GEMMs, the
+ * warp-specialized prompt kernel): a device of compute capability 9.0,
+ * and on a dry run never. */
+static inline bool gpu_runs_sm90a(void)
+{
+    struct cudaDeviceProp p;
+    return !test_dry && cudaGetDeviceProperties(&p, 0) == cudaSuccess && p.major == 9 &&
+           p.minor == 0;
+}
+
 /* open_backend with one variable of the environment set while it opens
  * (a backend's switches are read then; name NULL sets none). */
 static inline kernels_backend *open_backend_with(const char *device, shoal_dtype act,

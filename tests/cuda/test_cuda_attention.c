@@ -355,15 +355,6 @@ static void a_decode_round_at_the_8b_shape(shoal_dtype kvdt)
     run_case(label, wide_shape, kvdt, streams, rows, past);
 }
 
-/* The GPU runs the warp-specialized prompt kernel: sm_90a code (a device
- * of compute capability 9.0) and, on a dry run, never. */
-static bool gpu_has_ws_prompt(void)
-{
-    struct cudaDeviceProp p;
-    return !test_dry && cudaGetDeviceProperties(&p, 0) == cudaSuccess && p.major == 9 &&
-           p.minor == 0;
-}
-
 /* run_case on a backend whose warp-specialized prompt kernel runs on at
  * most 3 blocks (SHOAL_CUDA_PROMPT_BLOCKS), each taking 20 to 60 items in
  * turn (unless SHOAL_CUDA_PROMPT_PERSIST=0 gives a block an item), then
@@ -378,7 +369,7 @@ static void prompt_items_case(const char *label, shape sh, int streams, const in
     const char *persist = getenv("SHOAL_CUDA_PROMPT_PERSIST");
     /* the kernel runs with bf16 activations alone */
     const bool many =
-        act == SHOAL_DTYPE_BF16 && gpu_has_ws_prompt() && !(persist && strcmp(persist, "0") == 0);
+        act == SHOAL_DTYPE_BF16 && gpu_runs_sm90a() && !(persist && strcmp(persist, "0") == 0);
     const int rounds = test_dry ? 0 : cuda_backend_prompt_ws_rounds(gpu);
     CHECK_MSG(many ? rounds >= 20 : rounds <= 1, "%s: %d items a block", label, rounds);
     if (many) {

@@ -357,15 +357,6 @@ static kernels_backend *open_gpu_with(const char *name, const char *value)
     return open_backend_with(test_gpu, act, name, value);
 }
 
-/* Whether the GPU runs gemm_rows.cu's kernels: sm_90a code (a device of
- * compute capability 9.0) and, on a dry run, never. */
-static bool gpu_has_tma_gemm(void)
-{
-    struct cudaDeviceProp p;
-    return !test_dry && cudaGetDeviceProperties(&p, 0) == cudaSuccess && p.major == 9 &&
-           p.minor == 0;
-}
-
 /* Whether the CUDA backend's matmul_add_rmsnorm takes these operands
  * (matmul.cu: gemm_parts, its default rule): bf16, 9 to 64 rows, k of
  * four parts of whole 16-byte chunks, a k of at least twice n or, at up
@@ -373,7 +364,7 @@ static bool gpu_has_tma_gemm(void)
  * four parts of whole 64-column stages), at least n. */
 static bool parts_ours(int n, int k)
 {
-    return gpu_has_tma_gemm() && k % 256 == 0 && n % 4 == 0;
+    return gpu_runs_sm90a() && k % 256 == 0 && n % 4 == 0;
 }
 
 static bool parts_take(int rows, int n, int k, bool ours)
@@ -919,7 +910,7 @@ static void matmul_swiglu_matches_cpu_and_the_unfused_ops(void)
  * 16-byte chunks (the tensor maps' row pitch). */
 static bool gemm_swiglu_takes(int rows, int k)
 {
-    return act == SHOAL_DTYPE_BF16 && gpu_has_tma_gemm() && rows >= 2 && rows <= 64 && k % 8 == 0;
+    return act == SHOAL_DTYPE_BF16 && gpu_runs_sm90a() && rows >= 2 && rows <= 64 && k % 8 == 0;
 }
 
 /* matmul_swiglu past the GEMV's rows as one kernel (gemm_rows.cu;
