@@ -5,8 +5,8 @@
  *   shoal-make-demo --out DIR --tokenizer-dir DIR_WITH_TOKENIZER_JSON */
 #include "common/common_file.h"
 #include "common/common_limits.h"
-#include "worker/worker_safetensors.h"
-#include "worker/worker_weights.h"
+#include "model/model_safetensors.h"
+#include "model/model_weights.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -115,10 +115,10 @@ int main(int argc, char **argv)
     /* The tensors a tied Qwen3 has, filled by the dummy weight source. */
     enum { PER_LAYER = 11 };
     int count = 2 + LAYERS * PER_LAYER;
-    worker_tensor_out *t = calloc((size_t)count, sizeof *t);
+    model_tensor_out *t = calloc((size_t)count, sizeof *t);
     char (*names)[SHOAL_TENSOR_NAME_BYTES_MAX] = calloc((size_t)count, sizeof *names);
-    worker_weights *w = NULL;
-    if (!t || !names || worker_weights_open_dummy(seed, &w))
+    model_weights *w = NULL;
+    if (!t || !names || model_weights_open_dummy(seed, &w))
         return 1;
     static const struct {
         const char *suffix;
@@ -138,21 +138,21 @@ int main(int argc, char **argv)
     };
     int n = 0;
     snprintf(names[n], sizeof names[n], "model.embed_tokens.weight");
-    t[n++] = (worker_tensor_out){.dims = 2, .shape = {VOCAB, HIDDEN}};
+    t[n++] = (model_tensor_out){.dims = 2, .shape = {VOCAB, HIDDEN}};
     snprintf(names[n], sizeof names[n], "model.norm.weight");
-    t[n++] = (worker_tensor_out){.dims = 1, .shape = {HIDDEN}};
+    t[n++] = (model_tensor_out){.dims = 1, .shape = {HIDDEN}};
     for (int l = 0; l < LAYERS; l++) {
         for (int i = 0; i < PER_LAYER; i++) {
             snprintf(names[n], sizeof names[n], "model.layers.%d.%s", l, layer[i].suffix);
-            t[n] = (worker_tensor_out){.dims = layer[i].cols ? 2 : 1,
+            t[n] = (model_tensor_out){.dims = layer[i].cols ? 2 : 1,
                                        .shape = {layer[i].rows, layer[i].cols}};
             n++;
         }
     }
     shoal_diag diag = {{0}};
     for (int i = 0; i < n; i++) {
-        worker_tensor_ref ref;
-        if (worker_weights_get(w, names[i], t[i].dims, t[i].shape, &ref, &diag))
+        model_tensor_ref ref;
+        if (model_weights_get(w, names[i], t[i].dims, t[i].shape, &ref, &diag))
             return 1;
         t[i].name = names[i];
         t[i].dtype = ref.dtype;
@@ -160,11 +160,11 @@ int main(int argc, char **argv)
     }
     char path[SHOAL_PATH_BYTES_MAX];
     if (common_path_join(path, sizeof path, out, "model.safetensors") ||
-        worker_safetensors_write(path, t, n, &diag)) {
+        model_safetensors_write(path, t, n, &diag)) {
         fprintf(stderr, "shoal-make-demo: %s\n", diag.msg);
         return 1;
     }
-    worker_weights_close(w);
+    model_weights_close(w);
     free(t);
     free(names);
     printf("shoal-make-demo: wrote a Qwen3-shaped demo model with random weights to %s "

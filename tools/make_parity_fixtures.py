@@ -17,7 +17,21 @@ The reference loads the saved weights (bf16, fp16 or fp32 as saved) and runs
 them in float64 with eager attention, recomputing the whole sequence at every
 decode step, so it is exact up to float64 rounding. Usage:
 
-  python3 tools/make_parity_fixtures.py --out tests/fixtures/parity
+  python3 tools/make_parity_fixtures.py --out tests/fixtures/parity [--only NAME,...]
+
+Mixture-of-experts models are written the way Hugging Face hub checkpoints
+of Qwen3-MoE store them, each expert as its own tensors
+(model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight), whatever layout
+the installed transformers keeps in memory (transformers 5 stacks them as
+mlp.experts.gate_up_proj [E, 2I, H] and mlp.experts.down_proj [E, H, I],
+and 5.17 writes them back per expert on save; a version that saves them
+stacked is rewritten here). The reference runs its experts eagerly
+(experts_implementation="eager": the grouped GEMM takes no float64). Their
+prompts are 1, 17, 129 and 257 tokens. The script prints, for each MoE
+model, the smallest gap between the k-th and (k+1)-th router logit over
+every token and layer (relative to the token's router-logit spread), and
+takes the next seed while it is under MOE_GAP_MIN: at a near tie an engine
+within rounding of the reference could pick another expert.
 """
 import argparse
 import inspect
@@ -31,7 +45,20 @@ import transformers
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+try:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+except ImportError:  # older transformers: the MoE fixtures cannot be made
+    Qwen3MoeConfig = Qwen3MoeForCausalLM = None
+
 PROMPT_LENS = [1, 16, 17, 128, 129, 257]
+MOE_PROMPT_LENS = [1, 17, 129, 257]
+# A MoE model that routes some token of its prompts or continuations with a
+# gap between its k-th and (k+1)-th router logit under this fraction of the
+# token's router-logit spread is made again from the next seed: an engine
+# whose hidden states differ from float64 by bf16 KV rounding (a few 1e-4
+# relative) could pick another expert there.
+MOE_GAP_MIN = 2e-3
+MOE_TRIES = 16
 DECODE_STEPS = 8
 KEEP_EVERY = 8  # keep logits of every 8th prompt position, and the last
 
@@ -71,6 +98,39 @@ MODELS = {
                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                  rms_norm_eps=1e-5, tie_word_embeddings=True,
                  max_position_embeddings=2048)),
+    # Qwen3-MoE, every layer sparse, top-k weights renormalized (as
+    # Qwen3-30B-A3B): 8 experts, 2 a token.
+    "qwen3moe-norm-bf16": dict(
+        cls=(Qwen3MoeConfig, Qwen3MoeForCausalLM), dtype=torch.bfloat16, shard=None,
+        eos=[2], rope=None, theta=1000000.0, moe=True,
+        cfg=dict(vocab_size=331, hidden_size=64, intermediate_size=160,
+                 moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                 max_position_embeddings=2048)),
+    # top-k weights as the softmax gives them (norm_topk_prob false), every
+    # second layer sparse (decoder_sparse_step 2), fp32 weights.
+    "qwen3moe-nonorm-step2-f32": dict(
+        cls=(Qwen3MoeConfig, Qwen3MoeForCausalLM), dtype=torch.float32, shard=None,
+        eos=[0], rope=None, theta=10000.0, moe=True,
+        cfg=dict(vocab_size=293, hidden_size=48, intermediate_size=112,
+                 moe_intermediate_size=40, num_experts=6, num_experts_per_tok=3,
+                 norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[],
+                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                 head_dim=12, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                 max_position_embeddings=2048)),
+    # mlp_only_layers (layers 0 and 2 dense), top-k = every expert (4 of 4),
+    # bf16, sharded.
+    "qwen3moe-mlponly-topall-bf16": dict(
+        cls=(Qwen3MoeConfig, Qwen3MoeForCausalLM), dtype=torch.bfloat16, shard="80KB",
+        eos=[5], rope=None, theta=1000000.0, moe=True,
+        cfg=dict(vocab_size=307, hidden_size=64, intermediate_size=128,
+                 moe_intermediate_size=32, num_experts=4, num_experts_per_tok=4,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0, 2],
+                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
+                 head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                 max_position_embeddings=2048)),
 }
 
 
@@ -90,7 +150,9 @@ def make_config(config_cls, spec):
 
 def randomize(model, seed):
     """Weights with structure, so greedy margins are clear: norms away from one,
-    matrices at 1/sqrt(fan_in), embeddings at unit scale."""
+    matrices at 1/sqrt(fan_in), embeddings at unit scale. Stacked expert
+    tensors ([E, out, in]) count their last dimension as fan-in; routers get
+    a larger scale, so that routing is spread and decided."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -98,8 +160,74 @@ def randomize(model, seed):
                 p.copy_(torch.rand(p.shape, generator=g) + 0.5)
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * 3.0 / math.sqrt(p.shape[-1]))
             else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+
+
+def split_experts(tensors):
+    """The stacked expert tensors of transformers 5 as the hub's per-expert
+    tensors; anything else as it is."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            base = name[: -len("gate_up_proj")]
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :inter].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = t[e, inter:].contiguous()
+        elif name.endswith("mlp.experts.down_proj"):
+            base = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[name] = t
+    return out
+
+
+def rewrite_per_expert(d):
+    """Rewrites the saved safetensors of d with each expert as its own
+    tensors (one file, model.safetensors). Returns the layout found."""
+    from safetensors.torch import load_file
+    files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(os.path.join(d, f)))
+    fused = any(n.endswith("mlp.experts.gate_up_proj") for n in tensors)
+    if not fused:
+        return "per-expert"
+    for f in files:
+        os.remove(os.path.join(d, f))
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        os.remove(idx)
+    save_file(split_experts(tensors), os.path.join(d, "model.safetensors"),
+              metadata={"format": "pt"})
+    return "stacked, rewritten per expert"
+
+
+def routing_gap(model, ids, top_k):
+    """The smallest gap between the k-th and (k+1)-th router logit of any
+    token in any sparse layer, over the standard deviation of that token's
+    router logits (inf where top_k is every expert)."""
+    gaps = []
+
+    def hook(module, inputs, output):
+        x = inputs[0].double().reshape(-1, module.weight.shape[-1])
+        logits = x @ module.weight.double().T
+        if top_k < logits.shape[-1]:
+            v = torch.topk(logits, top_k + 1, dim=-1).values
+            rel = (v[:, top_k - 1] - v[:, top_k]) / logits.std(dim=-1)
+            gaps.append(float(rel.min()))
+
+    handles = [m.register_forward_hook(hook) for n, m in model.named_modules()
+               if n.endswith("mlp.gate")]
+    with torch.no_grad():
+        model(torch.tensor([ids], dtype=torch.long))
+    for h in handles:
+        h.remove()
+    return min(gaps) if gaps else float("inf")
 
 
 @torch.no_grad()
@@ -122,12 +250,28 @@ def make_one(name, spec, out_dir, seed):
     if spec["shard"]:
         kw["max_shard_size"] = spec["shard"]
     model.save_pretrained(d, **kw)
+    moe = spec.get("moe", False)
+    if moe:
+        names = sorted(n for n, _ in model.named_parameters() if ".experts." in n)
+        print(f"{name}: transformers {transformers.__version__} keeps experts as "
+              f"{names[:3]} ...", flush=True)
+        print(f"{name}: saved layout: {rewrite_per_expert(d)}", flush=True)
 
-    ref = model_cls.from_pretrained(d, attn_implementation="eager").to(torch.float64).eval()
+    load_kw = dict(attn_implementation="eager")
+    if moe:
+        load_kw["experts_implementation"] = "eager"
+    ref = model_cls.from_pretrained(d, **load_kw).to(torch.float64).eval()
+    # the reloaded weights must be the saved ones (a layout transformers
+    # could not read would leave fresh random experts behind)
+    mine = {n: p.double() for n, p in model.named_parameters()}
+    for n, p in ref.named_parameters():
+        if n in mine and not torch.equal(mine[n], p):
+            raise SystemExit(f"{name}: {n} reloaded differs from what was saved")
     vocab = config.vocab_size
     g = torch.Generator().manual_seed(seed + 1)
     tensors = {}
-    for n in PROMPT_LENS:
+    gap = float("inf")
+    for n in (MOE_PROMPT_LENS if moe else PROMPT_LENS):
         ids = torch.randint(0, vocab, (n,), generator=g).tolist()
         logits = reference(ref, ids)
         keep = sorted(set(list(range(0, n, KEEP_EVERY)) + [n - 1]))
@@ -143,24 +287,41 @@ def make_one(name, spec, out_dir, seed):
             greedy_logits.append(step_logits.float())
             seq.append(tok)
             step_logits = reference(ref, seq)[-1]
+        if moe:  # every token of the prompt and its continuation
+            gap = min(gap, routing_gap(ref, seq, config.num_experts_per_tok))
         tensors[f"prompt{n}.greedy_ids"] = torch.tensor(greedy, dtype=torch.int32)
         tensors[f"prompt{n}.greedy_logits"] = torch.stack(greedy_logits).contiguous()
         top2 = torch.topk(tensors[f"prompt{n}.greedy_logits"], 2, dim=-1).values
         print(f"{name}: prompt {n}: greedy {greedy} min top-2 margin "
               f"{float((top2[:, 0] - top2[:, 1]).min()):.4f}", flush=True)
+    if moe:
+        print(f"{name}: smallest top-k router-logit gap {gap:.3e} of the spread", flush=True)
+        if gap < MOE_GAP_MIN:
+            return False
     save_file(tensors, os.path.join(d, "expected.safetensors"),
               metadata={"torch": torch.__version__, "transformers": transformers.__version__})
+    return True
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder that receives one directory per model")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--only", default="", help="comma-separated model names (default: all)")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(min(8, os.cpu_count() or 1))
     for i, (name, spec) in enumerate(MODELS.items()):
-        make_one(name, spec, args.out, args.seed + 100 * i)
+        if only and name not in only:
+            continue
+        if spec["cls"][0] is None:
+            raise SystemExit(f"{name}: this transformers has no {name.split('-')[0]} model")
+        for t in range(MOE_TRIES if spec.get("moe") else 1):
+            if make_one(name, spec, args.out, args.seed + 100 * i + 7 * t):
+                break
+        else:
+            raise SystemExit(f"{name}: no seed of {MOE_TRIES} routes with a clear top-k gap")
     with open(os.path.join(args.out, "VERSIONS.json"), "w") as f:
         json.dump({"torch": torch.__version__, "transformers": transformers.__version__}, f)
         f.write("\n")

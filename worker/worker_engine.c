@@ -40,7 +40,7 @@ typedef struct stream {
 struct worker_engine {
     worker_model *m;
     worker_engine_options o;
-    const worker_config *cfg;
+    const model_config *cfg;
     int pt;
     int pages_cap; /* pages one stream can hold */
     worker_pages *pages;

@@ -58,12 +58,12 @@ static shoal_err hash_optional_file(const char *dir, const char *name, common_ha
     return SHOAL_OK;
 }
 
-shoal_err worker_fingerprint_compute(const char *model_dir, const worker_weights *w,
+shoal_err worker_fingerprint_compute(const char *model_dir, const model_weights *w,
                                      uint64_t dummy_seed, shoal_dtype kv_dtype, int page_tokens,
                                      common_hash *out, shoal_diag *diag)
 {
     shoal_err err;
-    int shards = worker_weights_shards(w);
+    int shards = model_weights_shards(w);
     /* parts: tag, layout, config, tokenizer, template, kv dtype, page size,
      * dummy seed, then one per shard */
     int n_parts = 8 + shards;
@@ -81,7 +81,7 @@ shoal_err worker_fingerprint_compute(const char *model_dir, const worker_weights
     for (int i = 0; i < shards; i++) {
         const void *data;
         size_t bytes;
-        worker_weights_shard(w, i, &data, &bytes);
+        model_weights_shard(w, i, &data, &bytes);
         if ((err = hash_file_bytes(pool, data, bytes, &hashes[3 + i]))) {
             shoal_diag_set(diag, err, "fingerprint: no memory");
             goto out;
@@ -90,8 +90,8 @@ shoal_err worker_fingerprint_compute(const char *model_dir, const worker_weights
     static const char tag[] = "shoal-fingerprint-v1";
     uint32_t layout = WORKER_KV_LAYOUT_VERSION, dtype = (uint32_t)kv_dtype,
              page = (uint32_t)page_tokens;
-    uint64_t seed = worker_weights_is_dummy(w) ? dummy_seed : 0;
-    uint8_t dummy = worker_weights_is_dummy(w);
+    uint64_t seed = model_weights_is_dummy(w) ? dummy_seed : 0;
+    uint8_t dummy = model_weights_is_dummy(w);
     parts[0] = (common_hash_part){tag, sizeof tag};
     parts[1] = (common_hash_part){&layout, sizeof layout};
     parts[2] = (common_hash_part){&hashes[0], sizeof hashes[0]};

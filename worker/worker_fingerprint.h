@@ -11,13 +11,13 @@
 #define SHOAL_WORKER_FINGERPRINT_H
 
 #include "common/common_hash.h"
-#include "worker/worker_weights.h"
+#include "model/model_weights.h"
 
 /* The version of the KV page layout (kernels_kv_layout): bump it whenever
  * the bytes of a page would mean something else. */
 #define WORKER_KV_LAYOUT_VERSION 1
 
-shoal_err worker_fingerprint_compute(const char *model_dir, const worker_weights *w,
+shoal_err worker_fingerprint_compute(const char *model_dir, const model_weights *w,
                                      uint64_t dummy_seed, shoal_dtype kv_dtype, int page_tokens,
                                      common_hash *out, shoal_diag *diag);
 

@@ -38,7 +38,7 @@ float worker_logprob(const float *logits, int vocab, int token)
     return (float)((double)logits[token] - log_sum_exp(logits, vocab, mx));
 }
 
-static bool is_eos(const worker_config *c, int token)
+static bool is_eos(const model_config *c, int token)
 {
     for (int i = 0; i < c->eos_count; i++)
         if (c->eos_ids[i] == token)
@@ -50,7 +50,7 @@ shoal_err worker_generate_greedy(worker_model *m, const int32_t *prompt, int pro
                                  int max_tokens, bool stop_at_eos, worker_token_fn on_token,
                                  void *ctx, worker_generate_stats *stats, shoal_diag *diag)
 {
-    const worker_config *c = worker_model_config(m);
+    const model_config *c = worker_model_config(m);
     int pt = worker_model_kv_layout(m)->page_tokens;
     shoal_err err = SHOAL_OK;
     worker_generate_stats st = {0};

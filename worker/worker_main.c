@@ -211,8 +211,8 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
             fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         return err ? 1 : 0;
     }
-    worker_config cfg;
-    if (worker_config_load(mo->model_dir, &cfg, &diag)) {
+    model_config cfg;
+    if (model_config_load(mo->model_dir, &cfg, &diag)) {
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         return 1;
     }
@@ -503,8 +503,8 @@ int main(int argc, char **argv)
     if (ids_text && parse_ids(ids_text, &prompt, &prompt_len))
         return 2;
     shoal_diag diag = {{0}};
-    worker_config cfg;
-    if (worker_config_load(mo.model_dir, &cfg, &diag)) {
+    model_config cfg;
+    if (model_config_load(mo.model_dir, &cfg, &diag)) {
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
         free(prompt);
         return 1;

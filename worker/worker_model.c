@@ -3,7 +3,7 @@
 #include "common/common_assert.h"
 #include "common/common_limits.h"
 #include "worker/worker_fingerprint.h"
-#include "worker/worker_weights.h"
+#include "model/model_weights.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,9 +29,9 @@ typedef struct model_layer {
 
 struct worker_model {
     worker_model_options opt;
-    worker_config cfg;
+    model_config cfg;
     kernels_backend *be;
-    worker_weights *weights;
+    model_weights *weights;
 
     model_matrix embed, lm_head;
     float *final_norm;
@@ -161,12 +161,12 @@ static shoal_err dev_place(worker_model *m, const void *src, size_t bytes, bool 
 static shoal_err load_matrix(worker_model *m, const char *name, int64_t rows, int64_t cols,
                              model_matrix *out, shoal_diag *diag)
 {
-    if (worker_weights_is_dummy(m->weights) && m->be->fill_random) {
+    if (model_weights_is_dummy(m->weights) && m->be->fill_random) {
         /* made on the device: no host copy, no upload (an 8B model in
          * seconds, not minutes) */
         uint64_t state;
         float base, scale;
-        worker_weights_dummy_recipe(m->weights, name, 2, &state, &base, &scale);
+        model_weights_dummy_recipe(m->weights, name, 2, &state, &base, &scale);
         size_t n = (size_t)rows * (size_t)cols;
         void *dst = dev_alloc(m, n * 2);
         if (!dst)
@@ -178,8 +178,8 @@ static shoal_err load_matrix(worker_model *m, const char *name, int64_t rows, in
         return SHOAL_OK;
     }
     int64_t shape[2] = {rows, cols};
-    worker_tensor_ref t;
-    shoal_err err = worker_weights_get(m->weights, name, 2, shape, &t, diag);
+    model_tensor_ref t;
+    shoal_err err = model_weights_get(m->weights, name, 2, shape, &t, diag);
     if (err)
         return err;
     out->dtype = t.dtype;
@@ -200,8 +200,8 @@ static shoal_err load_joined(worker_model *m, const char *const *names, const in
     enum { JOIN_MAX = 3 };
     SHOAL_ASSERT(n <= JOIN_MAX);
     shoal_err err;
-    bool dummy = worker_weights_is_dummy(m->weights) && m->be->fill_random;
-    worker_tensor_ref t[JOIN_MAX];
+    bool dummy = model_weights_is_dummy(m->weights) && m->be->fill_random;
+    model_tensor_ref t[JOIN_MAX];
     size_t total = 0;
     *joined = !m->be->host_memory;
     for (int i = 0; i < n && *joined; i++) {
@@ -210,7 +210,7 @@ static shoal_err load_joined(worker_model *m, const char *const *names, const in
             continue;
         }
         int64_t shape[2] = {rows[i], cols};
-        if ((err = worker_weights_get(m->weights, names[i], 2, shape, &t[i], diag)))
+        if ((err = model_weights_get(m->weights, names[i], 2, shape, &t[i], diag)))
             return err;
         *joined = t[i].dtype == t[0].dtype;
         total += (size_t)t[i].bytes;
@@ -232,7 +232,7 @@ static shoal_err load_joined(worker_model *m, const char *const *names, const in
             uint64_t state;
             float base, scale;
             size_t elems = (size_t)rows[i] * (size_t)cols;
-            worker_weights_dummy_recipe(m->weights, names[i], 2, &state, &base, &scale);
+            model_weights_dummy_recipe(m->weights, names[i], 2, &state, &base, &scale);
             m->be->fill_random(m->be, dst, elems, state, base, scale);
             out[i]->dtype = SHOAL_DTYPE_BF16;
             dst += elems * 2;
@@ -250,8 +250,8 @@ static shoal_err load_joined(worker_model *m, const char *const *names, const in
 static shoal_err load_vector(worker_model *m, const char *name, int64_t n, float **out,
                              shoal_diag *diag)
 {
-    worker_tensor_ref t;
-    shoal_err err = worker_weights_get(m->weights, name, 1, &n, &t, diag);
+    model_tensor_ref t;
+    shoal_err err = model_weights_get(m->weights, name, 1, &n, &t, diag);
     if (err)
         return err;
     float *host = malloc((size_t)n * sizeof *host);
@@ -269,7 +269,7 @@ static shoal_err load_vector(worker_model *m, const char *name, int64_t n, float
 
 static shoal_err load_layer(worker_model *m, int i, shoal_diag *diag)
 {
-    const worker_config *c = &m->cfg;
+    const model_config *c = &m->cfg;
     model_layer *L = &m->layers[i];
     char name[SHOAL_TENSOR_NAME_BYTES_MAX];
     shoal_err err;
@@ -315,7 +315,7 @@ static shoal_err load_layer(worker_model *m, int i, shoal_diag *diag)
 static shoal_err fold_norms(worker_model *m, shoal_diag *diag)
 {
     kernels_backend *be = m->be;
-    const worker_config *c = &m->cfg;
+    const model_config *c = &m->cfg;
     int q_out = c->heads * c->head_dim, kv_out = c->kv_heads * c->head_dim;
     /* the GEMV's rows: 16-byte chunks */
     bool whole = c->hidden % 8 == 0 && c->intermediate % 8 == 0 && q_out % 8 == 0;
@@ -395,7 +395,7 @@ static shoal_err check_options(const worker_model_options *o, shoal_diag *diag)
 
 static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
 {
-    const worker_config *c = &m->cfg;
+    const model_config *c = &m->cfg;
     size_t a = kernels_act_bytes(m->be);
     size_t rows = (size_t)m->opt.max_rows;
     size_t q_w = (size_t)c->heads * (size_t)c->head_dim;
@@ -490,16 +490,16 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
         return SHOAL_ERR_NOMEM;
     m->opt = *opt;
     m->arena_fd = -1;
-    if ((err = worker_config_load(opt->model_dir, &m->cfg, diag)))
+    if ((err = model_config_load(opt->model_dir, &m->cfg, diag)))
         goto out_close;
-    const worker_config *c = &m->cfg;
+    const model_config *c = &m->cfg;
     kernels_backend_options bo = {
         .device = opt->device, .threads = opt->threads, .act_dtype = opt->act_dtype};
     if ((err = kernels_backend_open(&bo, &m->be, diag)))
         goto out_close;
     err = opt->load_format == WORKER_LOAD_DUMMY
-              ? worker_weights_open_dummy(opt->dummy_seed, &m->weights)
-              : worker_weights_open(opt->model_dir, &m->weights, diag);
+              ? model_weights_open_dummy(opt->dummy_seed, &m->weights)
+              : model_weights_open(opt->model_dir, &m->weights, diag);
     if (err)
         goto out_close;
     m->layers = calloc((size_t)c->layers, sizeof *m->layers);
@@ -523,7 +523,7 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
     if ((err = fold_norms(m, diag)))
         goto out_close;
     float inv[SHOAL_MODEL_HEAD_DIM_MAX / 2];
-    worker_config_rope_inv_freq(c, inv);
+    model_config_rope_inv_freq(c, inv);
     const void *inv_dev;
     if ((err = dev_place(m, inv, (size_t)(c->head_dim / 2) * sizeof(float), false, &inv_dev)))
         goto out_close;
@@ -561,12 +561,12 @@ void worker_model_close(worker_model *m)
     free(m->seg_prompt);
     free(m->seg_single);
     free(m->graph_ready);
-    worker_weights_close(m->weights);
+    model_weights_close(m->weights);
     kernels_backend_close(m->be);
     free(m);
 }
 
-const worker_config *worker_model_config(const worker_model *m)
+const model_config *worker_model_config(const worker_model *m)
 {
     return &m->cfg;
 }
@@ -767,7 +767,7 @@ static void normed_matmul(worker_model *m, bool fused, void *out, const model_ma
                           int n)
 {
     kernels_backend *be = m->be;
-    const worker_config *c = &m->cfg;
+    const model_config *c = &m->cfg;
     if (fused)
         be->matmul_rms(be, out, m->x, w->data, w->dtype, rows, n, c->hidden, c->rms_eps);
     else
@@ -781,7 +781,7 @@ static bool matmul_add_norm(worker_model *m, const void *in, const model_matrix 
                             const float *norm, int rows, int k)
 {
     kernels_backend *be = m->be;
-    const worker_config *c = &m->cfg;
+    const model_config *c = &m->cfg;
     if (be->matmul_add_rmsnorm && be->matmul_add_rmsnorm(be, m->h, m->x, in, w->data, w->dtype,
                                                          norm, rows, c->hidden, k, c->rms_eps))
         return true;
@@ -794,7 +794,7 @@ static bool matmul_add_norm(worker_model *m, const void *in, const model_matrix 
 static void model_ops(worker_model *m, const worker_forward *f, int stride, run_kind kind)
 {
     kernels_backend *be = m->be;
-    const worker_config *c = &m->cfg;
+    const model_config *c = &m->cfg;
     int rows = f->rows;
     int q_w = c->heads * c->head_dim, kv_w = c->kv_heads * c->head_dim;
     size_t q_row_bytes = (size_t)q_w * kernels_act_bytes(be);

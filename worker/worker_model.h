@@ -11,7 +11,7 @@
 #include "common/common_hash.h"
 #include "kernels/kernels_backend.h"
 #include "kernels/kernels_sample.h"
-#include "worker/worker_config.h"
+#include "model/model_config.h"
 
 #include <stdint.h>
 
@@ -73,7 +73,7 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
 /* Frees everything; NULL allowed. */
 void worker_model_close(worker_model *m);
 
-const worker_config *worker_model_config(const worker_model *m);
+const model_config *worker_model_config(const worker_model *m);
 const kernels_kv_layout *worker_model_kv_layout(const worker_model *m);
 int worker_model_kv_pages(const worker_model *m);
 /* The KV page arena (device; kv_pages pages of the kv layout's page_bytes

@@ -322,7 +322,7 @@ static shoal_err send_hello(serve *sv)
     h.pid = (int32_t)getpid();
     snprintf(h.device, sizeof h.device, "%s", sv->o->device);
     if (sv->m) {
-        const worker_config *c = worker_model_config(sv->m);
+        const model_config *c = worker_model_config(sv->m);
         h.vocab = c->vocab;
         h.page_tokens = worker_model_kv_layout(sv->m)->page_tokens;
         h.fingerprint = *worker_model_fingerprint(sv->m);

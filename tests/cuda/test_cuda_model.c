@@ -15,7 +15,7 @@
 #include "common/common_assert.h"
 #include "tests/cuda/cuda_test.h"
 #include "worker/worker_generate.h"
-#include "worker/worker_safetensors.h"
+#include "model/model_safetensors.h"
 
 #include <errno.h>
 #include <unistd.h>
@@ -53,13 +53,13 @@ typedef struct rowset {
     const float *ref[ROWS_MAX];
 } rowset;
 
-static const void *tensor(worker_safetensors *st, const char *name, int64_t *count)
+static const void *tensor(model_safetensors *st, const char *name, int64_t *count)
 {
-    const worker_tensor_info *t = worker_safetensors_find(st, name);
+    const model_tensor_info *t = model_safetensors_find(st, name);
     if (!t)
         return NULL;
     if (count)
-        *count = (int64_t)worker_tensor_elements(t);
+        *count = (int64_t)model_tensor_elements(t);
     return st->data + t->begin;
 }
 
@@ -119,7 +119,7 @@ static worker_model *open_model(const char *name, const config *c, int kv_pages)
     return err ? NULL : m;
 }
 
-static bool run_fixture(const char *name, const config *c, worker_safetensors *fx, rowset *out)
+static bool run_fixture(const char *name, const config *c, model_safetensors *fx, rowset *out)
 {
     int pt = c->page_tokens, pages = (257 + STEPS + pt - 1) / pt;
     worker_model *m = open_model(name, c, pages);
@@ -276,9 +276,9 @@ static void gpu_matches_hf_and_cpu_and_measures_fp8(void)
         char path[600];
         snprintf(path, sizeof path, "%s/parity/%s/expected.safetensors", SHOAL_FIXTURES,
                  models[mi]);
-        worker_safetensors fx;
+        model_safetensors fx;
         shoal_diag diag = {{0}};
-        if (worker_safetensors_open(path, &fx, &diag) != SHOAL_OK) {
+        if (model_safetensors_open(path, &fx, &diag) != SHOAL_OK) {
             CHECK_MSG(0, "%s", diag.msg);
             continue;
         }
@@ -357,7 +357,7 @@ static void gpu_matches_hf_and_cpu_and_measures_fp8(void)
         free_rowset(&b);
         free_rowset(&b8);
         free_rowset(&w);
-        worker_safetensors_close(&fx);
+        model_safetensors_close(&fx);
     }
     printf("fp8 KV (scales 1.0) against bf16 KV, all four fixture models, teacher-forced:\n");
     static const char *names[3] = {"cpu (f32 activations)", "gpu f32 activations",

@@ -1316,7 +1316,7 @@ static void fill_random_makes_the_host_generators_bits(void)
         float base = i == 1 ? 1.0f : 0.0f, scale = i == 1 ? 0.1f : 0.02f;
         uint16_t *ref = xmalloc(ns[i] * 2), *got = xmalloc(ns[i] * 2);
         uint64_t s = state;
-        for (size_t j = 0; j < ns[i]; j++) /* what worker_weights' dummy source does */
+        for (size_t j = 0; j < ns[i]; j++) /* what model_weights' dummy source does */
             ref[j] = shoal_f32_to_bf16(base + scale * common_rng_uniform(&s));
         void *d = dev_alloc(gpu, ns[i] * 2);
         dev_poison(gpu, d, ns[i] * 2);

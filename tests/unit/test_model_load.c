@@ -3,9 +3,9 @@
  * file, the tensor and what was expected. */
 #include "common/common_file.h"
 #include "tests/test.h"
-#include "worker/worker_config.h"
+#include "model/model_config.h"
 #include "worker/worker_generate.h"
-#include "worker/worker_safetensors.h"
+#include "model/model_safetensors.h"
 
 #include <stdint.h>
 #include <sys/stat.h>
@@ -44,16 +44,16 @@ static void fresh_dir(char *dir, size_t size, const char *name)
 static void write_weights(const char *dir, const char *file, const char *drop, const char *change,
                           shoal_dtype new_dtype)
 {
-    worker_safetensors st;
+    model_safetensors st;
     shoal_diag diag;
-    CHECK(worker_safetensors_open(SRC "/model.safetensors", &st, &diag) == SHOAL_OK);
-    worker_tensor_out *out = calloc((size_t)st.tensors, sizeof *out);
+    CHECK(model_safetensors_open(SRC "/model.safetensors", &st, &diag) == SHOAL_OK);
+    model_tensor_out *out = calloc((size_t)st.tensors, sizeof *out);
     int n = 0;
     for (int i = 0; i < st.tensors; i++) {
-        const worker_tensor_info *t = &st.info[i];
+        const model_tensor_info *t = &st.info[i];
         if (drop && strcmp(t->name, drop) == 0)
             continue;
-        worker_tensor_out *o = &out[n++];
+        model_tensor_out *o = &out[n++];
         o->name = t->name;
         o->dtype = t->dtype;
         o->dims = t->dims;
@@ -69,9 +69,9 @@ static void write_weights(const char *dir, const char *file, const char *drop, c
     }
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    CHECK(worker_safetensors_write(path, out, n, &diag) == SHOAL_OK);
+    CHECK(model_safetensors_write(path, out, n, &diag) == SHOAL_OK);
     free(out);
-    worker_safetensors_close(&st);
+    model_safetensors_close(&st);
 }
 
 static shoal_err open_model(const char *dir, worker_load_format fmt, shoal_diag *diag,
@@ -219,9 +219,9 @@ static void config_fields_are_validated(void)
          SHOAL_ERR_FORMAT, "eos_token_id"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        worker_config cfg;
+        model_config cfg;
         shoal_diag diag = {{0}};
-        shoal_err err = worker_config_parse(cases[i].json, "c.json", &cfg, &diag);
+        shoal_err err = model_config_parse(cases[i].json, "c.json", &cfg, &diag);
         CHECK_MSG(err == cases[i].err, "case %zu: %s (%s)", i, shoal_strerror(err), diag.msg);
         CHECK_HAS(diag.msg, cases[i].says);
         CHECK_HAS(diag.msg, "c.json");
@@ -246,15 +246,15 @@ static void transformers_4_spelling_gives_the_same_rope(void)
         "\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
         "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},"
         "\"dtype\":\"bfloat16\",\"tie_word_embeddings\":true,\"eos_token_id\":128001}";
-    worker_config a, b;
+    model_config a, b;
     shoal_diag diag = {{0}};
-    CHECK(worker_config_parse(v4, "v4", &a, &diag) == SHOAL_OK);
-    CHECK(worker_config_parse(v5, "v5", &b, &diag) == SHOAL_OK);
+    CHECK(model_config_parse(v4, "v4", &a, &diag) == SHOAL_OK);
+    CHECK(model_config_parse(v5, "v5", &b, &diag) == SHOAL_OK);
     CHECK(a.rope_llama3 && b.rope_llama3 && a.dtype == SHOAL_DTYPE_BF16 && b.dtype == a.dtype);
     CHECK(a.tie_embeddings && a.eos_count == 3 && a.eos_ids[2] == 128009 && b.eos_count == 1);
     float fa[32], fb[32];
-    worker_config_rope_inv_freq(&a, fa);
-    worker_config_rope_inv_freq(&b, fb);
+    model_config_rope_inv_freq(&a, fa);
+    model_config_rope_inv_freq(&b, fb);
     CHECK(memcmp(fa, fb, sizeof fa) == 0);
     /* the three bands: kept (highest), smoothed, and divided by the factor */
     CHECK(fa[0] == 1.0f);
@@ -269,9 +269,9 @@ static void transformers_4_spelling_gives_the_same_rope(void)
 
 static void generation_config_overrides_eos(void)
 {
-    worker_config cfg;
+    model_config cfg;
     shoal_diag diag = {{0}};
-    CHECK(worker_config_load(SHOAL_FIXTURES "/parity/qwen3-untied-f16-sharded", &cfg, &diag) ==
+    CHECK(model_config_load(SHOAL_FIXTURES "/parity/qwen3-untied-f16-sharded", &cfg, &diag) ==
           SHOAL_OK);
     CHECK(cfg.eos_count == 2 && cfg.eos_ids[0] == 3 && cfg.eos_ids[1] == 7);
     CHECK(cfg.dtype == SHOAL_DTYPE_F16 && cfg.head_dim == 32 && !cfg.tie_embeddings);

@@ -3,7 +3,7 @@
  * the same saved weights) for tiny random Qwen3 and Llama models. */
 #include "tests/test.h"
 #include "worker/worker_generate.h"
-#include "worker/worker_safetensors.h"
+#include "model/model_safetensors.h"
 
 #include <stdint.h>
 
@@ -27,16 +27,16 @@ enum { STEPS = 8 };
 #define CLEAR_MARGIN 1e-2f
 
 typedef struct fixture {
-    worker_safetensors st;
+    model_safetensors st;
 } fixture;
 
 static const void *tensor(fixture *fx, const char *name, int64_t *count)
 {
-    const worker_tensor_info *t = worker_safetensors_find(&fx->st, name);
+    const model_tensor_info *t = model_safetensors_find(&fx->st, name);
     if (!t)
         return NULL;
     if (count)
-        *count = (int64_t)worker_tensor_elements(t);
+        *count = (int64_t)model_tensor_elements(t);
     return fx->st.data + t->begin;
 }
 
@@ -93,7 +93,7 @@ static float run_model(const char *name, const run_opts *ro, int *mismatches, in
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     fixture fx;
     shoal_diag diag = {{0}};
-    shoal_err err = worker_safetensors_open(path, &fx.st, &diag);
+    shoal_err err = model_safetensors_open(path, &fx.st, &diag);
     CHECK_MSG(err == SHOAL_OK, "%s", diag.msg);
     if (err)
         return INFINITY;
@@ -110,7 +110,7 @@ static float run_model(const char *name, const run_opts *ro, int *mismatches, in
     err = worker_model_open(&mo, &m, &diag);
     CHECK_MSG(err == SHOAL_OK, "%s: %s", name, diag.msg);
     if (err) {
-        worker_safetensors_close(&fx.st);
+        model_safetensors_close(&fx.st);
         return INFINITY;
     }
     int vocab = worker_model_config(m)->vocab;
@@ -196,7 +196,7 @@ static float run_model(const char *name, const run_opts *ro, int *mismatches, in
     free(zero);
     free(logit_rows);
     worker_model_close(m);
-    worker_safetensors_close(&fx.st);
+    model_safetensors_close(&fx.st);
     return worst;
 }
 

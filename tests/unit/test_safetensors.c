@@ -1,7 +1,7 @@
 /* The safetensors reader trusts nothing in a file: every malformed header
  * gets an error naming the file and the tensor, never a crash. */
 #include "tests/test.h"
-#include "worker/worker_safetensors.h"
+#include "model/model_safetensors.h"
 
 #include <stdint.h>
 #include <unistd.h>
@@ -23,10 +23,10 @@ static shoal_err parse(const char *header, size_t data, shoal_diag *diag)
 {
     size_t bytes;
     unsigned char *buf = image(header, data, &bytes);
-    worker_safetensors st;
-    shoal_err err = worker_safetensors_parse(buf, bytes, "t.safetensors", &st, diag);
+    model_safetensors st;
+    shoal_err err = model_safetensors_parse(buf, bytes, "t.safetensors", &st, diag);
     if (!err)
-        worker_safetensors_close(&st);
+        model_safetensors_close(&st);
     free(buf);
     return err;
 }
@@ -39,18 +39,18 @@ static void well_formed_header_is_indexed_by_name(void)
                     "\"empty\":{\"dtype\":\"F32\",\"shape\":[0,5],\"data_offsets\":[24,24]}}";
     size_t bytes;
     unsigned char *buf = image(h, 24, &bytes);
-    worker_safetensors st;
+    model_safetensors st;
     shoal_diag diag = {{0}};
-    CHECK(worker_safetensors_parse(buf, bytes, "t", &st, &diag) == SHOAL_OK);
+    CHECK(model_safetensors_parse(buf, bytes, "t", &st, &diag) == SHOAL_OK);
     CHECK_EQ_INT(st.tensors, 3);
-    const worker_tensor_info *a = worker_safetensors_find(&st, "a");
-    const worker_tensor_info *b = worker_safetensors_find(&st, "b");
+    const model_tensor_info *a = model_safetensors_find(&st, "a");
+    const model_tensor_info *b = model_safetensors_find(&st, "b");
     CHECK(a && a->dtype == SHOAL_DTYPE_F32 && a->begin == 12 && a->dims == 1);
-    CHECK(b && b->dtype == SHOAL_DTYPE_BF16 && b->shape[1] == 3 && worker_tensor_elements(b) == 6);
-    CHECK(worker_safetensors_find(&st, "c") == NULL);
-    CHECK(worker_safetensors_find(&st, "__metadata__") == NULL);
-    worker_safetensors_close(&st);
-    worker_safetensors_close(&st); /* idempotent */
+    CHECK(b && b->dtype == SHOAL_DTYPE_BF16 && b->shape[1] == 3 && model_tensor_elements(b) == 6);
+    CHECK(model_safetensors_find(&st, "c") == NULL);
+    CHECK(model_safetensors_find(&st, "__metadata__") == NULL);
+    model_safetensors_close(&st);
+    model_safetensors_close(&st); /* idempotent */
     free(buf);
 }
 
@@ -62,20 +62,20 @@ static void written_file_reads_back_aligned(void)
     snprintf(path, sizeof path, "%s/x.safetensors", dir);
     uint16_t h[5] = {1, 2, 3, 4, 5};
     float f[3] = {1.5f, -2.0f, 3.25f};
-    worker_tensor_out t[2] = {
+    model_tensor_out t[2] = {
         {.name = "h", .dtype = SHOAL_DTYPE_BF16, .dims = 1, .shape = {5}, .data = h},
         {.name = "f", .dtype = SHOAL_DTYPE_F32, .dims = 2, .shape = {1, 3}, .data = f},
     };
     shoal_diag diag = {{0}};
-    CHECK(worker_safetensors_write(path, t, 2, &diag) == SHOAL_OK);
-    worker_safetensors st;
-    CHECK(worker_safetensors_open(path, &st, &diag) == SHOAL_OK);
+    CHECK(model_safetensors_write(path, t, 2, &diag) == SHOAL_OK);
+    model_safetensors st;
+    CHECK(model_safetensors_open(path, &st, &diag) == SHOAL_OK);
     CHECK(((uintptr_t)st.data % 8) == 0);
-    const worker_tensor_info *fi = worker_safetensors_find(&st, "f");
+    const model_tensor_info *fi = model_safetensors_find(&st, "f");
     CHECK(fi && memcmp(st.data + fi->begin, f, sizeof f) == 0);
-    const worker_tensor_info *hi = worker_safetensors_find(&st, "h");
+    const model_tensor_info *hi = model_safetensors_find(&st, "h");
     CHECK(hi && memcmp(st.data + hi->begin, h, sizeof h) == 0);
-    worker_safetensors_close(&st);
+    model_safetensors_close(&st);
     unlink(path);
     rmdir(dir);
 }
@@ -130,20 +130,20 @@ static void each_malformed_header_is_refused_with_a_reason(void)
 static void header_length_that_lies_is_refused(void)
 {
     shoal_diag diag = {{0}};
-    worker_safetensors st;
+    model_safetensors st;
     unsigned char short_file[4] = {0};
-    CHECK(worker_safetensors_parse(short_file, 4, "s", &st, &diag) == SHOAL_ERR_FORMAT);
+    CHECK(model_safetensors_parse(short_file, 4, "s", &st, &diag) == SHOAL_ERR_FORMAT);
     CHECK_HAS(diag.msg, "too short");
     size_t bytes;
     unsigned char *buf = image("{}", 0, &bytes);
     buf[0] = 200; /* claims 200 header bytes, has 2 */
-    CHECK(worker_safetensors_parse(buf, bytes, "s", &st, &diag) == SHOAL_ERR_FORMAT);
+    CHECK(model_safetensors_parse(buf, bytes, "s", &st, &diag) == SHOAL_ERR_FORMAT);
     CHECK_HAS(diag.msg, "header claims 200 bytes");
     memset(buf, 0xff, 8); /* 2^64 - 1 */
-    CHECK(worker_safetensors_parse(buf, bytes, "s", &st, &diag) == SHOAL_ERR_LIMIT);
+    CHECK(model_safetensors_parse(buf, bytes, "s", &st, &diag) == SHOAL_ERR_LIMIT);
     CHECK_HAS(diag.msg, "over the limit");
     free(buf);
-    CHECK(worker_safetensors_open("/nonexistent/x.safetensors", &st, &diag) ==
+    CHECK(model_safetensors_open("/nonexistent/x.safetensors", &st, &diag) ==
           SHOAL_ERR_NOT_FOUND);
     CHECK_HAS(diag.msg, "/nonexistent/x.safetensors");
 }

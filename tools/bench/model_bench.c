@@ -94,7 +94,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "shoal-model-bench: %s\n", diag.msg);
         return 1;
     }
-    const worker_config *c = worker_model_config(m);
+    const model_config *c = worker_model_config(m);
     int rows_max = mo.max_rows;
     int32_t *ids = malloc((size_t)rows_max * 4), *pos = malloc((size_t)rows_max * 4);
     int32_t *rs = calloc((size_t)rows_max, 4), *lr = malloc((size_t)batch * 4);

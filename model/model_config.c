@@ -1,4 +1,4 @@
-#include "worker_config.h"
+#include "model_config.h"
 
 #include "common/common_file.h"
 
@@ -52,7 +52,7 @@ static bool get_bool(const cJSON *root, const char *key, bool def)
 }
 
 /* eos_token_id is a number or a list of numbers. */
-static shoal_err get_eos(const cJSON *root, const char *label, worker_config *cfg,
+static shoal_err get_eos(const cJSON *root, const char *label, model_config *cfg,
                          shoal_diag *diag)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
@@ -96,7 +96,7 @@ static shoal_err get_eos(const cJSON *root, const char *label, worker_config *cf
 
 /* Rope settings: transformers 5 nests them in rope_parameters, 4 has
  * rope_theta and rope_scaling at the top. */
-static shoal_err parse_rope(const cJSON *root, const char *label, worker_config *cfg,
+static shoal_err parse_rope(const cJSON *root, const char *label, model_config *cfg,
                             shoal_diag *diag)
 {
     shoal_err err;
@@ -145,7 +145,7 @@ static shoal_err parse_rope(const cJSON *root, const char *label, worker_config 
     return SHOAL_OK;
 }
 
-shoal_err worker_config_parse(const char *json, const char *label, worker_config *cfg,
+shoal_err model_config_parse(const char *json, const char *label, model_config *cfg,
                               shoal_diag *diag)
 {
     shoal_err err;
@@ -164,10 +164,10 @@ shoal_err worker_config_parse(const char *json, const char *label, worker_config
     }
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", arch->valuestring);
     if (strcmp(arch->valuestring, "Qwen3ForCausalLM") == 0) {
-        cfg->arch = WORKER_ARCH_QWEN3;
+        cfg->arch = MODEL_ARCH_QWEN3;
         cfg->qk_norm = true;
     } else if (strcmp(arch->valuestring, "LlamaForCausalLM") == 0) {
-        cfg->arch = WORKER_ARCH_LLAMA;
+        cfg->arch = MODEL_ARCH_LLAMA;
     } else {
         err = shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
                              "%s: architecture '%.64s' is not supported (shoal runs "
@@ -245,8 +245,8 @@ out:
     return err;
 }
 
-shoal_err worker_config_parse_generation(const char *json, const char *label,
-                                         worker_config *cfg, shoal_diag *diag)
+shoal_err model_config_parse_generation(const char *json, const char *label,
+                                         model_config *cfg, shoal_diag *diag)
 {
     cJSON *root = cJSON_Parse(json);
     shoal_err err;
@@ -266,7 +266,7 @@ out:
     return err;
 }
 
-shoal_err worker_config_load(const char *dir, worker_config *cfg, shoal_diag *diag)
+shoal_err model_config_load(const char *dir, model_config *cfg, shoal_diag *diag)
 {
     char path[SHOAL_PATH_BYTES_MAX];
     char *text = NULL;
@@ -282,7 +282,7 @@ shoal_err worker_config_load(const char *dir, worker_config *cfg, shoal_diag *di
                               "%s: no config.json (is this a Hugging Face model directory?)", dir);
     if (err)
         return err;
-    err = worker_config_parse(text, path, cfg, diag);
+    err = model_config_parse(text, path, cfg, diag);
     free(text);
     text = NULL;
     if (err)
@@ -293,12 +293,12 @@ shoal_err worker_config_load(const char *dir, worker_config *cfg, shoal_diag *di
     err = common_file_read(path, SHOAL_JSON_FILE_BYTES_MAX, &text, NULL, diag);
     if (err)
         return err;
-    err = worker_config_parse_generation(text, path, cfg, diag);
+    err = model_config_parse_generation(text, path, cfg, diag);
     free(text);
     return err;
 }
 
-void worker_config_rope_inv_freq(const worker_config *cfg, float *inv_freq)
+void model_config_rope_inv_freq(const model_config *cfg, float *inv_freq)
 {
     int half = cfg->head_dim / 2;
     for (int i = 0; i < half; i++) {

@@ -1,9 +1,9 @@
-#include "worker_weights.h"
+#include "model_weights.h"
 
 #include "common/common_file.h"
 #include "common/common_limits.h"
 #include "common/common_rng.h"
-#include "worker_safetensors.h"
+#include "model_safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -16,16 +16,16 @@ struct owned_block {
     void *data;
 };
 
-struct worker_weights {
+struct model_weights {
     bool dummy;
     uint64_t seed;
     int shards;
     char (*shard_paths)[SHOAL_PATH_BYTES_MAX];
-    worker_safetensors *shard; /* [shards] */
+    model_safetensors *shard; /* [shards] */
     struct owned_block *owned;
 };
 
-static void *own(worker_weights *w, size_t bytes)
+static void *own(model_weights *w, size_t bytes)
 {
     struct owned_block *b = calloc(1, sizeof *b);
     void *data = b ? aligned_alloc(64, (bytes + 63) & ~(size_t)63) : NULL;
@@ -39,12 +39,12 @@ static void *own(worker_weights *w, size_t bytes)
     return data;
 }
 
-void worker_weights_close(worker_weights *w)
+void model_weights_close(model_weights *w)
 {
     if (!w)
         return;
     for (int i = 0; i < w->shards; i++)
-        worker_safetensors_close(&w->shard[i]);
+        model_safetensors_close(&w->shard[i]);
     while (w->owned) {
         struct owned_block *b = w->owned;
         w->owned = b->next;
@@ -56,9 +56,9 @@ void worker_weights_close(worker_weights *w)
     free(w);
 }
 
-shoal_err worker_weights_open_dummy(uint64_t seed, worker_weights **out)
+shoal_err model_weights_open_dummy(uint64_t seed, model_weights **out)
 {
-    worker_weights *w = calloc(1, sizeof *w);
+    model_weights *w = calloc(1, sizeof *w);
     if (!w)
         return SHOAL_ERR_NOMEM;
     w->dummy = true;
@@ -75,7 +75,7 @@ static bool plain_file_name(const char *s)
 }
 
 /* Reads the index and lists the distinct shard files, in first-seen order. */
-static shoal_err read_index(worker_weights *w, const char *dir, const char *index_path,
+static shoal_err read_index(model_weights *w, const char *dir, const char *index_path,
                             shoal_diag *diag)
 {
     char *text = NULL;
@@ -130,7 +130,7 @@ out:
     return err;
 }
 
-shoal_err worker_weights_open(const char *dir, worker_weights **out, shoal_diag *diag)
+shoal_err model_weights_open(const char *dir, model_weights **out, shoal_diag *diag)
 {
     shoal_err err;
     char single[SHOAL_PATH_BYTES_MAX], index[SHOAL_PATH_BYTES_MAX];
@@ -138,7 +138,7 @@ shoal_err worker_weights_open(const char *dir, worker_weights **out, shoal_diag 
     if (common_path_join(single, sizeof single, dir, "model.safetensors") ||
         common_path_join(index, sizeof index, dir, "model.safetensors.index.json"))
         return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "%s: path too long", dir);
-    worker_weights *w = calloc(1, sizeof *w);
+    model_weights *w = calloc(1, sizeof *w);
     if (!w)
         return SHOAL_ERR_NOMEM;
     if (common_file_exists(index)) {
@@ -167,37 +167,37 @@ shoal_err worker_weights_open(const char *dir, worker_weights **out, shoal_diag 
     int opened = w->shards;
     w->shards = 0; /* counts opened shards, so close() releases exactly those */
     for (int i = 0; i < opened; i++) {
-        if ((err = worker_safetensors_open(w->shard_paths[i], &w->shard[i], diag)))
+        if ((err = model_safetensors_open(w->shard_paths[i], &w->shard[i], diag)))
             goto out_close;
         w->shards++;
     }
     *out = w;
     return SHOAL_OK;
 out_close:
-    worker_weights_close(w);
+    model_weights_close(w);
     return err;
 }
 
-int worker_weights_shards(const worker_weights *w)
+int model_weights_shards(const model_weights *w)
 {
     return w->shards;
 }
 
-void worker_weights_shard(const worker_weights *w, int i, const void **data, size_t *bytes)
+void model_weights_shard(const model_weights *w, int i, const void **data, size_t *bytes)
 {
     *data = w->shard[i].map.data;
     *bytes = w->shard[i].map.bytes;
 }
 
-bool worker_weights_is_dummy(const worker_weights *w)
+bool model_weights_is_dummy(const model_weights *w)
 {
     return w->dummy;
 }
 
-bool worker_weights_has(const worker_weights *w, const char *name)
+bool model_weights_has(const model_weights *w, const char *name)
 {
     for (int i = 0; i < w->shards; i++)
-        if (worker_safetensors_find(&w->shard[i], name))
+        if (model_safetensors_find(&w->shard[i], name))
             return true;
     return false;
 }
@@ -211,7 +211,7 @@ static void shape_text(char *buf, size_t bytes, int dims, const int64_t *shape)
         snprintf(buf + n, bytes - n, "]");
 }
 
-void worker_weights_dummy_recipe(const worker_weights *w, const char *name, int dims,
+void model_weights_dummy_recipe(const model_weights *w, const char *name, int dims,
                                  uint64_t *state, float *base, float *scale)
 {
     /* Seed from the name so a tensor's values do not depend on load order. */
@@ -225,8 +225,8 @@ void worker_weights_dummy_recipe(const worker_weights *w, const char *name, int 
     *base = dims == 1 ? 1.0f : 0.0f;
 }
 
-static shoal_err get_dummy(worker_weights *w, const char *name, int dims, const int64_t *shape,
-                           worker_tensor_ref *out)
+static shoal_err get_dummy(model_weights *w, const char *name, int dims, const int64_t *shape,
+                           model_tensor_ref *out)
 {
     uint64_t n = 1;
     for (int i = 0; i < dims; i++)
@@ -236,7 +236,7 @@ static shoal_err get_dummy(worker_weights *w, const char *name, int dims, const 
         return SHOAL_ERR_NOMEM;
     uint64_t state;
     float base, scale;
-    worker_weights_dummy_recipe(w, name, dims, &state, &base, &scale);
+    model_weights_dummy_recipe(w, name, dims, &state, &base, &scale);
     for (uint64_t i = 0; i < n; i++)
         data[i] = shoal_f32_to_bf16(base + scale * common_rng_uniform(&state));
     out->data = data;
@@ -245,15 +245,15 @@ static shoal_err get_dummy(worker_weights *w, const char *name, int dims, const 
     return SHOAL_OK;
 }
 
-shoal_err worker_weights_get(worker_weights *w, const char *name, int dims, const int64_t *shape,
-                             worker_tensor_ref *out, shoal_diag *diag)
+shoal_err model_weights_get(model_weights *w, const char *name, int dims, const int64_t *shape,
+                             model_tensor_ref *out, shoal_diag *diag)
 {
     if (w->dummy)
         return get_dummy(w, name, dims, shape, out);
-    const worker_tensor_info *t = NULL;
+    const model_tensor_info *t = NULL;
     int s = 0;
     for (; s < w->shards && !t; s++)
-        t = worker_safetensors_find(&w->shard[s], name);
+        t = model_safetensors_find(&w->shard[s], name);
     if (!t)
         return shoal_diag_set(diag, SHOAL_ERR_NOT_FOUND, "tensor '%s' is in no file of the model",
                               name);

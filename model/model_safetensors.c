@@ -1,4 +1,4 @@
-#include "worker_safetensors.h"
+#include "model_safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -24,17 +24,17 @@ static bool json_u64(const cJSON *item, uint64_t *out)
 
 static int info_by_name(const void *a, const void *b)
 {
-    return strcmp(((const worker_tensor_info *)a)->name, ((const worker_tensor_info *)b)->name);
+    return strcmp(((const model_tensor_info *)a)->name, ((const model_tensor_info *)b)->name);
 }
 
 static int info_by_begin(const void *a, const void *b)
 {
-    const worker_tensor_info *x = *(const worker_tensor_info *const *)a;
-    const worker_tensor_info *y = *(const worker_tensor_info *const *)b;
+    const model_tensor_info *x = *(const model_tensor_info *const *)a;
+    const model_tensor_info *y = *(const model_tensor_info *const *)b;
     return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
 }
 
-uint64_t worker_tensor_elements(const worker_tensor_info *t)
+uint64_t model_tensor_elements(const model_tensor_info *t)
 {
     uint64_t n = 1;
     for (int i = 0; i < t->dims; i++)
@@ -44,7 +44,7 @@ uint64_t worker_tensor_elements(const worker_tensor_info *t)
 
 /* Fills one entry from its JSON object and checks it against the data. */
 static shoal_err parse_entry(const cJSON *obj, const char *label, uint64_t data_bytes,
-                             worker_tensor_info *t, shoal_diag *diag)
+                             model_tensor_info *t, shoal_diag *diag)
 {
     const char *name = obj->string;
     if (strlen(name) >= sizeof t->name)
@@ -117,11 +117,11 @@ static shoal_err parse_entry(const cJSON *obj, const char *label, uint64_t data_
     return SHOAL_OK;
 }
 
-shoal_err worker_safetensors_parse(const unsigned char *buf, size_t bytes, const char *label,
-                                   worker_safetensors *st, shoal_diag *diag)
+shoal_err model_safetensors_parse(const unsigned char *buf, size_t bytes, const char *label,
+                                   model_safetensors *st, shoal_diag *diag)
 {
     shoal_err err;
-    worker_tensor_info **order = NULL;
+    model_tensor_info **order = NULL;
     memset(st, 0, sizeof *st);
     if (bytes < 8)
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
@@ -191,7 +191,7 @@ shoal_err worker_safetensors_parse(const unsigned char *buf, size_t bytes, const
         order[i] = &st->info[i];
     qsort(order, (size_t)count, sizeof *order, info_by_begin);
     for (int i = 1; i < count; i++) {
-        const worker_tensor_info *a = order[i - 1], *b = order[i];
+        const model_tensor_info *a = order[i - 1], *b = order[i];
         if (a->end > b->begin && a->end > a->begin && b->end > b->begin) {
             err = shoal_diag_set(diag, SHOAL_ERR_FORMAT,
                                  "%s: tensors '%s' and '%s' overlap in the data", label, a->name,
@@ -204,18 +204,18 @@ out_free_json:
     free(order);
     cJSON_Delete(root);
     if (err)
-        worker_safetensors_close(st);
+        model_safetensors_close(st);
     return err;
 }
 
-shoal_err worker_safetensors_open(const char *path, worker_safetensors *st, shoal_diag *diag)
+shoal_err model_safetensors_open(const char *path, model_safetensors *st, shoal_diag *diag)
 {
     common_map map;
     memset(st, 0, sizeof *st);
     shoal_err err = common_map_open(path, &map, diag);
     if (err)
         return err;
-    err = worker_safetensors_parse(map.data, map.bytes, path, st, diag);
+    err = model_safetensors_parse(map.data, map.bytes, path, st, diag);
     if (err) {
         common_map_close(&map);
         return err;
@@ -224,23 +224,23 @@ shoal_err worker_safetensors_open(const char *path, worker_safetensors *st, shoa
     return SHOAL_OK;
 }
 
-void worker_safetensors_close(worker_safetensors *st)
+void model_safetensors_close(model_safetensors *st)
 {
     free(st->info);
     common_map_close(&st->map);
     memset(st, 0, sizeof *st);
 }
 
-const worker_tensor_info *worker_safetensors_find(const worker_safetensors *st, const char *name)
+const model_tensor_info *model_safetensors_find(const model_safetensors *st, const char *name)
 {
-    worker_tensor_info key;
+    model_tensor_info key;
     if (strlen(name) >= sizeof key.name)
         return NULL;
     snprintf(key.name, sizeof key.name, "%s", name);
     return bsearch(&key, st->info, (size_t)st->tensors, sizeof *st->info, info_by_name);
 }
 
-static uint64_t out_bytes(const worker_tensor_out *t)
+static uint64_t out_bytes(const model_tensor_out *t)
 {
     uint64_t n = shoal_dtype_bytes(t->dtype);
     for (int i = 0; i < t->dims; i++)
@@ -248,7 +248,7 @@ static uint64_t out_bytes(const worker_tensor_out *t)
     return n;
 }
 
-shoal_err worker_safetensors_write(const char *path, const worker_tensor_out *tensors, int count,
+shoal_err model_safetensors_write(const char *path, const model_tensor_out *tensors, int count,
                                    shoal_diag *diag)
 {
     shoal_err err = SHOAL_ERR_NOMEM;
@@ -260,7 +260,7 @@ shoal_err worker_safetensors_write(const char *path, const worker_tensor_out *te
         goto out;
     uint64_t offset = 0;
     for (int i = 0; i < count; i++) {
-        const worker_tensor_out *t = &tensors[i];
+        const model_tensor_out *t = &tensors[i];
         cJSON *entry = cJSON_AddObjectToObject(root, t->name);
         cJSON *shape = entry ? cJSON_AddArrayToObject(entry, "shape") : NULL;
         cJSON *offs = entry ? cJSON_AddArrayToObject(entry, "data_offsets") : NULL;

@@ -1,11 +1,11 @@
-/* worker_config.h: a model's shape, read from its Hugging Face config.json.
+/* model_config.h: a model's shape, read from its Hugging Face config.json.
  *
  * Two architectures: Qwen3ForCausalLM (QK-norm) and LlamaForCausalLM (with
  * llama3 rope scaling or none). Both the transformers 4 spelling (rope_theta,
  * rope_scaling, torch_dtype) and the transformers 5 one (rope_parameters,
  * dtype) are read. generation_config.json, when present, supplies the EOS ids. */
-#ifndef SHOAL_WORKER_CONFIG_H
-#define SHOAL_WORKER_CONFIG_H
+#ifndef SHOAL_MODEL_CONFIG_H
+#define SHOAL_MODEL_CONFIG_H
 
 #include "common/common_dtype.h"
 #include "common/common_error.h"
@@ -13,13 +13,13 @@
 
 #include <stdbool.h>
 
-typedef enum worker_arch {
-    WORKER_ARCH_QWEN3 = 1,
-    WORKER_ARCH_LLAMA,
-} worker_arch;
+typedef enum model_arch_id {
+    MODEL_ARCH_QWEN3 = 1,
+    MODEL_ARCH_LLAMA,
+} model_arch_id;
 
-typedef struct worker_config {
-    worker_arch arch;
+typedef struct model_config {
+    model_arch_id arch;
     char arch_name[64];
     int vocab;
     int hidden;
@@ -43,25 +43,25 @@ typedef struct worker_config {
     int bos_id;        /* -1 when unknown */
     int eos_count;
     int eos_ids[SHOAL_MODEL_EOS_IDS_MAX];
-} worker_config;
+} model_config;
 
 /* Parses config.json text. label names the file in messages. Unknown
  * architectures, activations other than silu, biases and rope types other
  * than default/llama3 are refused with SHOAL_ERR_UNSUPPORTED; missing or
  * out-of-range fields with SHOAL_ERR_FORMAT naming the field. */
-shoal_err worker_config_parse(const char *json, const char *label, worker_config *cfg,
+shoal_err model_config_parse(const char *json, const char *label, model_config *cfg,
                               shoal_diag *diag);
 
 /* Reads eos_token_id (a number or a list) and bos_token_id from
  * generation_config.json text, replacing what config.json said. */
-shoal_err worker_config_parse_generation(const char *json, const char *label,
-                                         worker_config *cfg, shoal_diag *diag);
+shoal_err model_config_parse_generation(const char *json, const char *label,
+                                         model_config *cfg, shoal_diag *diag);
 
 /* Reads dir/config.json and, if present, dir/generation_config.json. */
-shoal_err worker_config_load(const char *dir, worker_config *cfg, shoal_diag *diag);
+shoal_err model_config_load(const char *dir, model_config *cfg, shoal_diag *diag);
 
 /* Fills inv_freq[head_dim / 2] with the rotary inverse frequencies of cfg,
  * llama3 scaling applied, in float32 as transformers computes them. */
-void worker_config_rope_inv_freq(const worker_config *cfg, float *inv_freq);
+void model_config_rope_inv_freq(const model_config *cfg, float *inv_freq);
 
 #endif
