@@ -33,6 +33,11 @@
 #define SHOAL_MODEL_HEAD_DIM_MAX 512
 #define SHOAL_MODEL_VOCAB_MAX (4 * 1024 * 1024)
 #define SHOAL_MODEL_EOS_IDS_MAX 16
+/* Experts of a mixture-of-experts layer, and experts a token goes to: the
+ * largest of today's checkpoints (Qwen3.5-397B) has 512 experts and 10 a
+ * token; the per-row routing tables are sized by the second. */
+#define SHOAL_MODEL_EXPERTS_MAX 512
+#define SHOAL_MODEL_EXPERTS_PER_TOK_MAX 32
 
 /* Context length of one stream, in tokens (the largest published context
  * windows are 1M tokens). */

@@ -18,6 +18,7 @@
 #include "common/common_dtype.h"
 #include "common/common_error.h"
 #include "kernels/kernels_sample.h"
+#include "kernels/kernels_weight.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -300,6 +301,33 @@ struct kernels_backend {
     bool (*matmul_add_rmsnorm)(kernels_backend *be, void *out, void *x, const void *in,
                                const void *w, shoal_dtype wdtype, const float *weight, int rows,
                                int n, int k, float eps);
+
+    /* Mixture of experts (NULL where a backend lacks them).
+     *
+     * moe_route: for each of `rows` rows of router logits (F32
+     * [rows][experts], device) the softmax over the experts in F32, then
+     * the topk experts of highest probability, highest first (ties to the
+     * lower index): ids [rows][topk] (I32) and their probabilities weights
+     * [rows][topk] (F32), divided by their sum when renorm, as HF
+     * transformers routes Qwen3-MoE and Mixtral.
+     *
+     * moe_experts: out[r] = the sum over j < topk, in that order, of
+     * weights[r][j] x down_e(silu(gate_e in[r]) * up_e in[r]), e =
+     * ids[r][j]: each expert's SwiGLU MLP as matmul_swiglu and matmul
+     * compute it, its output rounded to act_dtype, the weighted sum in F32
+     * rounded once. in and out [rows][k] act_dtype (they may not overlap);
+     * wg and wu stacked [experts][n][k], wd [experts][k][n], DENSE of one
+     * dtype. ids in [0, experts). scratch (device) of moe_scratch_bytes
+     * for these rows, topk, n and k; its contents are undefined after.
+     * A backend reads only the experts some row routes to, and keeps the
+     * routing on the device (no host synchronisation: a decode round that
+     * routes can be recorded as a graph). */
+    void (*moe_route)(kernels_backend *be, int32_t *ids, float *weights, const float *logits,
+                      int rows, int experts, int topk, bool renorm);
+    size_t (*moe_scratch_bytes)(kernels_backend *be, int rows, int topk, int n, int k);
+    void (*moe_experts)(kernels_backend *be, void *out, const void *in, const int32_t *ids,
+                        const float *weights, int rows, int topk, const kernels_weight *wg,
+                        const kernels_weight *wu, const kernels_weight *wd, void *scratch);
 
     /* out[i] = in[idx[i]] for rows of dim (act_dtype). */
     void (*gather)(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,

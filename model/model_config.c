@@ -1,6 +1,7 @@
 #include "model_config.h"
 
 #include "common/common_file.h"
+#include "model/model_arch.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -10,8 +11,8 @@
 
 /* An integer field in [lo, hi]; absent gives def (or an error if def < 0
  * means required). */
-static shoal_err get_int(const cJSON *root, const char *key, int def, int lo, int hi,
-                         const char *label, int *out, shoal_diag *diag)
+shoal_err model_config_get_int(const cJSON *root, const char *key, int def, int lo, int hi,
+                               const char *label, int *out, shoal_diag *diag)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     if (!v || cJSON_IsNull(v)) {
@@ -45,15 +46,14 @@ static shoal_err get_double(const cJSON *root, const char *key, double def, doub
     return SHOAL_OK;
 }
 
-static bool get_bool(const cJSON *root, const char *key, bool def)
+bool model_config_get_bool(const cJSON *root, const char *key, bool def)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
 }
 
 /* eos_token_id is a number or a list of numbers. */
-static shoal_err get_eos(const cJSON *root, const char *label, model_config *cfg,
-                         shoal_diag *diag)
+static shoal_err get_eos(const cJSON *root, const char *label, model_config *cfg, shoal_diag *diag)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
     if (!v || cJSON_IsNull(v))
@@ -135,18 +135,18 @@ static shoal_err parse_rope(const cJSON *root, const char *label, model_config *
                           &cfg->rope_low_freq_factor, diag)) ||
         (err = get_double(scaling, "high_freq_factor", nan_required, 1e-6, 1e6, label,
                           &cfg->rope_high_freq_factor, diag)) ||
-        (err = get_int(scaling, "original_max_position_embeddings", -1, 1,
-                       SHOAL_CONTEXT_TOKENS_MAX, label, &cfg->rope_original_max_positions, diag)))
+        (err = model_config_get_int(scaling, "original_max_position_embeddings", -1, 1,
+                                    SHOAL_CONTEXT_TOKENS_MAX, label,
+                                    &cfg->rope_original_max_positions, diag)))
         return err;
     if (cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
-                              "%s: rope 'high_freq_factor' must be above 'low_freq_factor'",
-                              label);
+                              "%s: rope 'high_freq_factor' must be above 'low_freq_factor'", label);
     return SHOAL_OK;
 }
 
 shoal_err model_config_parse(const char *json, const char *label, model_config *cfg,
-                              shoal_diag *diag)
+                             shoal_diag *diag)
 {
     shoal_err err;
     memset(cfg, 0, sizeof *cfg);
@@ -163,32 +163,29 @@ shoal_err model_config_parse(const char *json, const char *label, model_config *
         goto out;
     }
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", arch->valuestring);
-    if (strcmp(arch->valuestring, "Qwen3ForCausalLM") == 0) {
-        cfg->arch = MODEL_ARCH_QWEN3;
-        cfg->qk_norm = true;
-    } else if (strcmp(arch->valuestring, "LlamaForCausalLM") == 0) {
-        cfg->arch = MODEL_ARCH_LLAMA;
-    } else {
+    const model_arch *a = model_arch_find(arch->valuestring);
+    if (!a) {
         err = shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
-                             "%s: architecture '%.64s' is not supported (shoal runs "
-                             "Qwen3ForCausalLM and LlamaForCausalLM)",
-                             label, arch->valuestring);
+                             "%s: architecture '%.64s' is not supported (shoal runs %s)", label,
+                             arch->valuestring, model_arch_names());
         goto out;
     }
-    if ((err = get_int(root, "vocab_size", -1, 1, SHOAL_MODEL_VOCAB_MAX, label, &cfg->vocab,
-                       diag)) ||
-        (err = get_int(root, "hidden_size", -1, 1, SHOAL_MODEL_HIDDEN_MAX, label, &cfg->hidden,
-                       diag)) ||
-        (err = get_int(root, "intermediate_size", -1, 1, SHOAL_MODEL_INTERMEDIATE_MAX, label,
-                       &cfg->intermediate, diag)) ||
-        (err = get_int(root, "num_hidden_layers", -1, 1, SHOAL_MODEL_LAYERS_MAX, label,
-                       &cfg->layers, diag)) ||
-        (err = get_int(root, "num_attention_heads", -1, 1, SHOAL_MODEL_HEADS_MAX, label,
-                       &cfg->heads, diag)) ||
-        (err = get_int(root, "num_key_value_heads", cfg->heads, 1, SHOAL_MODEL_HEADS_MAX, label,
-                       &cfg->kv_heads, diag)) ||
-        (err = get_int(root, "max_position_embeddings", 2048, 1, SHOAL_CONTEXT_TOKENS_MAX, label,
-                       &cfg->max_positions, diag)))
+    cfg->arch = a->id;
+    cfg->qk_norm = a->qk_norm;
+    if ((err = model_config_get_int(root, "vocab_size", -1, 1, SHOAL_MODEL_VOCAB_MAX, label,
+                                    &cfg->vocab, diag)) ||
+        (err = model_config_get_int(root, "hidden_size", -1, 1, SHOAL_MODEL_HIDDEN_MAX, label,
+                                    &cfg->hidden, diag)) ||
+        (err = model_config_get_int(root, "intermediate_size", -1, 1, SHOAL_MODEL_INTERMEDIATE_MAX,
+                                    label, &cfg->intermediate, diag)) ||
+        (err = model_config_get_int(root, "num_hidden_layers", -1, 1, SHOAL_MODEL_LAYERS_MAX, label,
+                                    &cfg->layers, diag)) ||
+        (err = model_config_get_int(root, "num_attention_heads", -1, 1, SHOAL_MODEL_HEADS_MAX,
+                                    label, &cfg->heads, diag)) ||
+        (err = model_config_get_int(root, "num_key_value_heads", cfg->heads, 1,
+                                    SHOAL_MODEL_HEADS_MAX, label, &cfg->kv_heads, diag)) ||
+        (err = model_config_get_int(root, "max_position_embeddings", 2048, 1,
+                                    SHOAL_CONTEXT_TOKENS_MAX, label, &cfg->max_positions, diag)))
         goto out;
     if (cfg->heads % cfg->kv_heads != 0) {
         err = shoal_diag_set(diag, SHOAL_ERR_FORMAT,
@@ -198,8 +195,8 @@ shoal_err model_config_parse(const char *json, const char *label, model_config *
         goto out;
     }
     int head_dim_default = cfg->hidden % cfg->heads == 0 ? cfg->hidden / cfg->heads : -1;
-    if ((err = get_int(root, "head_dim", head_dim_default, 2, SHOAL_MODEL_HEAD_DIM_MAX, label,
-                       &cfg->head_dim, diag)))
+    if ((err = model_config_get_int(root, "head_dim", head_dim_default, 2, SHOAL_MODEL_HEAD_DIM_MAX,
+                                    label, &cfg->head_dim, diag)))
         goto out;
     if (cfg->head_dim % 2 != 0) {
         err = shoal_diag_set(diag, SHOAL_ERR_FORMAT, "%s: head_dim %d must be even (rotary halves)",
@@ -216,13 +213,14 @@ shoal_err model_config_parse(const char *json, const char *label, model_config *
                              "%s: hidden_act must be 'silu' (SwiGLU MLP)", label);
         goto out;
     }
-    if (get_bool(root, "attention_bias", false) || get_bool(root, "mlp_bias", false)) {
+    if (model_config_get_bool(root, "attention_bias", false) ||
+        model_config_get_bool(root, "mlp_bias", false)) {
         err = shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
                              "%s: attention_bias and mlp_bias are not supported", label);
         goto out;
     }
     /* Qwen3 and Llama both default to untied embeddings in transformers. */
-    cfg->tie_embeddings = get_bool(root, "tie_word_embeddings", false);
+    cfg->tie_embeddings = model_config_get_bool(root, "tie_word_embeddings", false);
     if ((err = parse_rope(root, label, cfg, diag)))
         goto out;
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
@@ -230,23 +228,26 @@ shoal_err model_config_parse(const char *json, const char *label, model_config *
         dt = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
     if (cJSON_IsString(dt)) {
         const char *s = dt->valuestring;
-        cfg->dtype = strcmp(s, "bfloat16") == 0   ? SHOAL_DTYPE_BF16
-                     : strcmp(s, "float16") == 0  ? SHOAL_DTYPE_F16
-                     : strcmp(s, "float32") == 0  ? SHOAL_DTYPE_F32
-                                                  : SHOAL_DTYPE_INVALID;
+        cfg->dtype = strcmp(s, "bfloat16") == 0  ? SHOAL_DTYPE_BF16
+                     : strcmp(s, "float16") == 0 ? SHOAL_DTYPE_F16
+                     : strcmp(s, "float32") == 0 ? SHOAL_DTYPE_F32
+                                                 : SHOAL_DTYPE_INVALID;
     }
-    if ((err = get_int(root, "bos_token_id", -2, -2, cfg->vocab - 1, label, &cfg->bos_id, diag)))
+    if ((err = model_config_get_int(root, "bos_token_id", -2, -2, cfg->vocab - 1, label,
+                                    &cfg->bos_id, diag)))
         goto out;
     if (cfg->bos_id == -2)
         cfg->bos_id = -1;
-    err = get_eos(root, label, cfg, diag);
+    if ((err = get_eos(root, label, cfg, diag)))
+        goto out;
+    err = a->parse(root, label, cfg, diag);
 out:
     cJSON_Delete(root);
     return err;
 }
 
-shoal_err model_config_parse_generation(const char *json, const char *label,
-                                         model_config *cfg, shoal_diag *diag)
+shoal_err model_config_parse_generation(const char *json, const char *label, model_config *cfg,
+                                        shoal_diag *diag)
 {
     cJSON *root = cJSON_Parse(json);
     shoal_err err;
@@ -257,7 +258,8 @@ shoal_err model_config_parse_generation(const char *json, const char *label,
     if ((err = get_eos(root, label, cfg, diag)))
         goto out;
     int bos = -2;
-    if ((err = get_int(root, "bos_token_id", -2, -2, cfg->vocab - 1, label, &bos, diag)))
+    if ((err =
+             model_config_get_int(root, "bos_token_id", -2, -2, cfg->vocab - 1, label, &bos, diag)))
         goto out;
     if (bos != -2)
         cfg->bos_id = bos;
@@ -313,12 +315,20 @@ void model_config_rope_inv_freq(const model_config *cfg, float *inv_freq)
             if (wavelen > low_wavelen) {
                 f = (float)(f / cfg->rope_factor);
             } else if (wavelen >= high_wavelen) {
-                double smooth = (cfg->rope_original_max_positions / wavelen -
-                                 cfg->rope_low_freq_factor) /
-                                (cfg->rope_high_freq_factor - cfg->rope_low_freq_factor);
+                double smooth =
+                    (cfg->rope_original_max_positions / wavelen - cfg->rope_low_freq_factor) /
+                    (cfg->rope_high_freq_factor - cfg->rope_low_freq_factor);
                 f = (float)((1.0 - smooth) * f / cfg->rope_factor + smooth * f);
             }
         }
         inv_freq[i] = f;
     }
+}
+
+bool model_config_has_moe(const model_config *cfg)
+{
+    for (int l = 0; l < cfg->layers; l++)
+        if (cfg->mlp_kind[l] == MODEL_MLP_MOE)
+            return true;
+    return false;
 }

@@ -31,7 +31,9 @@ static int info_by_begin(const void *a, const void *b)
 {
     const model_tensor_info *x = *(const model_tensor_info *const *)a;
     const model_tensor_info *y = *(const model_tensor_info *const *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+    return x->begin < y->begin   ? -1
+           : x->begin > y->begin ? 1
+                                 : (x->end > y->end) - (x->end < y->end);
 }
 
 uint64_t model_tensor_elements(const model_tensor_info *t)
@@ -118,7 +120,7 @@ static shoal_err parse_entry(const cJSON *obj, const char *label, uint64_t data_
 }
 
 shoal_err model_safetensors_parse(const unsigned char *buf, size_t bytes, const char *label,
-                                   model_safetensors *st, shoal_diag *diag)
+                                  model_safetensors *st, shoal_diag *diag)
 {
     shoal_err err;
     model_tensor_info **order = NULL;
@@ -249,7 +251,7 @@ static uint64_t out_bytes(const model_tensor_out *t)
 }
 
 shoal_err model_safetensors_write(const char *path, const model_tensor_out *tensors, int count,
-                                   shoal_diag *diag)
+                                  shoal_diag *diag)
 {
     shoal_err err = SHOAL_ERR_NOMEM;
     char tmp[SHOAL_PATH_BYTES_MAX];

@@ -39,7 +39,7 @@ typedef struct model_safetensors {
  * owned by st; release with model_safetensors_close. On error st is left
  * closed. Returns SHOAL_ERR_FORMAT, SHOAL_ERR_LIMIT or SHOAL_ERR_NOMEM. */
 shoal_err model_safetensors_parse(const unsigned char *buf, size_t bytes, const char *label,
-                                   model_safetensors *st, shoal_diag *diag);
+                                  model_safetensors *st, shoal_diag *diag);
 
 /* Maps the file at path and parses it. */
 shoal_err model_safetensors_open(const char *path, model_safetensors *st, shoal_diag *diag);
@@ -66,6 +66,6 @@ typedef struct model_tensor_out {
  * padded so the data starts 8-byte aligned. The file appears whole or not at
  * all (written beside and renamed). */
 shoal_err model_safetensors_write(const char *path, const model_tensor_out *tensors, int count,
-                                   shoal_diag *diag);
+                                  shoal_diag *diag);
 
 #endif

@@ -85,8 +85,7 @@ static shoal_err read_index(model_weights *w, const char *dir, const char *index
     cJSON *root = cJSON_Parse(text);
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(map)) {
-        err = shoal_diag_set(diag, SHOAL_ERR_FORMAT, "%s: missing object 'weight_map'",
-                             index_path);
+        err = shoal_diag_set(diag, SHOAL_ERR_FORMAT, "%s: missing object 'weight_map'", index_path);
         goto out;
     }
     w->shard_paths = calloc(SHOAL_MODEL_SHARDS_MAX, sizeof *w->shard_paths);
@@ -115,15 +114,15 @@ static shoal_err read_index(model_weights *w, const char *dir, const char *index
         if (i < w->shards)
             continue;
         if (w->shards == SHOAL_MODEL_SHARDS_MAX) {
-            err = shoal_diag_set(diag, SHOAL_ERR_LIMIT, "%s: more than %d shard files",
-                                 index_path, SHOAL_MODEL_SHARDS_MAX);
+            err = shoal_diag_set(diag, SHOAL_ERR_LIMIT, "%s: more than %d shard files", index_path,
+                                 SHOAL_MODEL_SHARDS_MAX);
             goto out;
         }
         snprintf(w->shard_paths[w->shards++], SHOAL_PATH_BYTES_MAX, "%s", path);
     }
     if (w->shards == 0)
-        err = shoal_diag_set(diag, SHOAL_ERR_FORMAT, "%s: 'weight_map' lists no tensors",
-                             index_path);
+        err =
+            shoal_diag_set(diag, SHOAL_ERR_FORMAT, "%s: 'weight_map' lists no tensors", index_path);
 out:
     cJSON_Delete(root);
     free(text);
@@ -211,8 +210,8 @@ static void shape_text(char *buf, size_t bytes, int dims, const int64_t *shape)
         snprintf(buf + n, bytes - n, "]");
 }
 
-void model_weights_dummy_recipe(const model_weights *w, const char *name, int dims,
-                                 uint64_t *state, float *base, float *scale)
+void model_weights_dummy_recipe(const model_weights *w, const char *name, int dims, uint64_t *state,
+                                float *base, float *scale)
 {
     /* Seed from the name so a tensor's values do not depend on load order. */
     uint64_t st = w->seed;
@@ -246,7 +245,7 @@ static shoal_err get_dummy(model_weights *w, const char *name, int dims, const i
 }
 
 shoal_err model_weights_get(model_weights *w, const char *name, int dims, const int64_t *shape,
-                             model_tensor_ref *out, shoal_diag *diag)
+                            model_tensor_ref *out, shoal_diag *diag)
 {
     if (w->dummy)
         return get_dummy(w, name, dims, shape, out);
@@ -269,8 +268,7 @@ shoal_err model_weights_get(model_weights *w, const char *name, int dims, const 
                               "%s: tensor '%s' has shape %s, expected %s from config.json", file,
                               name, got, want);
     }
-    if (t->dtype != SHOAL_DTYPE_BF16 && t->dtype != SHOAL_DTYPE_F16 &&
-        t->dtype != SHOAL_DTYPE_F32)
+    if (t->dtype != SHOAL_DTYPE_BF16 && t->dtype != SHOAL_DTYPE_F16 && t->dtype != SHOAL_DTYPE_F32)
         return shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
                               "%s: tensor '%s' is %s; shoal loads BF16, F16 and F32", file, name,
                               shoal_dtype_name(t->dtype));
@@ -282,8 +280,8 @@ shoal_err model_weights_get(model_weights *w, const char *name, int dims, const 
          * misaligned elements on every step. */
         void *copy = own(w, bytes);
         if (!copy)
-            return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "%s: no memory to align tensor '%s'",
-                                  file, name);
+            return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "%s: no memory to align tensor '%s'", file,
+                                  name);
         memcpy(copy, data, bytes);
         data = copy;
     }

@@ -33,8 +33,8 @@ shoal_err model_weights_open_dummy(uint64_t seed, model_weights **out);
  * element i is bf16(base + scale * u_i), u_i the (i + 1)-th
  * common_rng_uniform from *state. A backend's fill_random makes the same
  * numbers where the tensor lives, without get() and its host copy. */
-void model_weights_dummy_recipe(const model_weights *w, const char *name, int dims,
-                                 uint64_t *state, float *base, float *scale);
+void model_weights_dummy_recipe(const model_weights *w, const char *name, int dims, uint64_t *state,
+                                float *base, float *scale);
 
 /* Closes; NULL allowed. Pointers from get() die with it. */
 void model_weights_close(model_weights *w);
@@ -44,7 +44,7 @@ void model_weights_close(model_weights *w);
  * shape; SHOAL_ERR_UNSUPPORTED for another dtype. diag names the file, the
  * tensor and what was expected. data is aligned to its element size. */
 shoal_err model_weights_get(model_weights *w, const char *name, int dims, const int64_t *shape,
-                             model_tensor_ref *out, shoal_diag *diag);
+                            model_tensor_ref *out, shoal_diag *diag);
 
 /* True when the model files hold `name` (always false for dummy). */
 bool model_weights_has(const model_weights *w, const char *name);

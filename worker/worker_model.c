@@ -2,6 +2,7 @@
 
 #include "common/common_assert.h"
 #include "common/common_limits.h"
+#include "model/model_arch.h"
 #include "worker/worker_fingerprint.h"
 #include "model/model_weights.h"
 
@@ -11,14 +12,16 @@
 #include <string.h>
 #include <unistd.h>
 
-/* A weight matrix on the backend. */
-typedef struct model_matrix {
-    const void *data; /* (device) */
-    shoal_dtype dtype;
-} model_matrix;
+/* A weight matrix on the backend (kernels_weight.h). */
+typedef kernels_weight model_matrix;
 
+/* A layer's blocks: attention, then a dense MLP (gate, up, down) or a
+ * mixture of experts (router, and each expert's gate, up and down stacked
+ * in one array of the layer), as the architecture's mlp_kind says. */
 typedef struct model_layer {
     model_matrix q, k, v, o, gate, up, down;
+    bool moe;
+    model_matrix router, experts_gate, experts_up, experts_down;
     /* q, k and v sit back to back in one allocation, as do gate and up:
      * a one-row pass (decode at batch 1) takes each group as one matmul,
      * whose output row is the three (two) outputs back to back. */
@@ -56,6 +59,13 @@ struct worker_model {
 
     /* activations (device), sized for opt.max_rows rows */
     void *x, *h, *q, *k, *v, *att, *pend, *gate, *up, *sel;
+    /* mixture of experts (device): router logits F32 [rows][experts], the
+     * routing of every layer's rows (ids I32, weights F32 [layers][rows]
+     * [experts_per_tok], kept a pass for worker_model_routing) and the
+     * experts' scratch */
+    float *router_logits, *route_weights;
+    int32_t *route_ids;
+    void *moe_scratch;
     float *logits;
     /* A step's inputs go up in one upload: the host builds them in `stage`
      * and copies them to `dstage` (device) laid out by step_layout_of().
@@ -173,8 +183,8 @@ static shoal_err load_matrix(worker_model *m, const char *name, int64_t rows, in
             return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
                                   "tensor '%s': cannot place %zu bytes on the device", name, n * 2);
         m->be->fill_random(m->be, dst, n, state, base, scale);
-        out->data = dst;
-        out->dtype = SHOAL_DTYPE_BF16;
+        *out = (model_matrix){
+            .data = dst, .dtype = SHOAL_DTYPE_BF16, .rows = rows, .cols = cols, .experts = 1};
         return SHOAL_OK;
     }
     int64_t shape[2] = {rows, cols};
@@ -182,20 +192,19 @@ static shoal_err load_matrix(worker_model *m, const char *name, int64_t rows, in
     shoal_err err = model_weights_get(m->weights, name, 2, shape, &t, diag);
     if (err)
         return err;
-    out->dtype = t.dtype;
+    *out = (model_matrix){.dtype = t.dtype, .rows = rows, .cols = cols, .experts = 1};
     err = dev_place(m, t.data, (size_t)t.bytes, true, &out->data);
     if (err)
-        return shoal_diag_set(diag, err, "tensor '%s': cannot place %llu bytes on the device",
-                              name, (unsigned long long)t.bytes);
+        return shoal_diag_set(diag, err, "tensor '%s': cannot place %llu bytes on the device", name,
+                              (unsigned long long)t.bytes);
     return SHOAL_OK;
 }
 
 /* Places the matrices `names` (rows[i] x cols each) back to back in one
  * device allocation, when the backend keeps its own copy and they share a
  * dtype: *joined says whether it did; else each is placed alone. */
-static shoal_err load_joined(worker_model *m, const char *const *names, const int64_t *rows,
-                             int n, int64_t cols, model_matrix *const *out, bool *joined,
-                             shoal_diag *diag)
+static shoal_err load_joined(worker_model *m, const char *const *names, const int64_t *rows, int n,
+                             int64_t cols, model_matrix *const *out, bool *joined, shoal_diag *diag)
 {
     enum { JOIN_MAX = 3 };
     SHOAL_ASSERT(n <= JOIN_MAX);
@@ -227,7 +236,7 @@ static shoal_err load_joined(worker_model *m, const char *const *names, const in
                               "tensor '%s' and the next: cannot place %zu bytes on the device",
                               names[0], total);
     for (int i = 0; i < n; i++) {
-        out[i]->data = dst;
+        *out[i] = (model_matrix){.data = dst, .rows = rows[i], .cols = cols, .experts = 1};
         if (dummy) {
             uint64_t state;
             float base, scale;
@@ -267,40 +276,135 @@ static shoal_err load_vector(worker_model *m, const char *name, int64_t n, float
                : SHOAL_OK;
 }
 
-static shoal_err load_layer(worker_model *m, int i, shoal_diag *diag)
+/* The architecture's name of `role` in layer l (expert e) into buf. */
+static const char *role_name(const worker_model *m, model_role role, int l, int e, char *buf)
+{
+    bool has = model_tensor_name_of(&m->cfg, role, l, e, buf, SHOAL_TENSOR_NAME_BYTES_MAX);
+    SHOAL_ASSERT(has); /* the blocks ask only for roles their architecture has */
+    return buf;
+}
+
+static shoal_err load_role_matrix(worker_model *m, model_role role, int l, model_matrix *out,
+                                  shoal_diag *diag)
+{
+    char name[SHOAL_TENSOR_NAME_BYTES_MAX];
+    int dims;
+    int64_t shape[2];
+    model_tensor_shape(&m->cfg, role, &dims, shape);
+    return load_matrix(m, role_name(m, role, l, 0, name), shape[0], shape[1], out, diag);
+}
+
+static shoal_err load_role_vector(worker_model *m, model_role role, int l, float **out,
+                                  shoal_diag *diag)
+{
+    char name[SHOAL_TENSOR_NAME_BYTES_MAX];
+    int dims;
+    int64_t shape[2];
+    model_tensor_shape(&m->cfg, role, &dims, shape);
+    return load_vector(m, role_name(m, role, l, 0, name), shape[0], out, diag);
+}
+
+/* Matrices of `roles` (each of layer l) back to back where the backend
+ * keeps its own copy and they share a dtype (load_joined). */
+static shoal_err load_role_joined(worker_model *m, const model_role *roles, int n, int l,
+                                  model_matrix *const *out, bool *joined, shoal_diag *diag)
+{
+    enum { JOIN_MAX = 3 };
+    char names[JOIN_MAX][SHOAL_TENSOR_NAME_BYTES_MAX];
+    const char *np[JOIN_MAX];
+    int64_t rows[JOIN_MAX], cols = 0;
+    for (int i = 0; i < n; i++) {
+        int dims;
+        int64_t shape[2];
+        model_tensor_shape(&m->cfg, roles[i], &dims, shape);
+        np[i] = role_name(m, roles[i], l, 0, names[i]);
+        rows[i] = shape[0];
+        cols = shape[1];
+    }
+    return load_joined(m, np, rows, n, cols, out, joined, diag);
+}
+
+/* Every expert's matrix of `role` in layer l, stacked in one device array
+ * [experts][rows][cols] of one dtype (HF checkpoints keep each expert as
+ * its own tensor). */
+static shoal_err load_experts(worker_model *m, model_role role, int l, model_matrix *out,
+                              shoal_diag *diag)
 {
     const model_config *c = &m->cfg;
-    model_layer *L = &m->layers[i];
     char name[SHOAL_TENSOR_NAME_BYTES_MAX];
+    int dims;
+    int64_t shape[2];
+    model_tensor_shape(c, role, &dims, shape);
+    size_t elems = (size_t)shape[0] * (size_t)shape[1];
+    bool dummy = model_weights_is_dummy(m->weights) && m->be->fill_random;
+    shoal_dtype dt = SHOAL_DTYPE_BF16;
+    model_tensor_ref t;
     shoal_err err;
-    int64_t q_out = (int64_t)c->heads * c->head_dim, kv_out = (int64_t)c->kv_heads * c->head_dim;
-    char qn[SHOAL_TENSOR_NAME_BYTES_MAX], kn[SHOAL_TENSOR_NAME_BYTES_MAX],
-        vn[SHOAL_TENSOR_NAME_BYTES_MAX], gn[SHOAL_TENSOR_NAME_BYTES_MAX],
-        un[SHOAL_TENSOR_NAME_BYTES_MAX];
-    snprintf(qn, sizeof qn, "model.layers.%d.self_attn.q_proj.weight", i);
-    snprintf(kn, sizeof kn, "model.layers.%d.self_attn.k_proj.weight", i);
-    snprintf(vn, sizeof vn, "model.layers.%d.self_attn.v_proj.weight", i);
-    snprintf(gn, sizeof gn, "model.layers.%d.mlp.gate_proj.weight", i);
-    snprintf(un, sizeof un, "model.layers.%d.mlp.up_proj.weight", i);
-    const char *qkv_names[] = {qn, kn, vn}, *gu_names[] = {gn, un};
-    const int64_t qkv_rows[] = {q_out, kv_out, kv_out};
-    const int64_t gu_rows[] = {c->intermediate, c->intermediate};
+    if (!dummy) {
+        if ((err =
+                 model_weights_get(m->weights, role_name(m, role, l, 0, name), 2, shape, &t, diag)))
+            return err;
+        dt = t.dtype;
+    }
+    size_t one = elems * shoal_dtype_bytes(dt);
+    unsigned char *dst = dev_alloc(m, one * (size_t)c->experts);
+    if (!dst)
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                              "layer %d: cannot place %d experts of %zu bytes on the device", l,
+                              c->experts, one);
+    *out = (model_matrix){
+        .data = dst, .dtype = dt, .rows = shape[0], .cols = shape[1], .experts = c->experts};
+    for (int e = 0; e < c->experts; e++, dst += one) {
+        role_name(m, role, l, e, name);
+        if (dummy) {
+            uint64_t state;
+            float base, scale;
+            model_weights_dummy_recipe(m->weights, name, 2, &state, &base, &scale);
+            m->be->fill_random(m->be, dst, elems, state, base, scale);
+            continue;
+        }
+        if ((err = model_weights_get(m->weights, name, 2, shape, &t, diag)))
+            return err;
+        if (t.dtype != dt)
+            return shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
+                                  "tensor '%s' is %s where expert 0 is %s: a layer's experts "
+                                  "must share a dtype",
+                                  name, shoal_dtype_name(t.dtype), shoal_dtype_name(dt));
+        if ((err = m->be->upload(m->be, dst, t.data, one)))
+            return shoal_diag_set(diag, err, "tensor '%s': cannot upload it", name);
+    }
+    return SHOAL_OK;
+}
+
+/* The blocks' weights of layer l, by the architecture's tensor table. */
+static shoal_err load_layer(worker_model *m, int l, shoal_diag *diag)
+{
+    const model_config *c = &m->cfg;
+    model_layer *L = &m->layers[l];
+    shoal_err err;
+    static const model_role qkv_roles[] = {MODEL_ROLE_Q, MODEL_ROLE_K, MODEL_ROLE_V};
+    static const model_role gu_roles[] = {MODEL_ROLE_GATE, MODEL_ROLE_UP};
     model_matrix *qkv[] = {&L->q, &L->k, &L->v}, *gu[] = {&L->gate, &L->up};
-#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), name)
-    if ((err = load_joined(m, qkv_names, qkv_rows, 3, c->hidden, qkv, &L->qkv_joined, diag)) ||
-        (err = load_matrix(m, NAME("self_attn.o_proj.weight"), c->hidden, q_out, &L->o, diag)) ||
-        (err = load_joined(m, gu_names, gu_rows, 2, c->hidden, gu, &L->gate_up_joined, diag)) ||
-        (err = load_matrix(m, NAME("mlp.down_proj.weight"), c->hidden, c->intermediate, &L->down,
-                           diag)) ||
-        (err = load_vector(m, NAME("input_layernorm.weight"), c->hidden, &L->attn_norm, diag)) ||
-        (err = load_vector(m, NAME("post_attention_layernorm.weight"), c->hidden, &L->mlp_norm,
-                           diag)))
+    if ((err = load_role_vector(m, MODEL_ROLE_ATTN_NORM, l, &L->attn_norm, diag)) ||
+        (err = load_role_joined(m, qkv_roles, 3, l, qkv, &L->qkv_joined, diag)) ||
+        (err = load_role_matrix(m, MODEL_ROLE_O, l, &L->o, diag)) ||
+        (err = load_role_vector(m, MODEL_ROLE_MLP_NORM, l, &L->mlp_norm, diag)))
         return err;
-    if (c->qk_norm &&
-        ((err = load_vector(m, NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm, diag)) ||
-         (err = load_vector(m, NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm, diag))))
+    if (c->qk_norm && ((err = load_role_vector(m, MODEL_ROLE_Q_NORM, l, &L->q_norm, diag)) ||
+                       (err = load_role_vector(m, MODEL_ROLE_K_NORM, l, &L->k_norm, diag))))
         return err;
-#undef NAME
+    L->moe = c->mlp_kind[l] == MODEL_MLP_MOE;
+    if (!L->moe) {
+        if ((err = load_role_joined(m, gu_roles, 2, l, gu, &L->gate_up_joined, diag)) ||
+            (err = load_role_matrix(m, MODEL_ROLE_DOWN, l, &L->down, diag)))
+            return err;
+        return SHOAL_OK;
+    }
+    if ((err = load_role_matrix(m, MODEL_ROLE_ROUTER, l, &L->router, diag)) ||
+        (err = load_experts(m, MODEL_ROLE_EXPERT_GATE, l, &L->experts_gate, diag)) ||
+        (err = load_experts(m, MODEL_ROLE_EXPERT_UP, l, &L->experts_up, diag)) ||
+        (err = load_experts(m, MODEL_ROLE_EXPERT_DOWN, l, &L->experts_down, diag)))
+        return err;
     return SHOAL_OK;
 }
 
@@ -319,8 +423,10 @@ static shoal_err fold_norms(worker_model *m, shoal_diag *diag)
     int q_out = c->heads * c->head_dim, kv_out = c->kv_heads * c->head_dim;
     /* the GEMV's rows: 16-byte chunks */
     bool whole = c->hidden % 8 == 0 && c->intermediate % 8 == 0 && q_out % 8 == 0;
+    /* a MoE layer's norm would fold into its router and every expert: not
+     * done, so such models take the norm pass */
     if (be->fused_norm_rows < 1 || !be->scale_columns || be->act_dtype != SHOAL_DTYPE_BF16 ||
-        !whole)
+        !whole || model_config_has_moe(c))
         return SHOAL_OK;
     SHOAL_ASSERT(!be->host_memory); /* the weights are the backend's own copies */
     for (int l = 0; l < c->layers; l++) {
@@ -368,8 +474,8 @@ static shoal_err check_options(const worker_model_options *o, shoal_diag *diag)
     if (o->page_tokens < SHOAL_PAGE_TOKENS_MIN || o->page_tokens > SHOAL_PAGE_TOKENS_MAX ||
         (o->page_tokens & (o->page_tokens - 1)) != 0)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
-                              "page tokens %d: must be a power of two in [%d, %d]",
-                              o->page_tokens, SHOAL_PAGE_TOKENS_MIN, SHOAL_PAGE_TOKENS_MAX);
+                              "page tokens %d: must be a power of two in [%d, %d]", o->page_tokens,
+                              SHOAL_PAGE_TOKENS_MIN, SHOAL_PAGE_TOKENS_MAX);
     if (o->max_rows < 1 || o->max_rows > SHOAL_BATCH_ROWS_MAX)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID, "max rows %d: must be in [1, %d]",
                               o->max_rows, SHOAL_BATCH_ROWS_MAX);
@@ -423,10 +529,10 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
     if (!m->stage || !m->seg_row0 || !m->seg_rows || !m->seg_prompt || !m->seg_single ||
         !m->graph_ready)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "no host memory for the step buffers");
-    bool ok = (m->dstage = dev_alloc(m, m->stage_bytes)) &&
-              (m->x = dev_alloc(m, rows * hid * a)) && (m->h = dev_alloc(m, rows * hid * a)) &&
-              (m->q = dev_alloc(m, rows * q_w * a)) && (m->k = dev_alloc(m, rows * kv_w * a)) &&
-              (m->v = dev_alloc(m, rows * kv_w * a)) && (m->att = dev_alloc(m, rows * q_w * a)) &&
+    bool ok = (m->dstage = dev_alloc(m, m->stage_bytes)) && (m->x = dev_alloc(m, rows * hid * a)) &&
+              (m->h = dev_alloc(m, rows * hid * a)) && (m->q = dev_alloc(m, rows * q_w * a)) &&
+              (m->k = dev_alloc(m, rows * kv_w * a)) && (m->v = dev_alloc(m, rows * kv_w * a)) &&
+              (m->att = dev_alloc(m, rows * q_w * a)) &&
               (m->pend = dev_alloc(m, rows * wide * a)) &&
               /* up right after gate: one batched GEMM of both (CUDA) */
               (m->gate = dev_alloc(m, 2 * rows * inter * a)) &&
@@ -441,6 +547,24 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
                               "no memory for activations of %d rows; lower the batch size",
                               m->opt.max_rows);
     m->up = (unsigned char *)m->gate + rows * inter * a;
+    if (model_config_has_moe(c)) {
+        kernels_backend *be = m->be;
+        if (!be->moe_route || !be->moe_experts)
+            return shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
+                                  "the %s backend has no mixture-of-experts ops", be->name);
+        size_t routes = (size_t)c->layers * rows * (size_t)c->experts_per_tok;
+        ok = (m->router_logits = dev_alloc(m, rows * (size_t)c->experts * 4)) &&
+             (m->route_ids = dev_alloc(m, routes * 4)) &&
+             (m->route_weights = dev_alloc(m, routes * 4)) &&
+             (m->moe_scratch =
+                  dev_alloc(m, be->moe_scratch_bytes(be, m->opt.max_rows, c->experts_per_tok,
+                                                     c->moe_intermediate, c->hidden)));
+        if (!ok)
+            return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                                  "no memory for the experts' buffers of %d rows; lower the batch "
+                                  "size",
+                                  m->opt.max_rows);
+    }
     /* The arena comes last: with kv_pages 0 it takes a share of what the
      * weights and buffers left, as vLLM sizes its KV cache. */
     if (m->opt.kv_pages == 0) {
@@ -449,8 +573,8 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
             return shoal_diag_set(diag, SHOAL_ERR_DEVICE,
                                   "cannot read the device's free memory; give --kv-pages");
         double fraction = m->opt.kv_memory_fraction > 0.0 ? m->opt.kv_memory_fraction
-                          : m->be->host_memory          ? 0.25
-                                                        : 0.9;
+                          : m->be->host_memory            ? 0.25
+                                                          : 0.9;
         double pages = (double)free_bytes * fraction / (double)m->kv.page_bytes;
         double most = (double)m->opt.max_streams * m->opt.max_pages_per_stream;
         if (m->opt.kv_pages_max > 0 && most > m->opt.kv_pages_max)
@@ -463,23 +587,22 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
         m->opt.kv_pages = (int)pages;
     }
     size_t arena_bytes = (size_t)m->opt.kv_pages * m->kv.page_bytes;
-    shoal_err err = m->be->arena_create(m->be, arena_bytes, &m->arena, &m->arena_fd,
-                                        &m->arena_bytes);
+    shoal_err err =
+        m->be->arena_create(m->be, arena_bytes, &m->arena, &m->arena_fd, &m->arena_bytes);
     if (err == SHOAL_ERR_NOMEM)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
                               "no memory for %d KV pages of %zu bytes (%.1f MiB); lower --kv-pages",
                               m->opt.kv_pages, m->kv.page_bytes, (double)arena_bytes / 1048576.0);
     if (err)
-        return shoal_diag_set(diag, err,
-                              "cannot make the KV arena of %d pages (%.1f MiB) on device %s: %s (the "
-                              "log line before says why)",
-                              m->opt.kv_pages, (double)arena_bytes / 1048576.0, m->opt.device,
-                              shoal_strerror(err));
+        return shoal_diag_set(
+            diag, err,
+            "cannot make the KV arena of %d pages (%.1f MiB) on device %s: %s (the "
+            "log line before says why)",
+            m->opt.kv_pages, (double)arena_bytes / 1048576.0, m->opt.device, shoal_strerror(err));
     return SHOAL_OK;
 }
 
-shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
-                            shoal_diag *diag)
+shoal_err worker_model_open(const worker_model_options *opt, worker_model **out, shoal_diag *diag)
 {
     shoal_err err;
     *out = NULL;
@@ -507,15 +630,15 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
         err = SHOAL_ERR_NOMEM;
         goto out_close;
     }
-    if ((err = load_matrix(m, "model.embed_tokens.weight", c->vocab, c->hidden, &m->embed, diag)))
+    if ((err = load_role_matrix(m, MODEL_ROLE_EMBED, 0, &m->embed, diag)))
         goto out_close;
     /* A tied checkpoint may still carry lm_head.weight; the embedding is
      * what transformers uses when tie_word_embeddings is set. */
     if (c->tie_embeddings)
         m->lm_head = m->embed;
-    else if ((err = load_matrix(m, "lm_head.weight", c->vocab, c->hidden, &m->lm_head, diag)))
+    else if ((err = load_role_matrix(m, MODEL_ROLE_LM_HEAD, 0, &m->lm_head, diag)))
         goto out_close;
-    if ((err = load_vector(m, "model.norm.weight", c->hidden, &m->final_norm, diag)))
+    if ((err = load_role_vector(m, MODEL_ROLE_FINAL_NORM, 0, &m->final_norm, diag)))
         goto out_close;
     for (int i = 0; i < c->layers; i++)
         if ((err = load_layer(m, i, diag)))
@@ -789,6 +912,24 @@ static bool matmul_add_norm(worker_model *m, const void *in, const model_matrix 
     return false;
 }
 
+/* The mixture-of-experts block: router logits of the normed rows (h), the
+ * routing (kept per layer for worker_model_routing), and the experts'
+ * weighted sum into pend, which the next norm adds to x. */
+static void moe_block(worker_model *m, const model_layer *L, int l, int rows)
+{
+    kernels_backend *be = m->be;
+    const model_config *c = &m->cfg;
+    int topk = c->experts_per_tok;
+    size_t at = (size_t)l * (size_t)m->opt.max_rows * (size_t)topk;
+    int32_t *ids = m->route_ids + at;
+    float *w = m->route_weights + at;
+    be->matmul(be, m->router_logits, SHOAL_DTYPE_F32, m->h, L->router.data, L->router.dtype, rows,
+               c->experts, c->hidden);
+    be->moe_route(be, ids, w, m->router_logits, rows, c->experts, topk, c->norm_topk_prob);
+    be->moe_experts(be, m->pend, m->h, ids, w, rows, topk, &L->experts_gate, &L->experts_up,
+                    &L->experts_down, m->moe_scratch);
+}
+
 /* Enqueues the pass's ops (and, for a step, the sampling); the logits of
  * the wanted rows stay in m->logits, sampled tokens in m->results. */
 static void model_ops(worker_model *m, const worker_forward *f, int stride, run_kind kind)
@@ -851,9 +992,8 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
         } else {
             /* q normed and rotated into m->q (packed, for attention), k in
              * place, k and v into the pages */
-            be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
-                                      L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv,
-                                      &batch, l);
+            be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm, L->k_norm,
+                                      c->rms_eps, m->inv_freq, m->arena, &m->kv, &batch, l);
             /* the segments' row tables shift with their rows; the page
              * table, indexed by stream, does not */
             for (int s = 0; s < m->segs; s++) {
@@ -879,6 +1019,12 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
         }
         if (!matmul_add_norm(m, m->att, &L->o, L->mlp_norm, rows, q_w))
             be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
+        if (L->moe) {
+            moe_block(m, L, l, rows);
+            normed = false;
+            pending = m->pend;
+            continue;
+        }
         if (L->gate.dtype == L->up.dtype) {
             /* one row of joined weights: [gate | up] in the gate buffer,
              * which the backend may take as one matmul (or as a GEMV that
@@ -886,8 +1032,8 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             void *up = one_row && L->gate_up_joined && gate_up_room
                            ? (unsigned char *)m->gate + (size_t)c->intermediate * a
                            : m->up;
-            be->matmul_swiglu(be, m->gate, up, m->h, L->gate.data, L->up.data, L->gate.dtype,
-                              rows, c->intermediate, c->hidden);
+            be->matmul_swiglu(be, m->gate, up, m->h, L->gate.data, L->up.data, L->gate.dtype, rows,
+                              c->intermediate, c->hidden);
         } else {
             be->matmul(be, m->gate, be->act_dtype, m->h, L->gate.data, L->gate.dtype, rows,
                        c->intermediate, c->hidden);
@@ -920,8 +1066,7 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
         return;
     bool pen = kind == RUN_STEP_PENALTIES;
     be->sample(be, m->results, m->logits, f->logit_count, c->vocab, m->params,
-               pen ? m->pen_offsets : NULL, pen ? m->pen_tokens : NULL,
-               pen ? m->pen_counts : NULL);
+               pen ? m->pen_offsets : NULL, pen ? m->pen_tokens : NULL, pen ? m->pen_counts : NULL);
 }
 
 /* Runs the pass (and for a step the sampling) after checking and staging
@@ -945,10 +1090,10 @@ static shoal_err model_run(worker_model *m, const worker_forward *f,
     int stride = graph ? m->opt.max_pages_per_stream : f->page_table_stride;
     if ((err = stage_step(m, f, kind == RUN_FORWARD ? NULL : params, stride)))
         return shoal_diag_set(diag, err, "forward: cannot upload the batch");
-    if (pen && ((err = be->upload(be, m->pen_offsets, pen->offsets,
-                                  (size_t)(f->logit_count + 1) * 4)) ||
-                (err = be->upload(be, m->pen_tokens, pen->tokens, (size_t)pen->entries * 4)) ||
-                (err = be->upload(be, m->pen_counts, pen->counts, (size_t)pen->entries * 4))))
+    if (pen &&
+        ((err = be->upload(be, m->pen_offsets, pen->offsets, (size_t)(f->logit_count + 1) * 4)) ||
+         (err = be->upload(be, m->pen_tokens, pen->tokens, (size_t)pen->entries * 4)) ||
+         (err = be->upload(be, m->pen_counts, pen->counts, (size_t)pen->entries * 4))))
         return shoal_diag_set(diag, err, "step: cannot upload penalties");
     if (!graph) {
         model_ops(m, f, stride, kind);
@@ -1004,4 +1149,19 @@ shoal_err worker_model_step(worker_model *m, const worker_forward *f,
         return err;
     err = be->download(be, results, m->results, (size_t)rows * sizeof *results);
     return err ? shoal_diag_set(diag, err, "step: cannot download sampled tokens") : SHOAL_OK;
+}
+
+shoal_err worker_model_routing(worker_model *m, int layer, int rows, int32_t *ids, shoal_diag *diag)
+{
+    const model_config *c = &m->cfg;
+    if (layer < 0 || layer >= c->layers || !m->layers[layer].moe || rows < 1 ||
+        rows > m->opt.max_rows)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "routing: layer %d is no mixture-of-experts layer, or %d rows are "
+                              "more than a pass has",
+                              layer, rows);
+    size_t k = (size_t)c->experts_per_tok;
+    shoal_err err = m->be->download(m->be, ids, m->route_ids + (size_t)layer * m->opt.max_rows * k,
+                                    (size_t)rows * k * 4);
+    return err ? shoal_diag_set(diag, err, "routing: cannot download it") : SHOAL_OK;
 }

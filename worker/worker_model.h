@@ -122,4 +122,11 @@ shoal_err worker_model_step(worker_model *m, const worker_forward *f,
                             const kernels_sample_params *params, const worker_penalties *pen,
                             kernels_sample_result *results, shoal_diag *diag);
 
+/* The experts that the last pass routed its first `rows` rows to in layer
+ * `layer`, a mixture-of-experts layer: ids [rows][experts_per_tok] (host),
+ * highest routing weight first. For benchmarks (the experts a round reads)
+ * and tests. SHOAL_ERR_INVALID for a dense layer or rows past a pass. */
+shoal_err worker_model_routing(worker_model *m, int layer, int rows, int32_t *ids,
+                               shoal_diag *diag);
+
 #endif

@@ -113,6 +113,9 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->swiglu = cpu_swiglu;
     be->matmul_swiglu = cpu_matmul_swiglu;
     be->gather = cpu_gather;
+    be->moe_route = cpu_moe_route;
+    be->moe_scratch_bytes = cpu_moe_scratch_bytes;
+    be->moe_experts = cpu_moe_experts;
     be->sample = cpu_sample;
     be->fill_random = cpu_fill_random;
     *out = be;

@@ -5,6 +5,7 @@
 #ifndef SHOAL_KERNELS_CPU_OPS_H
 #define SHOAL_KERNELS_CPU_OPS_H
 
+#include "common/common_limits.h"
 #include "common/common_pool.h"
 #include "kernels/kernels_backend.h"
 
@@ -48,6 +49,12 @@ void cpu_swiglu(kernels_backend *be, void *out, const void *gate, const void *up
                 int dim);
 void cpu_matmul_swiglu(kernels_backend *be, void *out, void *up, const void *in, const void *wg,
                        const void *wu, shoal_dtype wdtype, int rows, int n, int k);
+void cpu_moe_route(kernels_backend *be, int32_t *ids, float *weights, const float *logits,
+                   int rows, int experts, int topk, bool renorm);
+size_t cpu_moe_scratch_bytes(kernels_backend *be, int rows, int topk, int n, int k);
+void cpu_moe_experts(kernels_backend *be, void *out, const void *in, const int32_t *ids,
+                     const float *weights, int rows, int topk, const kernels_weight *wg,
+                     const kernels_weight *wu, const kernels_weight *wd, void *scratch);
 void cpu_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                 int dim);
 void cpu_sample(kernels_backend *be, kernels_sample_result *results, const float *logits, int rows,
