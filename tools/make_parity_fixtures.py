@@ -57,7 +57,7 @@ MOE_PROMPT_LENS = [1, 17, 129, 257]
 # token's router-logit spread is made again from the next seed: an engine
 # whose hidden states differ from float64 by bf16 KV rounding (a few 1e-4
 # relative) could pick another expert there.
-MOE_GAP_MIN = 2e-3
+MOE_GAP_MIN = 1.5e-4
 MOE_TRIES = 16
 DECODE_STEPS = 8
 KEEP_EVERY = 8  # keep logits of every 8th prompt position, and the last

@@ -478,6 +478,9 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->swiglu = cuda_swiglu;
     be->matmul_swiglu = cuda_matmul_swiglu;
     be->gather = cuda_gather;
+    be->moe_route = cuda_moe_route;
+    be->moe_scratch_bytes = cuda_moe_scratch_bytes;
+    be->moe_experts = cuda_moe_experts;
     /* the fused norm where the one-row GEMV takes bf16 matmuls */
     be->fused_norm_rows = st->norm_fused && act == SHOAL_DTYPE_BF16 && st->gemv_rows_max >= 1;
     be->scale_columns = cuda_scale_columns;

@@ -537,6 +537,12 @@ void cuda_matmul_add(kernels_backend *be, void *x, const void *in, const void *w
                      shoal_dtype wdtype, int rows, int n, int k);
 void cuda_scale_columns(kernels_backend *be, void *w, shoal_dtype wdtype, int rows, int cols,
                         const float *scale);
+void cuda_moe_route(kernels_backend *be, int32_t *ids, float *weights, const float *logits,
+                    int rows, int experts, int topk, bool renorm);
+size_t cuda_moe_scratch_bytes(kernels_backend *be, int rows, int topk, int n, int k);
+void cuda_moe_experts(kernels_backend *be, void *out, const void *in, const int32_t *ids,
+                      const float *weights, int rows, int topk, const kernels_weight *wg,
+                      const kernels_weight *wu, const kernels_weight *wd, void *scratch);
 void cuda_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                  int dim);
 void cuda_sample(kernels_backend *be, kernels_sample_result *results, const float *logits,

@@ -25,8 +25,21 @@ static const char *const models[] = {
     "qwen3-untied-f16-sharded",
     "llama3-scaled-bf16",
     "llama-tied-f32",
+    "qwen3moe-norm-bf16",
+    "qwen3moe-nonorm-step2-f32",
+    "qwen3moe-mlponly-topall-bf16",
 };
-enum { MODELS = 4 };
+enum { MODELS = 7 };
+
+/* Models that pick top-k of more experts carry KV rounding into their
+ * routing weights: twice the tolerances (tests/unit/test_parity.c says
+ * why and what was measured). */
+static float tol_scale(const char *name)
+{
+    return strcmp(name, "qwen3moe-norm-bf16") == 0 || strcmp(name, "qwen3moe-nonorm-step2-f32") == 0
+               ? 2.0f
+               : 1.0f;
+}
 static const int prompt_lens[] = {1, 16, 17, 128, 129, 257};
 enum { PROMPTS = 6, STEPS = 8, ROWS_MAX = 512 };
 
@@ -150,6 +163,9 @@ static bool run_fixture(const char *name, const config *c, model_safetensors *fx
         const int32_t *greedy = tensor(fx, key, NULL);
         snprintf(key, sizeof key, "prompt%d.greedy_logits", n);
         const float *greedy_ref = tensor(fx, key, NULL);
+        /* the MoE fixtures have the prompts of 1, 17, 129 and 257 tokens */
+        if (!ids && strncmp(name, "qwen3moe", 8) == 0 && (n == 16 || n == 128))
+            continue;
         if (!ids || !keep || !ref || !greedy || !greedy_ref) {
             CHECK_MSG(0, "%s: fixture lacks prompt %d", name, n);
             ok = false;
@@ -291,7 +307,8 @@ static void gpu_matches_hf_and_cpu_and_measures_fp8(void)
                   run_fixture(models[mi], &g16_fp8, &fx, &b8) &&
                   run_fixture(models[mi], &g32_wide, &fx, &w);
         if (ok) {
-            versus hf = compare(&a, NULL, TOL_ABS, TOL_REL, CLEAR_MARGIN);
+            float ts = tol_scale(models[mi]);
+            versus hf = compare(&a, NULL, ts * TOL_ABS, ts * TOL_REL, CLEAR_MARGIN);
             versus vc = compare(&a, &cpu, TOL_ABS, TOL_REL, 1e-4f);
             printf("  %-26s %-22s %8.3f %9.2e %4d/%-4d %4d/%-4d\n", models[mi],
                    "gpu f32 act, bf16 KV", hf.worst_norm, hf.max_abs, hf.agree, hf.compared,
@@ -301,14 +318,15 @@ static void gpu_matches_hf_and_cpu_and_measures_fp8(void)
             CHECK_MSG(hf.agree == hf.compared, "%s f32: greedy differs from HF", models[mi]);
             CHECK_MSG(vc.agree == vc.compared, "%s f32: greedy differs from the CPU backend",
                       models[mi]);
-            versus hw = compare(&w, NULL, TOL_ABS, TOL_REL, CLEAR_MARGIN);
+            versus hw = compare(&w, NULL, ts * TOL_ABS, ts * TOL_REL, CLEAR_MARGIN);
             printf("  %-26s %-22s %8.3f %9.2e %4d/%-4d\n", "", "  1-token pages, 512 rows",
                    hw.worst_norm, hw.max_abs, hw.agree, hw.compared);
             CHECK_MSG(hw.worst_norm <= 1.0f && hw.agree == hw.compared,
                       "%s f32, one-token pages: off HF", models[mi]);
 
-            versus hb = compare(&b, NULL, BF16_TOL_ABS, BF16_TOL_REL, CLEAR_MARGIN);
-            versus hb_clear = compare(&b, NULL, BF16_TOL_ABS, BF16_TOL_REL, BF16_CLEAR_MARGIN);
+            versus hb = compare(&b, NULL, ts * BF16_TOL_ABS, ts * BF16_TOL_REL, CLEAR_MARGIN);
+            versus hb_clear =
+                compare(&b, NULL, ts * BF16_TOL_ABS, ts * BF16_TOL_REL, BF16_CLEAR_MARGIN);
             printf("  %-26s %-22s %8.3f %9.2e %4d/%-4d (margin >= %.2f: %d/%d)\n", "",
                    "gpu bf16 act, bf16 KV", hb.worst_norm, hb.max_abs, hb.agree, hb.compared,
                    BF16_CLEAR_MARGIN, hb_clear.agree, hb_clear.compared);
@@ -333,7 +351,7 @@ static void gpu_matches_hf_and_cpu_and_measures_fp8(void)
                 fp8_compared[p] += vk.compared;
                 fp8_max_abs[p] = vk.max_abs > fp8_max_abs[p] ? vk.max_abs : fp8_max_abs[p];
                 fp8_rms[p] = vk.rel_rms > fp8_rms[p] ? vk.rel_rms : fp8_rms[p];
-                CHECK_MSG(isfinite(vk.max_abs) && vk.rel_rms < 0.05,
+                CHECK_MSG(isfinite(vk.max_abs) && vk.rel_rms < 0.05f * ts,
                           "%s %s: logits off bf16 KV by %.3e rms", models[mi], names[p],
                           vk.rel_rms);
             }

@@ -170,11 +170,41 @@ int main(int argc, char **argv)
         }
     }
     double step = median(t, steps - 1);
-    double weights = 0.0;
+    /* The weights a step reads: every layer's attention, a dense layer's
+     * MLP, a MoE layer's router and the experts that some row of the last
+     * step routed to (their union, read back), the norms and the head. */
+    double weights = 0.0, active = 0.0, touched = 0.0;
+    int moe_layers = 0;
     {
         double q = (double)c->heads * c->head_dim, kv = (double)c->kv_heads * c->head_dim;
-        double layer = (double)c->hidden * (2 * q + 2 * kv) + 3.0 * c->hidden * c->intermediate;
-        weights = 2.0 * ((double)c->layers * layer + (double)c->vocab * c->hidden);
+        double attn = (double)c->hidden * (2 * q + 2 * kv) + 2.0 * c->hidden;
+        double expert = 3.0 * c->hidden * c->moe_intermediate;
+        int32_t *route = malloc((size_t)batch * (c->experts_per_tok > 0 ? c->experts_per_tok : 1) * 4);
+        bool *used = calloc((size_t)(c->experts > 0 ? c->experts : 1), 1);
+        for (int l = 0; l < c->layers; l++) {
+            weights += attn;
+            active += attn;
+            if (c->mlp_kind[l] != MODEL_MLP_MOE) {
+                weights += 3.0 * c->hidden * c->intermediate;
+                active += 3.0 * c->hidden * c->intermediate;
+                continue;
+            }
+            if (!route || !used || worker_model_routing(m, l, batch, route, &diag))
+                goto fail;
+            memset(used, 0, (size_t)c->experts);
+            int n = 0;
+            for (int i = 0; i < batch * c->experts_per_tok; i++)
+                if (!used[route[i]])
+                    used[route[i]] = true, n++;
+            moe_layers++;
+            touched += n;
+            weights += (double)c->experts * c->hidden + n * expert;
+            active += (double)c->experts * c->hidden + c->experts_per_tok * expert;
+        }
+        free(route);
+        free(used);
+        weights = 2.0 * (weights + (double)c->vocab * c->hidden);
+        active += (double)c->vocab * c->hidden;
     }
     double kv_bytes = (double)batch * (context + steps / 2) * c->layers * 2.0 * c->kv_heads *
                       c->head_dim * (mo.kv_dtype == SHOAL_DTYPE_F8_E4M3 ? 1 : 2);
@@ -182,6 +212,13 @@ int main(int argc, char **argv)
            "step %.2f ms\n",
            batch, context, step * 1e3, steps - 1, batch / step, first * 1e3);
     printf("bytes a step: weights %.0f, KV %.0f\n", weights, kv_bytes);
+    printf("active parameters a token: %.0f (prefill bound at 790 TFLOP/s: %.2f ms for %d "
+           "tokens)\n",
+           active, 2.0 * active * prefill / 790e12 * 1e3, prefill);
+    if (moe_layers > 0)
+        printf("experts: a step's rows touch %.1f of %d experts a layer (mean over %d layers; "
+               "top-%d a row)\n",
+               touched / moe_layers, c->experts, moe_layers, c->experts_per_tok);
     rc = 0;
     goto out;
 fail:

@@ -1,0 +1,435 @@
+/* Mixture of experts: the twin of kernels/cpu/moe.c.
+ *
+ * Routing is one warp a row (softmax over the experts, then top-k by warp
+ * arg-max). The experts run as a grouped GEMM over the (row, slot) pairs
+ * sorted by expert, with no host synchronisation, so that a decode round
+ * stays one recorded graph:
+ *   1. one block counts the pairs of each expert, places each pair in its
+ *      expert's run and cuts every run into tiles of TILE_M pairs (the
+ *      tile list and its length stay on the device);
+ *   2. gate/up: a block a (tile, TILE_N columns), A the tile's input rows
+ *      gathered by pair, B the expert's gate and up rows, mma.sync bf16
+ *      over cp.async stages; silu(g) * u (g and u rounded to bf16 as
+ *      matmul_swiglu stores them) into the pairs' hidden rows;
+ *   3. down: the same GEMM over the hidden rows and the expert's down rows;
+ *   4. each row's output: the slots' outputs weighted, in slot order.
+ * The grid has room for the most tiles a round can have (pairs / TILE_M +
+ * experts); blocks past the count the sort wrote return at once. Only
+ * experts some pair routes to are read, each tile's weights once: a
+ * one-row round reads the top-k experts' bytes and nothing else.
+ * Element dtypes other than bf16 (the f32 exact mode) take a plain
+ * per-pair kernel of the same function. */
+#include "attention_mma.cuh"
+#include "cuda_ops.h"
+
+#include "common/common_limits.h"
+
+using namespace mma;
+
+enum {
+    TILE_M = 64, /* pairs of a tile */
+    TILE_N = 64, /* output columns of a block */
+    TILE_K = 32,
+    STAGES = 3,
+    ROW_HALVES = TILE_K + 8, /* a smem row: 80 bytes, so ldmatrix's 8 rows hit 8 bank groups */
+    GEMM_THREADS = 128,
+};
+
+/* ---- routing ---- */
+
+static __global__ void moe_route_kernel(int32_t *ids, float *weights, const float *logits, int rows,
+                                        int experts, int topk, bool renorm)
+{
+    constexpr int PER_LANE = SHOAL_MODEL_EXPERTS_MAX / 32;
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows)
+        return;
+    const float *l = logits + (size_t)row * experts;
+    float p[PER_LANE];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
+        int e = i * 32 + lane;
+        p[i] = e < experts ? l[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+    for (int o = 16; o > 0; o /= 2)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
+        p[i] = i * 32 + lane < experts ? expf(p[i] - mx) : -1.0f; /* -1: never picked */
+        sum += fmaxf(p[i], 0.0f);
+    }
+    for (int o = 16; o > 0; o /= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    float picked = 0.0f, mine = 0.0f;
+    int my_id = 0;
+    for (int j = 0; j < topk; j++) {
+        float best = -2.0f;
+        int at = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++)
+            if (p[i] > best) { /* the lane's lowest index wins a tie: i ascends */
+                best = p[i];
+                at = i * 32 + lane;
+            }
+        for (int o = 16; o > 0; o /= 2) {
+            float b2 = __shfl_xor_sync(0xffffffffu, best, o);
+            int a2 = __shfl_xor_sync(0xffffffffu, at, o);
+            if (b2 > best || (b2 == best && a2 < at)) {
+                best = b2;
+                at = a2;
+            }
+        }
+        if (at % 32 == lane) {
+#pragma unroll
+            for (int i = 0; i < PER_LANE; i++)
+                if (i == at / 32)
+                    p[i] = -2.0f;
+        }
+        float w = best / sum;
+        picked += w;
+        if (lane == j) {
+            mine = w;
+            my_id = at;
+        }
+    }
+    if (lane < topk) {
+        ids[(size_t)row * topk + lane] = my_id;
+        weights[(size_t)row * topk + lane] = renorm ? mine / picked : mine;
+    }
+}
+
+void cuda_moe_route(kernels_backend *be, int32_t *ids, float *weights, const float *logits,
+                    int rows, int experts, int topk, bool renorm)
+{
+    SHOAL_ASSERT(rows >= 0 && topk >= 1 && topk <= experts && topk <= 32 &&
+                 experts <= SHOAL_MODEL_EXPERTS_MAX);
+    if (rows == 0 || !cuda_usable(be))
+        return;
+    moe_route_kernel<<<(rows + 3) / 4, 128, 0, cuda_of(be)->stream>>>(ids, weights, logits, rows,
+                                                                      experts, topk, renorm);
+    cuda_launched(be, "moe_route");
+}
+
+/* ---- the scratch ---- */
+
+typedef struct moe_scratch {
+    int32_t *offsets;                 /* [experts + 1]: each expert's run of sorted pairs */
+    int32_t *ntiles;                  /* [1] */
+    int32_t *tile_expert, *tile_row0; /* [tiles_max] */
+    int32_t *sorted, *place;          /* [pairs]: pair at a sorted place, and back */
+    void *h;                          /* [pairs][n] act: the experts' hidden rows */
+    void *y;                          /* [pairs][k] act: the experts' outputs */
+} moe_scratch;
+
+static int tiles_max(int pairs)
+{
+    return (pairs + TILE_M - 1) / TILE_M + SHOAL_MODEL_EXPERTS_MAX;
+}
+
+static size_t align256(size_t x)
+{
+    return (x + 255) & ~(size_t)255;
+}
+
+static size_t scratch_layout(int rows, int topk, int n, int k, size_t act, unsigned char *base,
+                             moe_scratch *s)
+{
+    size_t pairs = (size_t)rows * (size_t)topk, at = 0;
+    size_t offs[7];
+    offs[0] = at, at = align256(at + (SHOAL_MODEL_EXPERTS_MAX + 1) * 4);
+    offs[1] = at, at = align256(at + 4);
+    offs[2] = at, at = align256(at + (size_t)tiles_max((int)pairs) * 4);
+    offs[3] = at, at = align256(at + (size_t)tiles_max((int)pairs) * 4);
+    offs[4] = at, at = align256(at + pairs * 4);
+    offs[5] = at, at = align256(at + pairs * 4);
+    offs[6] = at, at = align256(at + pairs * (size_t)n * act);
+    size_t y = at;
+    at = align256(at + pairs * (size_t)k * act);
+    if (s) {
+        s->offsets = (int32_t *)(base + offs[0]);
+        s->ntiles = (int32_t *)(base + offs[1]);
+        s->tile_expert = (int32_t *)(base + offs[2]);
+        s->tile_row0 = (int32_t *)(base + offs[3]);
+        s->sorted = (int32_t *)(base + offs[4]);
+        s->place = (int32_t *)(base + offs[5]);
+        s->h = base + offs[6];
+        s->y = base + y;
+    }
+    return at;
+}
+
+size_t cuda_moe_scratch_bytes(kernels_backend *be, int rows, int topk, int n, int k)
+{
+    return scratch_layout(rows, topk, n, k, shoal_dtype_bytes(be->act_dtype), NULL, NULL);
+}
+
+/* ---- 1. the pairs by expert, and the tiles ---- */
+
+static __global__ void moe_sort_kernel(moe_scratch s, const int32_t *ids, int pairs, int experts)
+{
+    __shared__ int count[SHOAL_MODEL_EXPERTS_MAX], cursor[SHOAL_MODEL_EXPERTS_MAX],
+        tile_at[SHOAL_MODEL_EXPERTS_MAX + 1];
+    for (int e = threadIdx.x; e < experts; e += blockDim.x)
+        count[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x)
+        atomicAdd(&count[ids[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0, tiles = 0;
+        for (int e = 0; e < experts; e++) {
+            s.offsets[e] = at;
+            cursor[e] = at;
+            tile_at[e] = tiles;
+            at += count[e];
+            tiles += (count[e] + TILE_M - 1) / TILE_M;
+        }
+        s.offsets[experts] = at;
+        tile_at[experts] = tiles;
+        *s.ntiles = tiles;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < experts; e += blockDim.x)
+        for (int t = tile_at[e]; t < tile_at[e + 1]; t++) {
+            s.tile_expert[t] = e;
+            s.tile_row0[t] = s.offsets[e] + (t - tile_at[e]) * TILE_M;
+        }
+    /* the order within an expert's run varies from run to run; no result
+     * depends on it (a GEMM row's sums do not depend on its tile row) */
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        int at = atomicAdd(&cursor[ids[p]], 1);
+        s.sorted[at] = p;
+        s.place[p] = at;
+    }
+}
+
+/* ---- 2 and 3. the grouped GEMM ---- */
+
+/* C[pairs of a tile][N] = A[.][K] x B_e[N][K]^T for the tile's expert e.
+ * GATE_UP: A row i is the input row of pair sorted[row0 + i] (in [rows][K]),
+ * B the gate rows (b0) and the up rows (b1); out (the hidden rows, [pairs][N])
+ * gets silu(g) * u. Else A row i is a[row0 + i] ([pairs][K]) and out
+ * ([pairs][N]) the product. bf16 everywhere, f32 sums; K and N multiples
+ * of 8. */
+template <bool GATE_UP>
+static __global__ void __launch_bounds__(GEMM_THREADS)
+    moe_gemm_kernel(moe_scratch s, bf16 *out, const bf16 *a, const bf16 *b0, const bf16 *b1,
+                    int topk, int N, int K)
+{
+    constexpr int NB = GATE_UP ? 2 : 1;
+    __shared__ __align__(16) bf16 sa[STAGES][TILE_M * ROW_HALVES];
+    __shared__ __align__(16) bf16 sb[STAGES][NB][TILE_N * ROW_HALVES];
+    int t = blockIdx.y;
+    if (t >= *s.ntiles)
+        return;
+    int e = s.tile_expert[t], row0 = s.tile_row0[t], rend = s.offsets[e + 1];
+    int n0 = blockIdx.x * TILE_N;
+    size_t mat = (size_t)N * (size_t)K;
+    const bf16 *wb[NB];
+    wb[0] = b0 + (size_t)e * mat;
+    if (GATE_UP)
+        wb[NB - 1] = b1 + (size_t)e * mat;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    /* this thread's two A rows and two B rows of each stage: chunk c of
+     * row tid / 4 and tid / 4 + 32 */
+    int lr = tid / 4, lc = (tid % 4) * 8;
+    const bf16 *arow[2];
+    bool avalid[2];
+    for (int i = 0; i < 2; i++) {
+        int r = row0 + lr + 32 * i;
+        avalid[i] = r < rend;
+        int src = avalid[i] ? (GATE_UP ? s.sorted[r] / topk : r) : 0;
+        arow[i] = a + (size_t)src * (size_t)K;
+    }
+    int ktiles = (K + TILE_K - 1) / TILE_K;
+    auto load = [&](int stage, int kt) {
+        int kc = kt * TILE_K + lc;
+        bool kin = kc < K;
+        for (int i = 0; i < 2; i++) {
+            int r = lr + 32 * i;
+            cp_async16(smem_addr(&sa[stage][r * ROW_HALVES + lc]), arow[i] + (kin ? kc : 0),
+                       avalid[i] && kin);
+            bool nin = n0 + r < N;
+            for (int b = 0; b < NB; b++)
+                cp_async16(smem_addr(&sb[stage][b][r * ROW_HALVES + lc]),
+                           wb[b] + (size_t)(nin ? n0 + r : 0) * K + (kin ? kc : 0), nin && kin);
+        }
+    };
+    float acc[NB][2][4][4];
+    for (int b = 0; b < NB; b++)
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 4; j++)
+                for (int q = 0; q < 4; q++)
+                    acc[b][i][j][q] = 0.0f;
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < ktiles)
+            load(st, st);
+        cp_async_commit();
+    }
+    int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+    for (int kt = 0; kt < ktiles; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        int st = kt % STAGES;
+#pragma unroll
+        for (int kk = 0; kk < TILE_K / 16; kk++) {
+            uint32_t af[2][4];
+            for (int mt = 0; mt < 2; mt++)
+                ldsm_x4(af[mt], smem_addr(&sa[st][(wm + mt * 16 + lane % 16) * ROW_HALVES +
+                                                  kk * 16 + (lane / 16) * 8]));
+            for (int b = 0; b < NB; b++)
+                for (int np = 0; np < 2; np++) {
+                    uint32_t bf[4];
+                    ldsm_x4(
+                        bf,
+                        smem_addr(
+                            &sb[st][b][(wn + np * 16 + lane % 8 + 8 * (lane / 16)) * ROW_HALVES +
+                                       kk * 16 + 8 * ((lane / 8) % 2)]));
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma_bf16(acc[b][mt][2 * np], af[mt], bf[0], bf[1]);
+                        mma_bf16(acc[b][mt][2 * np + 1], af[mt], bf[2], bf[3]);
+                    }
+                }
+        }
+        int next = kt + STAGES - 1;
+        if (next < ktiles)
+            load(next % STAGES, next);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    for (int mt = 0; mt < 2; mt++)
+        for (int half = 0; half < 2; half++) {
+            int r = row0 + wm + mt * 16 + lane / 4 + 8 * half;
+            if (r >= rend)
+                continue;
+            for (int nt = 0; nt < 4; nt++) {
+                int c = n0 + wn + nt * 8 + 2 * (lane % 4);
+                if (c >= N)
+                    continue;
+                float v0, v1;
+                if (GATE_UP) {
+                    float g0 = __bfloat162float(__float2bfloat16_rn(acc[0][mt][nt][2 * half]));
+                    float g1 = __bfloat162float(__float2bfloat16_rn(acc[0][mt][nt][2 * half + 1]));
+                    float u0 = __bfloat162float(__float2bfloat16_rn(acc[NB - 1][mt][nt][2 * half]));
+                    float u1 =
+                        __bfloat162float(__float2bfloat16_rn(acc[NB - 1][mt][nt][2 * half + 1]));
+                    v0 = g0 / (1.0f + expf(-g0)) * u0;
+                    v1 = g1 / (1.0f + expf(-g1)) * u1;
+                } else {
+                    v0 = acc[0][mt][nt][2 * half];
+                    v1 = acc[0][mt][nt][2 * half + 1];
+                }
+                *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)r * N + c) =
+                    __floats2bfloat162_rn(v0, v1);
+            }
+        }
+}
+
+/* ---- any dtype: a pair a block row, a thread a column ---- */
+
+template <typename T, typename W>
+static __global__ void moe_gate_up_plain(T *h, const T *in, const int32_t *ids, const W *wg,
+                                         const W *wu, int topk, int n, int k)
+{
+    int p = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= n)
+        return;
+    const T *x = in + (size_t)(p / topk) * k;
+    size_t off = ((size_t)ids[p] * n + c) * k;
+    float g = 0.0f, u = 0.0f;
+    for (int i = 0; i < k; i++) {
+        float xi = to_f32(x[i]);
+        g += xi * to_f32(wg[off + i]);
+        u += xi * to_f32(wu[off + i]);
+    }
+    g = to_f32(from_f32<T>(g));
+    u = to_f32(from_f32<T>(u));
+    h[(size_t)p * n + c] = from_f32<T>(g / (1.0f + expf(-g)) * u);
+}
+
+template <typename T, typename W>
+static __global__ void moe_down_plain(T *y, const T *h, const int32_t *ids, const W *wd, int n,
+                                      int k)
+{
+    int p = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= k)
+        return;
+    const T *x = h + (size_t)p * n;
+    size_t off = ((size_t)ids[p] * k + c) * n;
+    float s = 0.0f;
+    for (int i = 0; i < n; i++)
+        s += to_f32(x[i]) * to_f32(wd[off + i]);
+    y[(size_t)p * k + c] = from_f32<T>(s);
+}
+
+/* ---- 4. the weighted sum, slot by slot ---- */
+
+template <typename T>
+static __global__ void moe_combine_kernel(T *out, const T *y, const float *weights,
+                                          const int32_t *place, int topk, int k)
+{
+    int r = blockIdx.x;
+    for (int c = threadIdx.x; c < k; c += blockDim.x) {
+        float s = 0.0f;
+        for (int j = 0; j < topk; j++) {
+            int p = r * topk + j;
+            int at = place ? place[p] : p;
+            s += weights[p] * to_f32(y[(size_t)at * k + c]);
+        }
+        out[(size_t)r * k + c] = from_f32<T>(s);
+    }
+}
+
+void cuda_moe_experts(kernels_backend *be, void *out, const void *in, const int32_t *ids,
+                      const float *weights, int rows, int topk, const kernels_weight *wg,
+                      const kernels_weight *wu, const kernels_weight *wd, void *scratch)
+{
+    int n = (int)wg->rows, k = (int)wg->cols, experts = wg->experts;
+    SHOAL_ASSERT(wg->format == KERNELS_WEIGHT_DENSE && wu->dtype == wg->dtype &&
+                 wd->dtype == wg->dtype && wd->rows == k && wd->cols == n && wu->rows == n &&
+                 wu->cols == k && wu->experts == experts && wd->experts == experts &&
+                 experts <= SHOAL_MODEL_EXPERTS_MAX && rows >= 0 && topk >= 1);
+    if (rows == 0 || !cuda_usable(be))
+        return;
+    cudaStream_t st = cuda_of(be)->stream;
+    size_t act = shoal_dtype_bytes(be->act_dtype);
+    moe_scratch s;
+    scratch_layout(rows, topk, n, k, act, (unsigned char *)scratch, &s);
+    int pairs = rows * topk;
+    bool tc = be->act_dtype == SHOAL_DTYPE_BF16 && wg->dtype == SHOAL_DTYPE_BF16 && k % 8 == 0 &&
+              n % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)wg->data % 16 == 0 &&
+              (uintptr_t)wu->data % 16 == 0 && (uintptr_t)wd->data % 16 == 0;
+    if (tc) {
+        moe_sort_kernel<<<1, 1024, 0, st>>>(s, ids, pairs, experts);
+        dim3 gu((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)tiles_max(pairs));
+        moe_gemm_kernel<true><<<gu, GEMM_THREADS, 0, st>>>(s, (bf16 *)s.h, (const bf16 *)in,
+                                                           (const bf16 *)wg->data,
+                                                           (const bf16 *)wu->data, topk, n, k);
+        dim3 dn((unsigned)((k + TILE_N - 1) / TILE_N), (unsigned)tiles_max(pairs));
+        moe_gemm_kernel<false><<<dn, GEMM_THREADS, 0, st>>>(
+            s, (bf16 *)s.y, (const bf16 *)s.h, (const bf16 *)wd->data, NULL, topk, k, n);
+        moe_combine_kernel<bf16>
+            <<<rows, 256, 0, st>>>((bf16 *)out, (const bf16 *)s.y, weights, s.place, topk, k);
+        cuda_launched(be, "moe_experts");
+        return;
+    }
+    cuda_dispatch_act(be->act_dtype, [&](auto a) {
+        using T = decltype(a);
+        cuda_dispatch_weight(wg->dtype, [&](auto w) {
+            using W = decltype(w);
+            moe_gate_up_plain<T, W>
+                <<<dim3((unsigned)pairs, (unsigned)((n + 127) / 128)), 128, 0, st>>>(
+                    (T *)s.h, (const T *)in, ids, (const W *)wg->data, (const W *)wu->data, topk, n,
+                    k);
+            moe_down_plain<T, W>
+                <<<dim3((unsigned)pairs, (unsigned)((k + 127) / 128)), 128, 0, st>>>(
+                    (T *)s.y, (const T *)s.h, ids, (const W *)wd->data, n, k);
+        });
+        moe_combine_kernel<T>
+            <<<rows, 256, 0, st>>>((T *)out, (const T *)s.y, weights, NULL, topk, k);
+    });
+    cuda_launched(be, "moe_experts");
+}
