@@ -13,8 +13,9 @@
  *      matmul_swiglu stores them) into the pairs' hidden rows;
  *   3. down: the same GEMM over the hidden rows and the expert's down rows;
  *   4. each row's output: the slots' outputs weighted, in slot order.
- * The grid has room for the most tiles a round can have (pairs / TILE_M +
- * experts); blocks past the count the sort wrote return at once. Only
+ * The grid has room for the most tiles a round can have (pairs / TILE_M,
+ * plus one a routed expert); blocks past the count the sort wrote return
+ * at once. Only
  * experts some pair routes to are read, each tile's weights once: a
  * one-row round reads the top-k experts' bytes and nothing else.
  * Element dtypes other than bf16 (the f32 exact mode) take a plain
@@ -124,9 +125,11 @@ typedef struct moe_scratch {
     void *y;                          /* [pairs][k] act: the experts' outputs */
 } moe_scratch;
 
-static int tiles_max(int pairs)
+/* The most tiles `pairs` pairs over `experts` experts cut into: whole
+ * tiles, plus at most one partial tile for each expert that has a pair. */
+static int tiles_max(int pairs, int experts)
 {
-    return (pairs + TILE_M - 1) / TILE_M + SHOAL_MODEL_EXPERTS_MAX;
+    return (pairs + TILE_M - 1) / TILE_M + (experts < pairs ? experts : pairs);
 }
 
 static size_t align256(size_t x)
@@ -141,8 +144,8 @@ static size_t scratch_layout(int rows, int topk, int n, int k, size_t act, unsig
     size_t offs[7];
     offs[0] = at, at = align256(at + (SHOAL_MODEL_EXPERTS_MAX + 1) * 4);
     offs[1] = at, at = align256(at + 4);
-    offs[2] = at, at = align256(at + (size_t)tiles_max((int)pairs) * 4);
-    offs[3] = at, at = align256(at + (size_t)tiles_max((int)pairs) * 4);
+    offs[2] = at, at = align256(at + (size_t)tiles_max((int)pairs, SHOAL_MODEL_EXPERTS_MAX) * 4);
+    offs[3] = at, at = align256(at + (size_t)tiles_max((int)pairs, SHOAL_MODEL_EXPERTS_MAX) * 4);
     offs[4] = at, at = align256(at + pairs * 4);
     offs[5] = at, at = align256(at + pairs * 4);
     offs[6] = at, at = align256(at + pairs * (size_t)n * act);
@@ -404,11 +407,11 @@ void cuda_moe_experts(kernels_backend *be, void *out, const void *in, const int3
               (uintptr_t)wu->data % 16 == 0 && (uintptr_t)wd->data % 16 == 0;
     if (tc) {
         moe_sort_kernel<<<1, 1024, 0, st>>>(s, ids, pairs, experts);
-        dim3 gu((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)tiles_max(pairs));
+        dim3 gu((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)tiles_max(pairs, experts));
         moe_gemm_kernel<true><<<gu, GEMM_THREADS, 0, st>>>(s, (bf16 *)s.h, (const bf16 *)in,
                                                            (const bf16 *)wg->data,
                                                            (const bf16 *)wu->data, topk, n, k);
-        dim3 dn((unsigned)((k + TILE_N - 1) / TILE_N), (unsigned)tiles_max(pairs));
+        dim3 dn((unsigned)((k + TILE_N - 1) / TILE_N), (unsigned)tiles_max(pairs, experts));
         moe_gemm_kernel<false><<<dn, GEMM_THREADS, 0, st>>>(
             s, (bf16 *)s.y, (const bf16 *)s.h, (const bf16 *)wd->data, NULL, topk, k, n);
         moe_combine_kernel<bf16>

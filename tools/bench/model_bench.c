@@ -127,8 +127,8 @@ int main(int argc, char **argv)
             t[r - 1] = now_s() - t0;
     }
     double pre = median(t, 5);
-    printf("prefill: %d tokens in %.2f ms (median of 5, warm), %.0f tokens/s\n", prefill,
-           pre * 1e3, prefill / pre);
+    printf("prefill: %d tokens in %.2f ms (median of 5, warm), %.0f tokens/s\n", prefill, pre * 1e3,
+           prefill / pre);
 
     /* the streams' contexts, then decode steps */
     for (int s = 0; s < batch; s++)
@@ -179,7 +179,8 @@ int main(int argc, char **argv)
         double q = (double)c->heads * c->head_dim, kv = (double)c->kv_heads * c->head_dim;
         double attn = (double)c->hidden * (2 * q + 2 * kv) + 2.0 * c->hidden;
         double expert = 3.0 * c->hidden * c->moe_intermediate;
-        int32_t *route = malloc((size_t)batch * (c->experts_per_tok > 0 ? c->experts_per_tok : 1) * 4);
+        int32_t *route =
+            malloc((size_t)batch * (c->experts_per_tok > 0 ? c->experts_per_tok : 1) * 4);
         bool *used = calloc((size_t)(c->experts > 0 ? c->experts : 1), 1);
         for (int l = 0; l < c->layers; l++) {
             weights += attn;
