@@ -18,8 +18,9 @@
  * at once. Only
  * experts some pair routes to are read, each tile's weights once: a
  * one-row round reads the top-k experts' bytes and nothing else.
- * Element dtypes other than bf16 (the f32 exact mode) take a plain
- * per-pair kernel of the same function. */
+ * Rounds of at most GEMV_ROWS rows take a grouped GEMV instead of the
+ * GEMM's tiles (below). Element dtypes other than bf16 (the f32 exact
+ * mode) take a plain per-pair kernel of the same function. */
 #include "attention_mma.cuh"
 #include "cuda_ops.h"
 
@@ -331,6 +332,105 @@ static __global__ void __launch_bounds__(GEMM_THREADS)
         }
 }
 
+/* ---- rounds of few rows: the grouped GEMV ----
+ *
+ * At most GEMV_ROWS rows, so an expert has at most GEMV_ROWS pairs and one
+ * tile. A block takes GEMV_BLOCK_ROWS weight rows of one tile's expert (a
+ * warp two of them, and for gate/up the same two up rows): every lane
+ * streams 16-byte chunks of them and multiplies each with the same chunk of
+ * every pair's input row (read through L1: they are few and small), so
+ * that the round's bytes are the routed experts' weights, in flight from
+ * many blocks at once, as the dense GEMV does. */
+enum { GEMV_ROWS = 8, GEMV_WARP_ROWS = 2, GEMV_BLOCK_ROWS = 4 * GEMV_WARP_ROWS };
+
+static __device__ __forceinline__ void fma8(float &acc, uint4 w, uint4 x)
+{
+    const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&w, *xp = (const __nv_bfloat162 *)&x;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 a = __bfloat1622float2(wp[i]), b = __bfloat1622float2(xp[i]);
+        acc = fmaf(a.x, b.x, acc);
+        acc = fmaf(a.y, b.y, acc);
+    }
+}
+
+template <bool GATE_UP>
+static __global__ void __launch_bounds__(128)
+    moe_gemv_kernel(moe_scratch s, bf16 *out, const bf16 *a, const bf16 *b0, const bf16 *b1,
+                    int topk, int N, int K)
+{
+    constexpr int NB = GATE_UP ? 2 : 1;
+    int t = blockIdx.y;
+    if (t >= *s.ntiles)
+        return;
+    int e = s.tile_expert[t], row0 = s.tile_row0[t], cnt = s.offsets[e + 1] - row0;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int n0 = blockIdx.x * GEMV_BLOCK_ROWS + warp * GEMV_WARP_ROWS;
+    if (n0 >= N)
+        return;
+    const uint4 *x[GEMV_ROWS];
+#pragma unroll
+    for (int p = 0; p < GEMV_ROWS; p++) {
+        int r = p < cnt ? row0 + p : row0;
+        int src = GATE_UP ? s.sorted[r] / topk : r;
+        x[p] = (const uint4 *)(a + (size_t)src * K);
+    }
+    const uint4 *w[NB][GEMV_WARP_ROWS];
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int i = 0; i < GEMV_WARP_ROWS; i++) {
+            int n = n0 + i < N ? n0 + i : n0;
+            w[b][i] = (const uint4 *)((b ? b1 : b0) + ((size_t)e * N + n) * K);
+        }
+    float acc[NB][GEMV_WARP_ROWS][GEMV_ROWS] = {};
+    int chunks = K / 8;
+#pragma unroll 2
+    for (int c = lane; c < chunks; c += 32) {
+        uint4 wv[NB][GEMV_WARP_ROWS];
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int i = 0; i < GEMV_WARP_ROWS; i++)
+                wv[b][i] = __ldg(w[b][i] + c);
+#pragma unroll
+        for (int p = 0; p < GEMV_ROWS; p++) {
+            if (p >= cnt)
+                break;
+            uint4 xv = __ldg(x[p] + c);
+#pragma unroll
+            for (int b = 0; b < NB; b++)
+#pragma unroll
+                for (int i = 0; i < GEMV_WARP_ROWS; i++)
+                    fma8(acc[b][i][p], wv[b][i], xv);
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < GEMV_ROWS; p++) {
+        if (p >= cnt)
+            break;
+#pragma unroll
+        for (int i = 0; i < GEMV_WARP_ROWS; i++) {
+            float v[NB];
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                v[b] = acc[b][i][p];
+                for (int o = 16; o > 0; o /= 2)
+                    v[b] += __shfl_xor_sync(0xffffffffu, v[b], o);
+            }
+            if (lane == 0 && n0 + i < N) {
+                float r = v[0];
+                if (GATE_UP) {
+                    float g = __bfloat162float(__float2bfloat16_rn(v[0]));
+                    float u = __bfloat162float(__float2bfloat16_rn(v[NB - 1]));
+                    r = g / (1.0f + expf(-g)) * u;
+                }
+                out[(size_t)(row0 + p) * N + n0 + i] = __float2bfloat16_rn(r);
+            }
+        }
+    }
+}
+
 /* ---- any dtype: a pair a block row, a thread a column ---- */
 
 template <typename T, typename W>
@@ -407,6 +507,21 @@ void cuda_moe_experts(kernels_backend *be, void *out, const void *in, const int3
               (uintptr_t)wu->data % 16 == 0 && (uintptr_t)wd->data % 16 == 0;
     if (tc) {
         moe_sort_kernel<<<1, 1024, 0, st>>>(s, ids, pairs, experts);
+        if (rows <= GEMV_ROWS) {
+            unsigned tiles = (unsigned)tiles_max(pairs, experts);
+            moe_gemv_kernel<true>
+                <<<dim3((unsigned)((n + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), tiles), 128, 0,
+                   st>>>(s, (bf16 *)s.h, (const bf16 *)in, (const bf16 *)wg->data,
+                         (const bf16 *)wu->data, topk, n, k);
+            moe_gemv_kernel<false>
+                <<<dim3((unsigned)((k + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), tiles), 128, 0,
+                   st>>>(s, (bf16 *)s.y, (const bf16 *)s.h, (const bf16 *)wd->data, NULL, topk, k,
+                         n);
+            moe_combine_kernel<bf16>
+                <<<rows, 256, 0, st>>>((bf16 *)out, (const bf16 *)s.y, weights, s.place, topk, k);
+            cuda_launched(be, "moe_experts");
+            return;
+        }
         dim3 gu((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)tiles_max(pairs, experts));
         moe_gemm_kernel<true><<<gu, GEMM_THREADS, 0, st>>>(s, (bf16 *)s.h, (const bf16 *)in,
                                                            (const bf16 *)wg->data,
