@@ -7,7 +7,7 @@
  *   1. one block counts the pairs of each expert, places each pair in its
  *      expert's run and cuts every run into tiles of TILE_M pairs (the
  *      tile list and its length stay on the device);
- *   2. gate/up: a block a (tile, TILE_N columns), A the tile's input rows
+ *   2. gate/up: a block a (tile, GEMM_COLS_GU columns), A the tile's input rows
  *      gathered by pair, B the expert's gate and up rows, mma.sync bf16
  *      over cp.async stages; silu(g) * u (g and u rounded to bf16 as
  *      matmul_swiglu stores them) into the pairs' hidden rows;
@@ -29,13 +29,22 @@
 using namespace mma;
 
 enum {
-    TILE_M = 64, /* pairs of a tile */
-    TILE_N = 64, /* output columns of a block */
-    TILE_K = 32,
-    STAGES = 3,
-    ROW_HALVES = TILE_K + 8, /* a smem row: 80 bytes, so ldmatrix's 8 rows hit 8 bank groups */
-    GEMM_THREADS = 128,
+    TILE_M = 64,          /* pairs of a tile */
+    GEMM_COLS_GU = 64,    /* gate/up: columns of each of the two matrices a block */
+    GEMM_COLS_DOWN = 128, /* down: columns a block */
+    GEMM_B_ROWS = 128,    /* weight rows of a stage, both ways */
+    TILE_K = 64,
+    STAGES = 4,
+    ROW_HALVES = TILE_K + 8, /* a smem row: 144 bytes, so ldmatrix's 8 rows hit 8 bank groups */
+    GEMM_THREADS = 256,
 };
+static_assert(2 * GEMM_COLS_GU == GEMM_B_ROWS && GEMM_COLS_DOWN == GEMM_B_ROWS,
+              "a stage holds the block's weight rows, both ways");
+static_assert(GEMM_THREADS / 8 * 2 == TILE_M && GEMM_THREADS / 8 * 4 == GEMM_B_ROWS &&
+                  TILE_K == 64,
+              "a thread copies 2 A and 4 B chunks of 16 bytes a stage");
+static_assert(GEMM_COLS_GU % 64 == 0 && GEMM_COLS_DOWN % 64 == 0,
+              "four warps across the columns, ldmatrix pairs of 16");
 
 /* ---- routing ---- */
 
@@ -214,58 +223,63 @@ static __global__ void moe_sort_kernel(moe_scratch s, const int32_t *ids, int pa
 
 /* C[pairs of a tile][N] = A[.][K] x B_e[N][K]^T for the tile's expert e.
  * GATE_UP: A row i is the input row of pair sorted[row0 + i] (in [rows][K]),
- * B the gate rows (b0) and the up rows (b1); out (the hidden rows, [pairs][N])
- * gets silu(g) * u. Else A row i is a[row0 + i] ([pairs][K]) and out
- * ([pairs][N]) the product. bf16 everywhere, f32 sums; K and N multiples
- * of 8. */
+ * B the gate rows (b0) and the up rows (b1), GEMM_COLS_GU columns of each
+ * a block; out (the hidden rows, [pairs][N]) gets silu(g) * u. Else A row
+ * i is a[row0 + i] ([pairs][K]), B the down rows, GEMM_COLS_DOWN columns a
+ * block, and out ([pairs][N]) the product. bf16 everywhere, f32 sums; K
+ * and N multiples of 8. Eight warps: two of 32 rows by four of a quarter
+ * of the block's columns (of each matrix); STAGES stages of TILE_K in
+ * dynamic shared memory, GEMM_B_ROWS weight rows each. */
 template <bool GATE_UP>
 static __global__ void __launch_bounds__(GEMM_THREADS)
     moe_gemm_kernel(moe_scratch s, bf16 *out, const bf16 *a, const bf16 *b0, const bf16 *b1,
                     int topk, int N, int K)
 {
     constexpr int NB = GATE_UP ? 2 : 1;
-    __shared__ __align__(16) bf16 sa[STAGES][TILE_M * ROW_HALVES];
-    __shared__ __align__(16) bf16 sb[STAGES][NB][TILE_N * ROW_HALVES];
+    constexpr int COLS = GATE_UP ? GEMM_COLS_GU : GEMM_COLS_DOWN; /* of each matrix */
+    constexpr int WN = COLS / 4, NP = WN / 16;                    /* a warp's, in ldmatrix pairs */
+    constexpr int A_HALVES = TILE_M * ROW_HALVES, B_HALVES = GEMM_B_ROWS * ROW_HALVES;
+    extern __shared__ __align__(16) bf16 smem[];
     int t = blockIdx.y;
     if (t >= *s.ntiles)
         return;
     int e = s.tile_expert[t], row0 = s.tile_row0[t], rend = s.offsets[e + 1];
-    int n0 = blockIdx.x * TILE_N;
+    int n0 = blockIdx.x * COLS;
     size_t mat = (size_t)N * (size_t)K;
-    const bf16 *wb[NB];
-    wb[0] = b0 + (size_t)e * mat;
-    if (GATE_UP)
-        wb[NB - 1] = b1 + (size_t)e * mat;
+    const bf16 *w0 = b0 + (size_t)e * mat, *w1 = GATE_UP ? b1 + (size_t)e * mat : w0;
     int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    /* this thread's two A rows and two B rows of each stage: chunk c of
-     * row tid / 4 and tid / 4 + 32 */
-    int lr = tid / 4, lc = (tid % 4) * 8;
-    const bf16 *arow[2];
-    bool avalid[2];
+    /* this thread's chunks of a stage: column lc of A rows lr and lr + 32,
+     * and of B rows lr + 32 i (i < 4) */
+    int lr = tid / 8, lc = (tid % 8) * 8;
+    const bf16 *arow[2], *brow[4];
+    bool avalid[2], bvalid[4];
     for (int i = 0; i < 2; i++) {
         int r = row0 + lr + 32 * i;
         avalid[i] = r < rend;
         int src = avalid[i] ? (GATE_UP ? s.sorted[r] / topk : r) : 0;
         arow[i] = a + (size_t)src * (size_t)K;
     }
+    for (int i = 0; i < 4; i++) {
+        int r = lr + 32 * i, b = r / COLS, n = n0 + r % COLS;
+        bvalid[i] = n < N;
+        brow[i] = (b ? w1 : w0) + (size_t)(bvalid[i] ? n : 0) * K;
+    }
     int ktiles = (K + TILE_K - 1) / TILE_K;
     auto load = [&](int stage, int kt) {
+        bf16 *sa = smem + (size_t)stage * (A_HALVES + B_HALVES), *sb = sa + A_HALVES;
         int kc = kt * TILE_K + lc;
         bool kin = kc < K;
-        for (int i = 0; i < 2; i++) {
-            int r = lr + 32 * i;
-            cp_async16(smem_addr(&sa[stage][r * ROW_HALVES + lc]), arow[i] + (kin ? kc : 0),
+        for (int i = 0; i < 2; i++)
+            cp_async16(smem_addr(&sa[(lr + 32 * i) * ROW_HALVES + lc]), arow[i] + (kin ? kc : 0),
                        avalid[i] && kin);
-            bool nin = n0 + r < N;
-            for (int b = 0; b < NB; b++)
-                cp_async16(smem_addr(&sb[stage][b][r * ROW_HALVES + lc]),
-                           wb[b] + (size_t)(nin ? n0 + r : 0) * K + (kin ? kc : 0), nin && kin);
-        }
+        for (int i = 0; i < 4; i++)
+            cp_async16(smem_addr(&sb[(lr + 32 * i) * ROW_HALVES + lc]), brow[i] + (kin ? kc : 0),
+                       bvalid[i] && kin);
     };
-    float acc[NB][2][4][4];
+    float acc[NB][2][2 * NP][4];
     for (int b = 0; b < NB; b++)
         for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < 2 * NP; j++)
                 for (int q = 0; q < 4; q++)
                     acc[b][i][j][q] = 0.0f;
     for (int st = 0; st < STAGES - 1; st++) {
@@ -273,25 +287,28 @@ static __global__ void __launch_bounds__(GEMM_THREADS)
             load(st, st);
         cp_async_commit();
     }
-    int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+    int wm = (warp / 4) * 32, wn = (warp % 4) * WN;
     for (int kt = 0; kt < ktiles; kt++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
-        int st = kt % STAGES;
+        const bf16 *sa = smem + (size_t)(kt % STAGES) * (A_HALVES + B_HALVES), *sb = sa + A_HALVES;
 #pragma unroll
         for (int kk = 0; kk < TILE_K / 16; kk++) {
             uint32_t af[2][4];
+#pragma unroll
             for (int mt = 0; mt < 2; mt++)
-                ldsm_x4(af[mt], smem_addr(&sa[st][(wm + mt * 16 + lane % 16) * ROW_HALVES +
-                                                  kk * 16 + (lane / 16) * 8]));
+                ldsm_x4(
+                    af[mt],
+                    smem_addr(
+                        &sa[(wm + mt * 16 + lane % 16) * ROW_HALVES + kk * 16 + (lane / 16) * 8]));
+#pragma unroll
             for (int b = 0; b < NB; b++)
-                for (int np = 0; np < 2; np++) {
+#pragma unroll
+                for (int np = 0; np < NP; np++) {
                     uint32_t bf[4];
-                    ldsm_x4(
-                        bf,
-                        smem_addr(
-                            &sb[st][b][(wn + np * 16 + lane % 8 + 8 * (lane / 16)) * ROW_HALVES +
-                                       kk * 16 + 8 * ((lane / 8) % 2)]));
+                    int r = b * COLS + wn + np * 16 + lane % 8 + 8 * (lane / 16);
+                    ldsm_x4(bf, smem_addr(&sb[r * ROW_HALVES + kk * 16 + 8 * ((lane / 8) % 2)]));
+#pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
                         mma_bf16(acc[b][mt][2 * np], af[mt], bf[0], bf[1]);
                         mma_bf16(acc[b][mt][2 * np + 1], af[mt], bf[2], bf[3]);
@@ -309,27 +326,51 @@ static __global__ void __launch_bounds__(GEMM_THREADS)
             int r = row0 + wm + mt * 16 + lane / 4 + 8 * half;
             if (r >= rend)
                 continue;
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < 2 * NP; nt++) {
                 int c = n0 + wn + nt * 8 + 2 * (lane % 4);
                 if (c >= N)
                     continue;
-                float v0, v1;
+                float v0 = acc[0][mt][nt][2 * half], v1 = acc[0][mt][nt][2 * half + 1];
                 if (GATE_UP) {
-                    float g0 = __bfloat162float(__float2bfloat16_rn(acc[0][mt][nt][2 * half]));
-                    float g1 = __bfloat162float(__float2bfloat16_rn(acc[0][mt][nt][2 * half + 1]));
+                    float g0 = __bfloat162float(__float2bfloat16_rn(v0));
+                    float g1 = __bfloat162float(__float2bfloat16_rn(v1));
                     float u0 = __bfloat162float(__float2bfloat16_rn(acc[NB - 1][mt][nt][2 * half]));
                     float u1 =
                         __bfloat162float(__float2bfloat16_rn(acc[NB - 1][mt][nt][2 * half + 1]));
                     v0 = g0 / (1.0f + expf(-g0)) * u0;
                     v1 = g1 / (1.0f + expf(-g1)) * u1;
-                } else {
-                    v0 = acc[0][mt][nt][2 * half];
-                    v1 = acc[0][mt][nt][2 * half + 1];
                 }
                 *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)r * N + c) =
                     __floats2bfloat162_rn(v0, v1);
             }
         }
+}
+
+static size_t gemm_smem_bytes(void)
+{
+    return (size_t)STAGES * (TILE_M + GEMM_B_ROWS) * ROW_HALVES * sizeof(bf16);
+}
+
+/* Both GEMMs' dynamic shared memory, past the 48 KiB a launch gets unasked:
+ * once a process (a function attribute; it is no stream work, so it may
+ * come while a graph records). */
+static bool gemm_smem_ready(kernels_backend *be)
+{
+    static bool ready;
+    if (ready)
+        return true;
+    int bytes = (int)gemm_smem_bytes();
+    cudaError_t e = cudaFuncSetAttribute(moe_gemm_kernel<true>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(moe_gemm_kernel<false>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) {
+        cuda_fail(be, "moe_experts: shared memory of the grouped GEMM", e);
+        return false;
+    }
+    ready = true;
+    return true;
 }
 
 /* ---- rounds of few rows: the grouped GEMV ----
@@ -522,12 +563,17 @@ void cuda_moe_experts(kernels_backend *be, void *out, const void *in, const int3
             cuda_launched(be, "moe_experts");
             return;
         }
-        dim3 gu((unsigned)((n + TILE_N - 1) / TILE_N), (unsigned)tiles_max(pairs, experts));
-        moe_gemm_kernel<true><<<gu, GEMM_THREADS, 0, st>>>(s, (bf16 *)s.h, (const bf16 *)in,
-                                                           (const bf16 *)wg->data,
-                                                           (const bf16 *)wu->data, topk, n, k);
-        dim3 dn((unsigned)((k + TILE_N - 1) / TILE_N), (unsigned)tiles_max(pairs, experts));
-        moe_gemm_kernel<false><<<dn, GEMM_THREADS, 0, st>>>(
+        if (!gemm_smem_ready(be))
+            return;
+        size_t smem = gemm_smem_bytes();
+        dim3 gu((unsigned)((n + GEMM_COLS_GU - 1) / GEMM_COLS_GU),
+                (unsigned)tiles_max(pairs, experts));
+        moe_gemm_kernel<true><<<gu, GEMM_THREADS, smem, st>>>(s, (bf16 *)s.h, (const bf16 *)in,
+                                                              (const bf16 *)wg->data,
+                                                              (const bf16 *)wu->data, topk, n, k);
+        dim3 dn((unsigned)((k + GEMM_COLS_DOWN - 1) / GEMM_COLS_DOWN),
+                (unsigned)tiles_max(pairs, experts));
+        moe_gemm_kernel<false><<<dn, GEMM_THREADS, smem, st>>>(
             s, (bf16 *)s.y, (const bf16 *)s.h, (const bf16 *)wd->data, NULL, topk, k, n);
         moe_combine_kernel<bf16>
             <<<rows, 256, 0, st>>>((bf16 *)out, (const bf16 *)s.y, weights, s.place, topk, k);

@@ -9,14 +9,19 @@
  * measured and printed ("equal to solo: N of M"), not required; the same
  * batch run twice must still agree, and the page and prefix tests hold. */
 #include "common/common_rng.h"
+#include "model/model_config.h"
 #include "tests/test.h"
 #include "worker/worker_engine.h"
 #include "worker/worker_warmup.h"
 
 #include <stdint.h>
 
-#define MODEL SHOAL_FIXTURES "/parity/llama3-scaled-bf16"
-enum { MAX_STREAMS = 256, MAX_OUT = 64, VOCAB = 353 };
+enum { MAX_STREAMS = 256, MAX_OUT = 64 };
+
+/* The model: a parity fixture, llama3-scaled-bf16 unless SHOAL_TEST_MODEL
+ * names another (CTest runs the engine on a Qwen3-MoE one too). */
+static char model_dir[512] = SHOAL_FIXTURES "/parity/llama3-scaled-bf16";
+static int vocab;
 
 typedef struct req {
     int32_t prompt[1100];
@@ -71,7 +76,7 @@ static worker_model *open_model(const setup *st)
                                 .max_model_len = st->max_model_len};
     worker_model_options mo;
     worker_model_options_default(&mo);
-    mo.model_dir = MODEL;
+    mo.model_dir = model_dir;
     mo.kv_pages = st->kv_pages;
     mo.threads = 2;
     mo.device = device;
@@ -162,14 +167,14 @@ static uint64_t rng = 99;
 static void random_tokens(int32_t *out, int n)
 {
     for (int i = 0; i < n; i++)
-        out[i] = (int32_t)(common_rng_next(&rng) % VOCAB);
+        out[i] = (int32_t)(common_rng_next(&rng) % (uint64_t)vocab);
 }
 
 static void random_prompt(req *r, int len, const int32_t *prefix, int prefix_len)
 {
     int kept = prefix_len < len ? prefix_len : len;
     r->prompt_len = len;
-    if (kept > 0)
+    if (prefix && kept > 0)
         memcpy(r->prompt, prefix, (size_t)kept * sizeof *prefix);
     random_tokens(r->prompt + kept, len - kept);
 }
@@ -224,7 +229,7 @@ static void outputs_equal_alone_and_among_sixteen_others(void)
 {
     int32_t prefix[64];
     for (int i = 0; i < 64; i++)
-        prefix[i] = (int32_t)(common_rng_next(&rng) % VOCAB);
+        prefix[i] = (int32_t)(common_rng_next(&rng) % (uint64_t)vocab);
     for (int i = 0; i < 17; i++) {
         /* lengths 1..~200; every third shares a 64-token prefix */
         random_prompt(&solo[i], 1 + (i * 37) % 200 + (i % 3 == 0 ? 64 : 0), prefix,
@@ -289,7 +294,6 @@ static void outputs_equal_through_preemption(void)
     worker_engine_close(e);
     worker_model_close(m);
 }
-
 
 static void shared_thousand_token_prefix_prefills_only_the_tail(void)
 {
@@ -424,7 +428,7 @@ static void admission_refuses_what_can_never_fit(void)
     wr.prompt_len = 0;
     CHECK(worker_engine_submit(e, &wr, &diag) == SHOAL_ERR_INVALID);
     wr.prompt_len = 3;
-    prompt[1] = VOCAB;
+    prompt[1] = vocab;
     CHECK(worker_engine_submit(e, &wr, &diag) == SHOAL_ERR_INVALID);
     CHECK_HAS(diag.msg, "outside the vocabulary");
     prompt[1] = 0;
@@ -555,7 +559,7 @@ static void two_hundred_streams_through_a_small_pool(void)
 {
     int32_t prefix[48];
     for (int i = 0; i < 48; i++)
-        prefix[i] = (int32_t)(common_rng_next(&rng) % VOCAB);
+        prefix[i] = (int32_t)(common_rng_next(&rng) % (uint64_t)vocab);
     for (int i = 0; i < 200; i++) {
         int len = 1 + (int)(common_rng_next(&rng) % 150);
         random_prompt(&stress_solo[i], len, prefix, i % 4 == 0 ? (len < 48 ? len : 48) : 0);
@@ -591,6 +595,17 @@ int main(void)
     if (getenv("SHOAL_TEST_DEVICE"))
         device = getenv("SHOAL_TEST_DEVICE");
     exact = strcmp(device, "cpu") == 0;
+    if (getenv("SHOAL_TEST_MODEL"))
+        snprintf(model_dir, sizeof model_dir, "%s/parity/%s", SHOAL_FIXTURES,
+                 getenv("SHOAL_TEST_MODEL"));
+    model_config cfg;
+    shoal_diag diag = {{0}};
+    if (model_config_load(model_dir, &cfg, &diag) != SHOAL_OK) {
+        fprintf(stderr, "test_engine: %s\n", diag.msg);
+        return 1;
+    }
+    vocab = cfg.vocab;
+    printf("model %s (%s)\n", model_dir, cfg.arch_name);
     printf("device %s: outputs must equal solo runs: %s\n", device, exact ? "yes" : "measured");
     TEST_RUN(same_batch_gives_same_outputs_run_after_run);
     TEST_RUN(a_warmed_up_model_gives_the_same_outputs);
