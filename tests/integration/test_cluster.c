@@ -7,6 +7,7 @@
 #include "coordinator/coordinator_cluster.h"
 #include "tests/stream_test_util.h"
 #include "tests/test.h"
+#include "tests/test_model.h"
 #include "worker/worker_engine.h"
 
 #include <pthread.h>
@@ -16,8 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MODEL SHOAL_FIXTURES "/parity/llama3-scaled-bf16"
-enum { STREAMS = 16, OUT = 48, VOCAB = 353 };
+#define MODEL test_model_dir("llama3-scaled-bf16")
+#define VOCAB test_model_vocab("llama3-scaled-bf16")
+enum { STREAMS = 16, OUT = 48 };
 
 typedef ts_stream result;
 

@@ -21,6 +21,7 @@
 #include "shm/shm_segment.h"
 #include "tests/stream_test_util.h"
 #include "tests/test.h"
+#include "tests/test_model.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -33,8 +34,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MODEL SHOAL_FIXTURES "/parity/qwen3-tied-bf16"
-enum { VOCAB = 397, PREFIX = 1000, TAIL = 40, OUT = 16, PAGE = 16, PAGES = 256 };
+#define MODEL test_model_dir("qwen3-tied-bf16")
+#define VOCAB test_model_vocab("qwen3-tied-bf16")
+enum { PREFIX = 1000, TAIL = 40, OUT = 16, PAGE = 16, PAGES = 256 };
 
 typedef ts_stream result;
 

@@ -26,6 +26,7 @@
 #include "tests/store/store_test_util.h"
 #include "tests/stream_test_util.h"
 #include "tests/test.h"
+#include "tests/test_model.h"
 #include "worker/worker_engine.h"
 
 #include <fcntl.h>
@@ -40,8 +41,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MODEL SHOAL_FIXTURES "/parity/llama3-scaled-bf16"
-enum { VOCAB = 353, PT = 16, KV_PAGES = 24, GEN = 20, LEN_MAX = 400 };
+#define MODEL test_model_dir("llama3-scaled-bf16")
+#define VOCAB test_model_vocab("llama3-scaled-bf16")
+enum { PT = 16, KV_PAGES = 24, GEN = 20, LEN_MAX = 400 };
 
 extern char **environ;
 
