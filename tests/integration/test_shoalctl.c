@@ -21,6 +21,7 @@
 #include "shm/shm_segment.h"
 #include "tests/stream_test_util.h"
 #include "tests/test.h"
+#include "tests/test_model.h"
 
 #include <cjson/cJSON.h>
 #include <fcntl.h>
@@ -37,8 +38,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MODEL SHOAL_FIXTURES "/parity/qwen3-tied-bf16"
-enum { VOCAB = 397, STREAMS = 16, PROMPT = 90, SHARED = 48, OUT_MAX = 256, PAGES = 256 };
+#define MODEL test_model_dir("qwen3-tied-bf16")
+#define VOCAB test_model_vocab("qwen3-tied-bf16")
+enum { STREAMS = 16, PROMPT = 90, SHARED = 48, OUT_MAX = 256, PAGES = 256 };
 
 extern char **environ;
 
