@@ -40,8 +40,7 @@ enum {
 };
 static_assert(2 * GEMM_COLS_GU == GEMM_B_ROWS && GEMM_COLS_DOWN == GEMM_B_ROWS,
               "a stage holds the block's weight rows, both ways");
-static_assert(GEMM_THREADS / 8 * 2 == TILE_M && GEMM_THREADS / 8 * 4 == GEMM_B_ROWS &&
-                  TILE_K == 64,
+static_assert(GEMM_THREADS / 8 * 2 == TILE_M && GEMM_THREADS / 8 * 4 == GEMM_B_ROWS && TILE_K == 64,
               "a thread copies 2 A and 4 B chunks of 16 bytes a stage");
 static_assert(GEMM_COLS_GU % 64 == 0 && GEMM_COLS_DOWN % 64 == 0,
               "four warps across the columns, ldmatrix pairs of 16");
@@ -52,6 +51,8 @@ static __global__ void moe_route_kernel(int32_t *ids, float *weights, const floa
                                         int experts, int topk, bool renorm)
 {
     constexpr int PER_LANE = SHOAL_MODEL_EXPERTS_MAX / 32;
+    pdl_trigger();
+    pdl_wait(); /* the router's logits */
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows)
         return;
@@ -119,8 +120,8 @@ void cuda_moe_route(kernels_backend *be, int32_t *ids, float *weights, const flo
                  experts <= SHOAL_MODEL_EXPERTS_MAX);
     if (rows == 0 || !cuda_usable(be))
         return;
-    moe_route_kernel<<<(rows + 3) / 4, 128, 0, cuda_of(be)->stream>>>(ids, weights, logits, rows,
-                                                                      experts, topk, renorm);
+    cuda_launch_pdl(cuda_of(be)->stream, dim3((unsigned)(rows + 3) / 4), 128, moe_route_kernel, ids,
+                    weights, logits, rows, experts, topk, renorm);
     cuda_launched(be, "moe_route");
 }
 
@@ -185,6 +186,8 @@ static __global__ void moe_sort_kernel(moe_scratch s, const int32_t *ids, int pa
 {
     __shared__ int count[SHOAL_MODEL_EXPERTS_MAX], cursor[SHOAL_MODEL_EXPERTS_MAX],
         tile_at[SHOAL_MODEL_EXPERTS_MAX + 1];
+    pdl_trigger();
+    pdl_wait(); /* the routing */
     for (int e = threadIdx.x; e < experts; e += blockDim.x)
         count[e] = 0;
     __syncthreads();
@@ -240,6 +243,8 @@ static __global__ void __launch_bounds__(GEMM_THREADS)
     constexpr int WN = COLS / 4, NP = WN / 16;                    /* a warp's, in ldmatrix pairs */
     constexpr int A_HALVES = TILE_M * ROW_HALVES, B_HALVES = GEMM_B_ROWS * ROW_HALVES;
     extern __shared__ __align__(16) bf16 smem[];
+    pdl_trigger();
+    pdl_wait(); /* the tiles, and the rows of the kernels before */
     int t = blockIdx.y;
     if (t >= *s.ntiles)
         return;
@@ -401,6 +406,8 @@ static __global__ void __launch_bounds__(128)
                     int topk, int N, int K)
 {
     constexpr int NB = GATE_UP ? 2 : 1;
+    pdl_trigger();
+    pdl_wait(); /* the tiles, and the rows of the kernels before */
     int t = blockIdx.y;
     if (t >= *s.ntiles)
         return;
@@ -515,6 +522,8 @@ template <typename T>
 static __global__ void moe_combine_kernel(T *out, const T *y, const float *weights,
                                           const int32_t *place, int topk, int k)
 {
+    pdl_trigger();
+    pdl_wait(); /* the experts' outputs */
     int r = blockIdx.x;
     for (int c = threadIdx.x; c < k; c += blockDim.x) {
         float s = 0.0f;
@@ -547,36 +556,35 @@ void cuda_moe_experts(kernels_backend *be, void *out, const void *in, const int3
               n % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)wg->data % 16 == 0 &&
               (uintptr_t)wu->data % 16 == 0 && (uintptr_t)wd->data % 16 == 0;
     if (tc) {
-        moe_sort_kernel<<<1, 1024, 0, st>>>(s, ids, pairs, experts);
+        cuda_launch_pdl(st, dim3(1), 1024, moe_sort_kernel, s, ids, pairs, experts);
+        /* each launch may start while the kernel before it ends
+         * (programmatic dependent launch): every kernel here waits for it
+         * before reading anything */
+        unsigned tiles = (unsigned)tiles_max(pairs, experts);
         if (rows <= GEMV_ROWS) {
-            unsigned tiles = (unsigned)tiles_max(pairs, experts);
-            moe_gemv_kernel<true>
-                <<<dim3((unsigned)((n + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), tiles), 128, 0,
-                   st>>>(s, (bf16 *)s.h, (const bf16 *)in, (const bf16 *)wg->data,
-                         (const bf16 *)wu->data, topk, n, k);
-            moe_gemv_kernel<false>
-                <<<dim3((unsigned)((k + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), tiles), 128, 0,
-                   st>>>(s, (bf16 *)s.y, (const bf16 *)s.h, (const bf16 *)wd->data, NULL, topk, k,
-                         n);
-            moe_combine_kernel<bf16>
-                <<<rows, 256, 0, st>>>((bf16 *)out, (const bf16 *)s.y, weights, s.place, topk, k);
-            cuda_launched(be, "moe_experts");
-            return;
+            cuda_launch_pdl(st,
+                            dim3((unsigned)((n + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), tiles),
+                            128, moe_gemv_kernel<true>, s, (bf16 *)s.h, (const bf16 *)in,
+                            (const bf16 *)wg->data, (const bf16 *)wu->data, topk, n, k);
+            cuda_launch_pdl(st,
+                            dim3((unsigned)((k + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), tiles),
+                            128, moe_gemv_kernel<false>, s, (bf16 *)s.y, (const bf16 *)s.h,
+                            (const bf16 *)wd->data, (const bf16 *)NULL, topk, k, n);
+        } else {
+            if (!gemm_smem_ready(be))
+                return;
+            size_t smem = gemm_smem_bytes();
+            cuda_launch_pdl_smem(st, dim3((unsigned)((n + GEMM_COLS_GU - 1) / GEMM_COLS_GU), tiles),
+                                 GEMM_THREADS, smem, moe_gemm_kernel<true>, s, (bf16 *)s.h,
+                                 (const bf16 *)in, (const bf16 *)wg->data, (const bf16 *)wu->data,
+                                 topk, n, k);
+            cuda_launch_pdl_smem(
+                st, dim3((unsigned)((k + GEMM_COLS_DOWN - 1) / GEMM_COLS_DOWN), tiles),
+                GEMM_THREADS, smem, moe_gemm_kernel<false>, s, (bf16 *)s.y, (const bf16 *)s.h,
+                (const bf16 *)wd->data, (const bf16 *)NULL, topk, k, n);
         }
-        if (!gemm_smem_ready(be))
-            return;
-        size_t smem = gemm_smem_bytes();
-        dim3 gu((unsigned)((n + GEMM_COLS_GU - 1) / GEMM_COLS_GU),
-                (unsigned)tiles_max(pairs, experts));
-        moe_gemm_kernel<true><<<gu, GEMM_THREADS, smem, st>>>(s, (bf16 *)s.h, (const bf16 *)in,
-                                                              (const bf16 *)wg->data,
-                                                              (const bf16 *)wu->data, topk, n, k);
-        dim3 dn((unsigned)((k + GEMM_COLS_DOWN - 1) / GEMM_COLS_DOWN),
-                (unsigned)tiles_max(pairs, experts));
-        moe_gemm_kernel<false><<<dn, GEMM_THREADS, smem, st>>>(
-            s, (bf16 *)s.y, (const bf16 *)s.h, (const bf16 *)wd->data, NULL, topk, k, n);
-        moe_combine_kernel<bf16>
-            <<<rows, 256, 0, st>>>((bf16 *)out, (const bf16 *)s.y, weights, s.place, topk, k);
+        cuda_launch_pdl(st, dim3((unsigned)rows), 256, moe_combine_kernel<bf16>, (bf16 *)out,
+                        (const bf16 *)s.y, weights, (const int32_t *)s.place, topk, k);
         cuda_launched(be, "moe_experts");
         return;
     }
