@@ -103,8 +103,9 @@ static void make_routing(const moe_case *c, int32_t *ids, float *w)
     }
 }
 
-/* Runs one case on both backends; plant shifts the GPU's expert of every
- * row's first slot by one (a fault the check must see). Returns the error. */
+/* Runs one case on both backends; plant moves every row's first slot on the
+ * GPU to another expert the row does not route to (a fault the check must
+ * see). Returns the error. */
 static double run_case(const moe_case *c, bool plant)
 {
     size_t nin = (size_t)c->rows * c->k, nk = (size_t)c->rows * c->topk;
@@ -143,15 +144,19 @@ static double run_case(const moe_case *c, bool plant)
             for (size_t i = 0; i < mat; i++)
                 hg[(size_t)e * mat + i] = hu[(size_t)e * mat + i] = hd[(size_t)e * mat + i] =
                     0x7fc0;
-    if (plant)
+    if (plant) /* the first expert after slot 0's that the row does not route to */
         for (int r = 0; r < c->rows; r++) {
             int32_t *id = ids + (size_t)r * c->topk;
-            int e = (id[0] + 1) % c->experts;
-            bool dup = false;
-            for (int j = 1; j < c->topk; j++)
-                dup |= id[j] == e;
-            if (!dup)
-                id[0] = e;
+            for (int step = 1; step < c->experts; step++) {
+                int e = (id[0] + step) % c->experts;
+                bool dup = false;
+                for (int j = 1; j < c->topk; j++)
+                    dup |= id[j] == e;
+                if (!dup) {
+                    id[0] = e;
+                    break;
+                }
+            }
         }
     kernels_weight gg = kg, gu = ku, gd = kd;
     gg.data = dev_copy(gpu, hg, all * 2);
