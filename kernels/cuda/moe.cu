@@ -1,26 +1,29 @@
 /* Mixture of experts: the twin of kernels/cpu/moe.c.
  *
  * Routing is one warp a row (softmax over the experts, then top-k by warp
- * arg-max). The experts run as a grouped GEMM over the (row, slot) pairs
- * sorted by expert, with no host synchronisation, so that a decode round
- * stays one recorded graph:
+ * arg-max). No step synchronises with the host, so a decode round that
+ * routes stays one recorded graph, and only experts some row routes to
+ * are read.
+ *
+ * Rounds of more than GEMV_ROWS rows run a grouped GEMM over the (row,
+ * slot) pairs sorted by expert:
  *   1. one block counts the pairs of each expert, places each pair in its
  *      expert's run and cuts every run into tiles of TILE_M pairs (the
  *      tile list and its length stay on the device);
- *   2. gate/up: a block a (tile, GEMM_COLS_GU columns), A the tile's input rows
- *      gathered by pair, B the expert's gate and up rows, mma.sync bf16
- *      over cp.async stages; silu(g) * u (g and u rounded to bf16 as
+ *   2. gate/up: a block a (tile, GEMM_COLS_GU columns), A the tile's input
+ *      rows gathered by pair, B the expert's gate and up rows, mma.sync
+ *      bf16 over cp.async stages; silu(g) * u (g and u rounded to bf16 as
  *      matmul_swiglu stores them) into the pairs' hidden rows;
  *   3. down: the same GEMM over the hidden rows and the expert's down rows;
  *   4. each row's output: the slots' outputs weighted, in slot order.
  * The grid has room for the most tiles a round can have (pairs / TILE_M,
  * plus one a routed expert); blocks past the count the sort wrote return
- * at once. Only
- * experts some pair routes to are read, each tile's weights once: a
- * one-row round reads the top-k experts' bytes and nothing else.
- * Rounds of at most GEMV_ROWS rows take a grouped GEMV instead of the
- * GEMM's tiles (below). Element dtypes other than bf16 (the f32 exact
- * mode) take a plain per-pair kernel of the same function. */
+ * at once. Each tile reads its expert's weights once.
+ *
+ * Rounds of at most GEMV_ROWS rows take GEMVs by pair instead (no sort;
+ * a one-row round reads its top-k experts' bytes once). Element dtypes
+ * other than bf16 (the f32 exact mode) take plain per-pair kernels of the
+ * same function. */
 #include "attention_mma.cuh"
 #include "cuda_ops.h"
 
@@ -378,15 +381,17 @@ static bool gemm_smem_ready(kernels_backend *be)
     return true;
 }
 
-/* ---- rounds of few rows: the grouped GEMV ----
+/* ---- rounds of few rows: GEMVs by pair, no sort ----
  *
- * At most GEMV_ROWS rows, so an expert has at most GEMV_ROWS pairs and one
- * tile. A block takes GEMV_BLOCK_ROWS weight rows of one tile's expert (a
- * warp two of them, and for gate/up the same two up rows): every lane
- * streams 16-byte chunks of them and multiplies each with the same chunk of
- * every pair's input row (read through L1: they are few and small), so
- * that the round's bytes are the routed experts' weights, in flight from
- * many blocks at once, as the dense GEMV does. */
+ * At most GEMV_ROWS rows: gate/up takes a block a (pair, GEMV_BLOCK_ROWS
+ * hidden rows), a warp two gate rows and the same two up rows of the
+ * pair's expert, every lane streaming 16-byte chunks of them against the
+ * pair's input row; down takes a block a (row, GEMV_BLOCK_ROWS output
+ * columns) and sums the row's slots in order, each slot's output rounded
+ * to bf16 first, so the weighted sum needs no pass of its own. A one-row
+ * round reads its top-k experts' bytes once; rows that share an expert
+ * read it again, from L2 where they run together. Three kernels a layer
+ * (route, gate/up, down) where the sorted path takes five. */
 enum { GEMV_ROWS = 8, GEMV_WARP_ROWS = 2, GEMV_BLOCK_ROWS = 4 * GEMV_WARP_ROWS };
 
 static __device__ __forceinline__ void fma8(float &acc, uint4 w, uint4 x)
@@ -400,83 +405,93 @@ static __device__ __forceinline__ void fma8(float &acc, uint4 w, uint4 x)
     }
 }
 
-template <bool GATE_UP>
-static __global__ void __launch_bounds__(128)
-    moe_gemv_kernel(moe_scratch s, bf16 *out, const bf16 *a, const bf16 *b0, const bf16 *b1,
-                    int topk, int N, int K)
+static __device__ __forceinline__ float warp_sum(float v)
 {
-    constexpr int NB = GATE_UP ? 2 : 1;
+    for (int o = 16; o > 0; o /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* h[p][n] = silu(gate_e x) * (up_e x), x = in[p / topk], e = ids[p]. */
+static __global__ void __launch_bounds__(128)
+    moe_gemv_gate_up(bf16 *h, const bf16 *in, const int32_t *ids, const bf16 *wg, const bf16 *wu,
+                     int topk, int n, int k)
+{
     pdl_trigger();
-    pdl_wait(); /* the tiles, and the rows of the kernels before */
-    int t = blockIdx.y;
-    if (t >= *s.ntiles)
-        return;
-    int e = s.tile_expert[t], row0 = s.tile_row0[t], cnt = s.offsets[e + 1] - row0;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    pdl_wait(); /* the routing and the normed rows */
+    int p = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int n0 = blockIdx.x * GEMV_BLOCK_ROWS + warp * GEMV_WARP_ROWS;
-    if (n0 >= N)
+    if (n0 >= n)
         return;
-    const uint4 *x[GEMV_ROWS];
+    size_t e = (size_t)ids[p];
+    const uint4 *x = (const uint4 *)(in + (size_t)(p / topk) * k);
+    const uint4 *g[GEMV_WARP_ROWS], *u[GEMV_WARP_ROWS];
 #pragma unroll
-    for (int p = 0; p < GEMV_ROWS; p++) {
-        int r = p < cnt ? row0 + p : row0;
-        int src = GATE_UP ? s.sorted[r] / topk : r;
-        x[p] = (const uint4 *)(a + (size_t)src * K);
+    for (int i = 0; i < GEMV_WARP_ROWS; i++) {
+        size_t row = e * n + (size_t)(n0 + i < n ? n0 + i : n0);
+        g[i] = (const uint4 *)(wg + row * k);
+        u[i] = (const uint4 *)(wu + row * k);
     }
-    const uint4 *w[NB][GEMV_WARP_ROWS];
-#pragma unroll
-    for (int b = 0; b < NB; b++)
+    float ag[GEMV_WARP_ROWS] = {}, au[GEMV_WARP_ROWS] = {};
+#pragma unroll 4
+    for (int c = lane; c < k / 8; c += 32) {
+        uint4 xv = __ldg(x + c);
 #pragma unroll
         for (int i = 0; i < GEMV_WARP_ROWS; i++) {
-            int n = n0 + i < N ? n0 + i : n0;
-            w[b][i] = (const uint4 *)((b ? b1 : b0) + ((size_t)e * N + n) * K);
+            fma8(ag[i], __ldg(g[i] + c), xv);
+            fma8(au[i], __ldg(u[i] + c), xv);
         }
-    float acc[NB][GEMV_WARP_ROWS][GEMV_ROWS] = {};
-    int chunks = K / 8;
-#pragma unroll 2
-    for (int c = lane; c < chunks; c += 32) {
-        uint4 wv[NB][GEMV_WARP_ROWS];
+    }
 #pragma unroll
-        for (int b = 0; b < NB; b++)
+    for (int i = 0; i < GEMV_WARP_ROWS; i++) {
+        float gs = warp_sum(ag[i]), us = warp_sum(au[i]);
+        if (lane == 0 && n0 + i < n) {
+            float gr = __bfloat162float(__float2bfloat16_rn(gs));
+            float ur = __bfloat162float(__float2bfloat16_rn(us));
+            h[(size_t)p * n + n0 + i] = __float2bfloat16_rn(gr / (1.0f + expf(-gr)) * ur);
+        }
+    }
+}
+
+/* out[r][c] = sum over j < topk of weights[p] x bf16(h[p] . down_e[c]),
+ * p = r * topk + j, e = ids[p], in slot order. */
+static __global__ void __launch_bounds__(128)
+    moe_gemv_down(bf16 *out, const bf16 *h, const int32_t *ids, const float *weights,
+                  const bf16 *wd, int topk, int n, int k)
+{
+    pdl_trigger();
+    pdl_wait(); /* the hidden rows */
+    int r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int c0 = blockIdx.x * GEMV_BLOCK_ROWS + warp * GEMV_WARP_ROWS;
+    if (c0 >= k)
+        return;
+    float sum[GEMV_WARP_ROWS] = {};
+    for (int j = 0; j < topk; j++) {
+        int p = r * topk + j;
+        size_t e = (size_t)ids[p];
+        const uint4 *x = (const uint4 *)(h + (size_t)p * n);
+        const uint4 *w[GEMV_WARP_ROWS];
+#pragma unroll
+        for (int i = 0; i < GEMV_WARP_ROWS; i++)
+            w[i] = (const uint4 *)(wd + (e * k + (size_t)(c0 + i < k ? c0 + i : c0)) * n);
+        float acc[GEMV_WARP_ROWS] = {};
+#pragma unroll 4
+        for (int c = lane; c < n / 8; c += 32) {
+            uint4 xv = __ldg(x + c);
 #pragma unroll
             for (int i = 0; i < GEMV_WARP_ROWS; i++)
-                wv[b][i] = __ldg(w[b][i] + c);
-#pragma unroll
-        for (int p = 0; p < GEMV_ROWS; p++) {
-            if (p >= cnt)
-                break;
-            uint4 xv = __ldg(x[p] + c);
-#pragma unroll
-            for (int b = 0; b < NB; b++)
-#pragma unroll
-                for (int i = 0; i < GEMV_WARP_ROWS; i++)
-                    fma8(acc[b][i][p], wv[b][i], xv);
+                fma8(acc[i], __ldg(w[i] + c), xv);
         }
+        float wt = weights[p];
+#pragma unroll
+        for (int i = 0; i < GEMV_WARP_ROWS; i++)
+            sum[i] += wt * __bfloat162float(__float2bfloat16_rn(warp_sum(acc[i])));
     }
+    if (lane == 0)
 #pragma unroll
-    for (int p = 0; p < GEMV_ROWS; p++) {
-        if (p >= cnt)
-            break;
-#pragma unroll
-        for (int i = 0; i < GEMV_WARP_ROWS; i++) {
-            float v[NB];
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                v[b] = acc[b][i][p];
-                for (int o = 16; o > 0; o /= 2)
-                    v[b] += __shfl_xor_sync(0xffffffffu, v[b], o);
-            }
-            if (lane == 0 && n0 + i < N) {
-                float r = v[0];
-                if (GATE_UP) {
-                    float g = __bfloat162float(__float2bfloat16_rn(v[0]));
-                    float u = __bfloat162float(__float2bfloat16_rn(v[NB - 1]));
-                    r = g / (1.0f + expf(-g)) * u;
-                }
-                out[(size_t)(row0 + p) * N + n0 + i] = __float2bfloat16_rn(r);
-            }
-        }
-    }
+        for (int i = 0; i < GEMV_WARP_ROWS; i++)
+            if (c0 + i < k)
+                out[(size_t)r * k + c0 + i] = __float2bfloat16_rn(sum[i]);
 }
 
 /* ---- any dtype: a pair a block row, a thread a column ---- */
@@ -556,33 +571,34 @@ void cuda_moe_experts(kernels_backend *be, void *out, const void *in, const int3
               n % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)wg->data % 16 == 0 &&
               (uintptr_t)wu->data % 16 == 0 && (uintptr_t)wd->data % 16 == 0;
     if (tc) {
-        cuda_launch_pdl(st, dim3(1), 1024, moe_sort_kernel, s, ids, pairs, experts);
         /* each launch may start while the kernel before it ends
          * (programmatic dependent launch): every kernel here waits for it
          * before reading anything */
-        unsigned tiles = (unsigned)tiles_max(pairs, experts);
         if (rows <= GEMV_ROWS) {
-            cuda_launch_pdl(st,
-                            dim3((unsigned)((n + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), tiles),
-                            128, moe_gemv_kernel<true>, s, (bf16 *)s.h, (const bf16 *)in,
-                            (const bf16 *)wg->data, (const bf16 *)wu->data, topk, n, k);
-            cuda_launch_pdl(st,
-                            dim3((unsigned)((k + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), tiles),
-                            128, moe_gemv_kernel<false>, s, (bf16 *)s.y, (const bf16 *)s.h,
-                            (const bf16 *)wd->data, (const bf16 *)NULL, topk, k, n);
-        } else {
-            if (!gemm_smem_ready(be))
-                return;
-            size_t smem = gemm_smem_bytes();
-            cuda_launch_pdl_smem(st, dim3((unsigned)((n + GEMM_COLS_GU - 1) / GEMM_COLS_GU), tiles),
-                                 GEMM_THREADS, smem, moe_gemm_kernel<true>, s, (bf16 *)s.h,
-                                 (const bf16 *)in, (const bf16 *)wg->data, (const bf16 *)wu->data,
-                                 topk, n, k);
-            cuda_launch_pdl_smem(
-                st, dim3((unsigned)((k + GEMM_COLS_DOWN - 1) / GEMM_COLS_DOWN), tiles),
-                GEMM_THREADS, smem, moe_gemm_kernel<false>, s, (bf16 *)s.y, (const bf16 *)s.h,
-                (const bf16 *)wd->data, (const bf16 *)NULL, topk, k, n);
+            cuda_launch_pdl(
+                st, dim3((unsigned)((n + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), (unsigned)pairs),
+                128, moe_gemv_gate_up, (bf16 *)s.h, (const bf16 *)in, ids, (const bf16 *)wg->data,
+                (const bf16 *)wu->data, topk, n, k);
+            cuda_launch_pdl(
+                st, dim3((unsigned)((k + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), (unsigned)rows),
+                128, moe_gemv_down, (bf16 *)out, (const bf16 *)s.h, ids, weights,
+                (const bf16 *)wd->data, topk, n, k);
+            cuda_launched(be, "moe_experts");
+            return;
         }
+        if (!gemm_smem_ready(be))
+            return;
+        unsigned tiles = (unsigned)tiles_max(pairs, experts);
+        size_t smem = gemm_smem_bytes();
+        cuda_launch_pdl(st, dim3(1), 1024, moe_sort_kernel, s, ids, pairs, experts);
+        cuda_launch_pdl_smem(st, dim3((unsigned)((n + GEMM_COLS_GU - 1) / GEMM_COLS_GU), tiles),
+                             GEMM_THREADS, smem, moe_gemm_kernel<true>, s, (bf16 *)s.h,
+                             (const bf16 *)in, (const bf16 *)wg->data, (const bf16 *)wu->data, topk,
+                             n, k);
+        cuda_launch_pdl_smem(st, dim3((unsigned)((k + GEMM_COLS_DOWN - 1) / GEMM_COLS_DOWN), tiles),
+                             GEMM_THREADS, smem, moe_gemm_kernel<false>, s, (bf16 *)s.y,
+                             (const bf16 *)s.h, (const bf16 *)wd->data, (const bf16 *)NULL, topk, k,
+                             n);
         cuda_launch_pdl(st, dim3((unsigned)rows), 256, moe_combine_kernel<bf16>, (bf16 *)out,
                         (const bf16 *)s.y, weights, (const int32_t *)s.place, topk, k);
         cuda_launched(be, "moe_experts");
