@@ -454,7 +454,11 @@ static __global__ void __launch_bounds__(128)
 }
 
 /* out[r][c] = sum over j < topk of weights[p] x bf16(h[p] . down_e[c]),
- * p = r * topk + j, e = ids[p], in slot order. */
+ * p = r * topk + j, e = ids[p], in slot order. The slots go GEMV_SLOTS at a
+ * time, their rows' loads issued together (one slot at a time leaves a
+ * lane six loads in flight, too few to stream the weights). */
+enum { GEMV_SLOTS = 8 };
+
 static __global__ void __launch_bounds__(128)
     moe_gemv_down(bf16 *out, const bf16 *h, const int32_t *ids, const float *weights,
                   const bf16 *wd, int topk, int n, int k)
@@ -466,26 +470,37 @@ static __global__ void __launch_bounds__(128)
     if (c0 >= k)
         return;
     float sum[GEMV_WARP_ROWS] = {};
-    for (int j = 0; j < topk; j++) {
-        int p = r * topk + j;
-        size_t e = (size_t)ids[p];
-        const uint4 *x = (const uint4 *)(h + (size_t)p * n);
-        const uint4 *w[GEMV_WARP_ROWS];
+    for (int j0 = 0; j0 < topk; j0 += GEMV_SLOTS) {
+        int slots = topk - j0 < GEMV_SLOTS ? topk - j0 : GEMV_SLOTS;
+        const uint4 *x[GEMV_SLOTS], *w[GEMV_SLOTS][GEMV_WARP_ROWS];
 #pragma unroll
-        for (int i = 0; i < GEMV_WARP_ROWS; i++)
-            w[i] = (const uint4 *)(wd + (e * k + (size_t)(c0 + i < k ? c0 + i : c0)) * n);
-        float acc[GEMV_WARP_ROWS] = {};
-#pragma unroll 4
-        for (int c = lane; c < n / 8; c += 32) {
-            uint4 xv = __ldg(x + c);
+        for (int j = 0; j < GEMV_SLOTS; j++) {
+            int p = r * topk + j0 + (j < slots ? j : 0);
+            size_t e = (size_t)ids[p];
+            x[j] = (const uint4 *)(h + (size_t)p * n);
 #pragma unroll
             for (int i = 0; i < GEMV_WARP_ROWS; i++)
-                fma8(acc[i], __ldg(w[i] + c), xv);
+                w[j][i] = (const uint4 *)(wd + (e * k + (size_t)(c0 + i < k ? c0 + i : c0)) * n);
         }
-        float wt = weights[p];
+        float acc[GEMV_SLOTS][GEMV_WARP_ROWS] = {};
+        for (int c = lane; c < n / 8; c += 32) {
 #pragma unroll
-        for (int i = 0; i < GEMV_WARP_ROWS; i++)
-            sum[i] += wt * __bfloat162float(__float2bfloat16_rn(warp_sum(acc[i])));
+            for (int j = 0; j < GEMV_SLOTS; j++)
+                if (j < slots) {
+                    uint4 xv = __ldg(x[j] + c);
+#pragma unroll
+                    for (int i = 0; i < GEMV_WARP_ROWS; i++)
+                        fma8(acc[j][i], __ldg(w[j][i] + c), xv);
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < GEMV_SLOTS; j++)
+            if (j < slots) {
+                float wt = weights[r * topk + j0 + j];
+#pragma unroll
+                for (int i = 0; i < GEMV_WARP_ROWS; i++)
+                    sum[i] += wt * __bfloat162float(__float2bfloat16_rn(warp_sum(acc[j][i])));
+            }
     }
     if (lane == 0)
 #pragma unroll
