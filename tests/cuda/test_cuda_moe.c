@@ -201,6 +201,7 @@ static void experts_match_cpu_at_the_edges(void)
         {1, 8, 8, 48, 64, ROUTE_SPREAD},     /* top-k of every expert */
         {8, 8, 8, 40, 96, ROUTE_SPREAD},     /* the GEMV's most rows, 8 pairs an expert */
         {5, 2, 16, 72, 2048, ROUTE_ONE},     /* GEMV: 5 pairs of expert 0, long rows */
+        {2, 10, 16, 40, 64, ROUTE_SPREAD},   /* GEMV: more slots than go at a time */
         {127, 4, 8, 96, 128, ROUTE_ONE},     /* every row's first slot to expert 0 */
         {129, 2, 16, 136, 72, ROUTE_HALF},   /* half the experts get no row */
         {257, 8, 32, 64, 256, ROUTE_SPREAD}, /* tiles of many pairs */
