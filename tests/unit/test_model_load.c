@@ -2,6 +2,7 @@
  * every kind of broken directory refused with a message that names the
  * file, the tensor and what was expected. */
 #include "common/common_file.h"
+#include "common/common_rng.h"
 #include "tests/test.h"
 #include "model/model_config.h"
 #include "worker/worker_generate.h"
@@ -153,7 +154,8 @@ static void sharded_index_is_checked(void)
     CHECK_HAS(diag.msg, "not a file name");
 
     fresh_dir(dir, sizeof dir, "index-missing");
-    const char *missing = "{\"weight_map\":{\"model.norm.weight\":\"model-00002-of-00002.safetensors\"}}";
+    const char *missing =
+        "{\"weight_map\":{\"model.norm.weight\":\"model-00002-of-00002.safetensors\"}}";
     write_file(dir, "model.safetensors.index.json", missing, strlen(missing));
     CHECK(open_model(dir, WORKER_LOAD_AUTO, &diag, NULL) == SHOAL_ERR_NOT_FOUND);
     CHECK_HAS(diag.msg, "model-00002-of-00002.safetensors");
@@ -226,6 +228,105 @@ static void config_fields_are_validated(void)
         CHECK_HAS(diag.msg, cases[i].says);
         CHECK_HAS(diag.msg, "c.json");
     }
+}
+
+#define MOE_BASE                                                                                   \
+    "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"vocab_size\":300,\"hidden_size\":64,"          \
+    "\"intermediate_size\":96,\"moe_intermediate_size\":32,\"num_hidden_layers\":6,"               \
+    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,"
+
+static void moe_config_reads_experts_and_sparse_layers(void)
+{
+    model_config cfg;
+    shoal_diag diag = {{0}};
+    /* transformers 5's num_local_experts; every third layer sparse, but 5 */
+    const char *v5 = MOE_BASE "\"num_local_experts\":16,\"num_experts_per_tok\":4,"
+                              "\"decoder_sparse_step\":3,\"mlp_only_layers\":[5],"
+                              "\"norm_topk_prob\":true}";
+    CHECK(model_config_parse(v5, "c.json", &cfg, &diag) == SHOAL_OK);
+    CHECK_EQ_INT(cfg.experts, 16);
+    CHECK_EQ_INT(cfg.experts_per_tok, 4);
+    CHECK_EQ_INT(cfg.moe_intermediate, 32);
+    CHECK(cfg.norm_topk_prob && cfg.qk_norm);
+    static const uint8_t want[6] = {0, 0, MODEL_MLP_MOE, 0, 0, 0};
+    for (int l = 0; l < 6; l++)
+        CHECK_MSG(cfg.mlp_kind[l] == want[l], "layer %d: kind %d", l, cfg.mlp_kind[l]);
+    /* the hub's num_experts; norm_topk_prob defaults to false as in HF */
+    const char *hub = MOE_BASE "\"num_experts\":8,\"num_experts_per_tok\":8}";
+    CHECK(model_config_parse(hub, "c.json", &cfg, &diag) == SHOAL_OK);
+    CHECK(cfg.experts == 8 && cfg.experts_per_tok == 8 && !cfg.norm_topk_prob);
+    CHECK(model_config_has_moe(&cfg));
+    static const struct {
+        const char *json;
+        shoal_err err;
+        const char *says;
+    } bad[] = {
+        {MOE_BASE "\"num_experts\":8}", SHOAL_ERR_FORMAT, "'num_experts_per_tok'"},
+        {MOE_BASE "\"num_experts\":8,\"num_experts_per_tok\":9}", SHOAL_ERR_FORMAT,
+         "must be an integer in [1, 8]"},
+        {MOE_BASE "\"num_experts\":600,\"num_experts_per_tok\":2}", SHOAL_ERR_FORMAT,
+         "'num_experts'"},
+        {MOE_BASE "\"num_experts\":8,\"num_experts_per_tok\":2,\"mlp_only_layers\":[6]}",
+         SHOAL_ERR_FORMAT, "not a layer index below 6"},
+        {MOE_BASE "\"num_experts\":8,\"num_experts_per_tok\":2,\"mlp_only_layers\":3}",
+         SHOAL_ERR_FORMAT, "must be a list"},
+        {MOE_BASE "\"num_experts\":8,\"num_experts_per_tok\":2,\"use_sliding_window\":true}",
+         SHOAL_ERR_UNSUPPORTED, "use_sliding_window"},
+        {MOE_BASE "\"num_experts\":64,\"num_experts_per_tok\":33}", SHOAL_ERR_LIMIT,
+         "over shoal's limit of 32"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        shoal_err err = model_config_parse(bad[i].json, "c.json", &cfg, &diag);
+        CHECK_MSG(err == bad[i].err, "case %zu: %s (%s)", i, shoal_strerror(err), diag.msg);
+        CHECK_HAS(diag.msg, bad[i].says);
+        CHECK_HAS(diag.msg, "c.json");
+    }
+}
+
+/* Dummy MoE weights route spread (benchmarks read the experts a real
+ * model's round would): 32 tokens' 64 picks reach at least half of a
+ * layer's 16 experts in every layer, and no expert takes a third of them
+ * (measured: 16 of 16 in the first layer, 10 in the deepest of six, the
+ * busiest 16 picks; all to one expert would be 32). */
+static void dummy_moe_routing_is_spread(void)
+{
+    char dir[256];
+    fresh_dir(dir, sizeof dir, "dummy-moe");
+    const char *cfg = MOE_BASE "\"num_experts\":16,\"num_experts_per_tok\":2}";
+    write_file(dir, "config.json", cfg, strlen(cfg));
+    shoal_diag diag;
+    worker_model *m = NULL;
+    CHECK_MSG(open_model(dir, WORKER_LOAD_DUMMY, &diag, &m) == SHOAL_OK, "%s", diag.msg);
+    if (!m)
+        return;
+    enum { N = 32 };
+    int32_t ids[N], pos[N], rs[N] = {0}, table[8];
+    uint64_t rng = 5;
+    for (int i = 0; i < N; i++) {
+        ids[i] = (int32_t)(common_rng_next(&rng) % 300);
+        pos[i] = i;
+    }
+    for (int p = 0; p < 8; p++)
+        table[p] = p;
+    worker_forward f = {N, ids, pos, rs, 1, 8, table, 0, NULL};
+    CHECK(worker_model_forward(m, &f, NULL, &diag) == SHOAL_OK);
+    for (int l = 0; l < 6; l++) {
+        int32_t route[N * 2];
+        int count[16] = {0};
+        CHECK(worker_model_routing(m, l, N, route, &diag) == SHOAL_OK);
+        for (int i = 0; i < N * 2; i++)
+            count[route[i]]++;
+        int distinct = 0, most = 0;
+        for (int e = 0; e < 16; e++) {
+            distinct += count[e] > 0;
+            most = count[e] > most ? count[e] : most;
+        }
+        CHECK_MSG(distinct >= 8 && most <= N * 2 / 3,
+                  "layer %d: %d of 16 experts picked, the busiest %d of %d picks", l, distinct,
+                  most, N * 2);
+    }
+    CHECK(worker_model_routing(m, 6, N, NULL, &diag) == SHOAL_ERR_INVALID);
+    worker_model_close(m);
 }
 
 static void transformers_4_spelling_gives_the_same_rope(void)
@@ -395,6 +496,8 @@ int main(void)
     TEST_RUN(sharded_index_is_checked);
     TEST_RUN(missing_or_bad_config_is_refused);
     TEST_RUN(config_fields_are_validated);
+    TEST_RUN(moe_config_reads_experts_and_sparse_layers);
+    TEST_RUN(dummy_moe_routing_is_spread);
     TEST_RUN(transformers_4_spelling_gives_the_same_rope);
     TEST_RUN(generation_config_overrides_eos);
     TEST_RUN(dummy_weights_need_only_config);
