@@ -3,6 +3,7 @@
 #include "common/common_assert.h"
 #include "common/common_limits.h"
 #include "model/model_arch.h"
+#include "model/model_cache.h"
 #include "worker/worker_fingerprint.h"
 #include "model/model_weights.h"
 
@@ -50,6 +51,7 @@ struct worker_model {
     void **owned;
     int owned_count, owned_cap;
 
+    model_cache_spec cache; /* the pages hold its attention group's layers */
     kernels_kv_layout kv;
     /* The KV page arena: shared memory of the backend (arena_create), so
      * other workers can map it through arena_fd. */
@@ -651,7 +653,10 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
     if ((err = dev_place(m, inv, (size_t)(c->head_dim / 2) * sizeof(float), false, &inv_dev)))
         goto out_close;
     m->inv_freq = (float *)inv_dev;
-    kernels_kv_layout_init(&m->kv, c->layers, c->kv_heads, c->head_dim, opt->page_tokens,
+    model_cache_spec_of(c, &m->cache);
+    const model_cache_group *att = model_cache_attention(&m->cache);
+    SHOAL_ASSERT(att); /* every architecture of today has attention layers */
+    kernels_kv_layout_init(&m->kv, att->layers, att->kv_heads, att->head_dim, opt->page_tokens,
                            opt->kv_dtype);
     if ((err = alloc_buffers(m, diag)))
         goto out_close;
@@ -692,6 +697,11 @@ void worker_model_close(worker_model *m)
 const model_config *worker_model_config(const worker_model *m)
 {
     return &m->cfg;
+}
+
+const model_cache_spec *worker_model_cache_spec(const worker_model *m)
+{
+    return &m->cache;
 }
 
 const kernels_kv_layout *worker_model_kv_layout(const worker_model *m)
@@ -964,6 +974,7 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
     bool fused = m->norm_fused && rows <= be->fused_norm_rows;
     for (int l = 0; l < c->layers; l++) {
         const model_layer *L = &m->layers[l];
+        int pl = m->cache.page_layer[l]; /* this layer's K and V in a page */
         void *q = m->q, *k = m->k, *v = m->v;
         int qkv_stride = 0;
         if (!fused && !normed)
@@ -987,13 +998,13 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
             kernels_batch db = batch;
             db.one_row_per_stream = true;
             be->attention_rope_kv(be, m->att, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
-                                  L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv, &db, l,
+                                  L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv, &db, pl,
                                   scale);
         } else {
             /* q normed and rotated into m->q (packed, for attention), k in
              * place, k and v into the pages */
             be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm, L->k_norm,
-                                      c->rms_eps, m->inv_freq, m->arena, &m->kv, &batch, l);
+                                      c->rms_eps, m->inv_freq, m->arena, &m->kv, &batch, pl);
             /* the segments' row tables shift with their rows; the page
              * table, indexed by stream, does not */
             for (int s = 0; s < m->segs; s++) {
@@ -1006,7 +1017,7 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
                 (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
                     be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
                     (const unsigned char *)m->q + (size_t)r0 * q_row_bytes, c->heads, m->arena,
-                    &m->kv, &sb, l, scale);
+                    &m->kv, &sb, pl, scale);
             }
         }
         if (fused) {

@@ -11,6 +11,7 @@
 #include "common/common_hash.h"
 #include "kernels/kernels_backend.h"
 #include "kernels/kernels_sample.h"
+#include "model/model_cache.h"
 #include "model/model_config.h"
 
 #include <stdint.h>
@@ -23,18 +24,18 @@ typedef enum worker_load_format {
 typedef struct worker_model_options {
     const char *model_dir;
     worker_load_format load_format;
-    const char *device;  /* "cpu" or a GPU index */
-    int threads;         /* CPU backend threads, 0 = one per processor */
-    int page_tokens;     /* tokens per KV page */
-    int kv_pages;        /* pages in the arena; 0: sized from free memory after the
-                            weights and buffers are placed (kv_memory_fraction) */
-    int kv_pages_max;    /* with kv_pages 0: the most it is sized to (a cluster's
-                            segment rows for a worker); 0: no bound but the streams' */
+    const char *device;        /* "cpu" or a GPU index */
+    int threads;               /* CPU backend threads, 0 = one per processor */
+    int page_tokens;           /* tokens per KV page */
+    int kv_pages;              /* pages in the arena; 0: sized from free memory after the
+                                  weights and buffers are placed (kv_memory_fraction) */
+    int kv_pages_max;          /* with kv_pages 0: the most it is sized to (a cluster's
+                                  segment rows for a worker); 0: no bound but the streams' */
     double kv_memory_fraction; /* of the memory free then; 0: 0.9 on a GPU (as vLLM's
                                   --gpu-memory-utilization), 0.25 on the CPU */
-    int max_rows;        /* rows of one forward pass */
-    int max_logit_rows;  /* rows whose logits one pass can return */
-    int max_streams;     /* streams in one pass */
+    int max_rows;              /* rows of one forward pass */
+    int max_logit_rows;        /* rows whose logits one pass can return */
+    int max_streams;           /* streams in one pass */
     int max_pages_per_stream;
     uint64_t dummy_seed;
     shoal_dtype act_dtype; /* backend activations; INVALID = the backend's default */
@@ -67,14 +68,16 @@ typedef struct worker_forward {
 } worker_forward;
 
 /* Loads the model. Errors name the file, tensor and what was expected. */
-shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
-                            shoal_diag *diag);
+shoal_err worker_model_open(const worker_model_options *opt, worker_model **out, shoal_diag *diag);
 
 /* Frees everything; NULL allowed. */
 void worker_model_close(worker_model *m);
 
 const model_config *worker_model_config(const worker_model *m);
 const kernels_kv_layout *worker_model_kv_layout(const worker_model *m);
+/* What the model keeps per stream, layer by layer (model/model_cache.h);
+ * the KV layout is its attention group's. */
+const model_cache_spec *worker_model_cache_spec(const worker_model *m);
 int worker_model_kv_pages(const worker_model *m);
 /* The KV page arena (device; kv_pages pages of the kv layout's page_bytes
  * from offset 0), its mapped size (rounded up to the device's mapping

@@ -326,6 +326,13 @@ static void dummy_moe_routing_is_spread(void)
                   most, N * 2);
     }
     CHECK(worker_model_routing(m, 6, N, NULL, &diag) == SHOAL_ERR_INVALID);
+    /* one attention group of every layer: the pages hold all six */
+    const model_cache_spec *cs = worker_model_cache_spec(m);
+    CHECK(cs->groups == 1 && cs->group[0].kind == MODEL_CACHE_ATTENTION &&
+          cs->group[0].layers == 6 && cs->group[0].kv_heads == 2 && cs->group[0].head_dim == 16);
+    for (int l = 0; l < 6; l++)
+        CHECK(cs->layer_group[l] == 0 && cs->page_layer[l] == l);
+    CHECK_EQ_INT(worker_model_kv_layout(m)->layers, 6);
     worker_model_close(m);
 }
 
