@@ -454,10 +454,11 @@ static __global__ void __launch_bounds__(128)
 }
 
 /* out[r][c] = sum over j < topk of weights[p] x bf16(h[p] . down_e[c]),
- * p = r * topk + j, e = ids[p], in slot order. The slots go GEMV_SLOTS at a
- * time, their rows' loads issued together (one slot at a time leaves a
- * lane six loads in flight, too few to stream the weights). */
-enum { GEMV_SLOTS = 8 };
+ * p = r * topk + j, e = ids[p], in slot order. A warp takes one column
+ * and the slots GEMV_SLOTS at a time, their rows' loads issued together
+ * without a branch: a slot past topk reads slot 0's rows again and adds
+ * its product times 0. */
+enum { GEMV_SLOTS = 8, GEMV_DOWN_COLS = 4 /* a block's: one a warp */ };
 
 static __global__ void __launch_bounds__(128)
     moe_gemv_down(bf16 *out, const bf16 *h, const int32_t *ids, const float *weights,
@@ -465,48 +466,40 @@ static __global__ void __launch_bounds__(128)
 {
     pdl_trigger();
     pdl_wait(); /* the hidden rows */
-    int r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int c0 = blockIdx.x * GEMV_BLOCK_ROWS + warp * GEMV_WARP_ROWS;
-    if (c0 >= k)
+    int r = blockIdx.y, lane = threadIdx.x % 32;
+    int col = blockIdx.x * GEMV_DOWN_COLS + threadIdx.x / 32;
+    if (col >= k)
         return;
-    float sum[GEMV_WARP_ROWS] = {};
+    float sum = 0.0f;
     for (int j0 = 0; j0 < topk; j0 += GEMV_SLOTS) {
-        int slots = topk - j0 < GEMV_SLOTS ? topk - j0 : GEMV_SLOTS;
-        const uint4 *x[GEMV_SLOTS], *w[GEMV_SLOTS][GEMV_WARP_ROWS];
+        const uint4 *x[GEMV_SLOTS], *w[GEMV_SLOTS];
+        float wt[GEMV_SLOTS];
 #pragma unroll
         for (int j = 0; j < GEMV_SLOTS; j++) {
-            int p = r * topk + j0 + (j < slots ? j : 0);
-            size_t e = (size_t)ids[p];
+            bool in = j0 + j < topk;
+            int p = r * topk + (in ? j0 + j : 0);
             x[j] = (const uint4 *)(h + (size_t)p * n);
-#pragma unroll
-            for (int i = 0; i < GEMV_WARP_ROWS; i++)
-                w[j][i] = (const uint4 *)(wd + (e * k + (size_t)(c0 + i < k ? c0 + i : c0)) * n);
+            w[j] = (const uint4 *)(wd + ((size_t)ids[p] * k + (size_t)col) * n);
+            wt[j] = in ? weights[p] : 0.0f;
         }
-        float acc[GEMV_SLOTS][GEMV_WARP_ROWS] = {};
+        float acc[GEMV_SLOTS] = {};
         for (int c = lane; c < n / 8; c += 32) {
+            uint4 xv[GEMV_SLOTS], wv[GEMV_SLOTS];
+#pragma unroll
+            for (int j = 0; j < GEMV_SLOTS; j++) {
+                xv[j] = __ldg(x[j] + c);
+                wv[j] = __ldg(w[j] + c);
+            }
 #pragma unroll
             for (int j = 0; j < GEMV_SLOTS; j++)
-                if (j < slots) {
-                    uint4 xv = __ldg(x[j] + c);
-#pragma unroll
-                    for (int i = 0; i < GEMV_WARP_ROWS; i++)
-                        fma8(acc[j][i], __ldg(w[j][i] + c), xv);
-                }
+                fma8(acc[j], wv[j], xv[j]);
         }
 #pragma unroll
         for (int j = 0; j < GEMV_SLOTS; j++)
-            if (j < slots) {
-                float wt = weights[r * topk + j0 + j];
-#pragma unroll
-                for (int i = 0; i < GEMV_WARP_ROWS; i++)
-                    sum[i] += wt * __bfloat162float(__float2bfloat16_rn(warp_sum(acc[j][i])));
-            }
+            sum += wt[j] * __bfloat162float(__float2bfloat16_rn(warp_sum(acc[j])));
     }
     if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < GEMV_WARP_ROWS; i++)
-            if (c0 + i < k)
-                out[(size_t)r * k + c0 + i] = __float2bfloat16_rn(sum[i]);
+        out[(size_t)r * k + col] = __float2bfloat16_rn(sum);
 }
 
 /* ---- any dtype: a pair a block row, a thread a column ---- */
@@ -595,7 +588,7 @@ void cuda_moe_experts(kernels_backend *be, void *out, const void *in, const int3
                 128, moe_gemv_gate_up, (bf16 *)s.h, (const bf16 *)in, ids, (const bf16 *)wg->data,
                 (const bf16 *)wu->data, topk, n, k);
             cuda_launch_pdl(
-                st, dim3((unsigned)((k + GEMV_BLOCK_ROWS - 1) / GEMV_BLOCK_ROWS), (unsigned)rows),
+                st, dim3((unsigned)((k + GEMV_DOWN_COLS - 1) / GEMV_DOWN_COLS), (unsigned)rows),
                 128, moe_gemv_down, (bf16 *)out, (const bf16 *)s.h, ids, weights,
                 (const bf16 *)wd->data, topk, n, k);
             cuda_launched(be, "moe_experts");
