@@ -525,8 +525,8 @@ static shoal_err parse_generation(const cJSON *root, const coordinator_request_l
                                   coordinator_request *r, coordinator_api_error *err)
 {
     shoal_err e;
-    long long v;
-    bool given;
+    long long v = 0;
+    bool given = false;
     if ((e = refuse_unsupported(root, r->kind, err)))
         return e;
     /* max_completion_tokens is the newer name of max_tokens in chat. */

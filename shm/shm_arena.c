@@ -166,7 +166,7 @@ shoal_err shm_arena_export_start(const char *cluster, int worker_index, int fd,
     shoal_err err;
     *out = NULL;
     struct sockaddr_un addr;
-    socklen_t addr_len;
+    socklen_t addr_len = 0;
     if ((err = address_of(cluster, worker_index, &addr, &addr_len, diag)))
         return err;
     if (fd < 0 || fcntl(fd, F_GETFD) < 0)
@@ -317,7 +317,7 @@ shoal_err shm_arena_fetch(const char *cluster, int worker_index, int timeout_ms,
     *fd = -1;
     memset(info, 0, sizeof *info);
     struct sockaddr_un addr;
-    socklen_t addr_len;
+    socklen_t addr_len = 0;
     if ((err = address_of(cluster, worker_index, &addr, &addr_len, diag)))
         return err;
     if (timeout_ms <= 0)

@@ -177,7 +177,8 @@ static shoal_err send_reject(serve *sv, uint64_t id, shoal_err err, const char *
     shm_header_init(&r.h, SHM_MSG_REJECT, sizeof r, 0);
     r.stream_id = id;
     r.err = (int32_t)err;
-    snprintf(r.text, sizeof r.text, "%s", text);
+    /* a longer text is cut to the message's field */
+    snprintf(r.text, sizeof r.text, "%.*s", (int)sizeof r.text - 1, text);
     return serve_send(sv, &r, sizeof r, NULL);
 }
 
