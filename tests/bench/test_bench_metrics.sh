@@ -75,5 +75,22 @@ status=0
 [ "$ok" -eq "$req" ] || { echo "FAIL: requests differ"; status=1; }
 [ "$out" -eq "$gen" ] || { echo "FAIL: generated tokens differ"; status=1; }
 [ "$prompt" -eq "$ptok" ] || { echo "FAIL: prompt tokens differ"; status=1; }
+
+# Without --model the bench asks /v1/models and runs on the first.
+if "$bench" --url "$url" --requests 2 --concurrency 2 --input-len 8 --output-len 2 \
+    --vocab 150000 > "$tmp/auto.out" 2> "$tmp/auto.err"; then
+  grep -q "model '$tmp/model' (the server's first)" "$tmp/auto.err" ||
+    { echo "FAIL: no --model: the served model was not named"; cat "$tmp/auto.err"; status=1; }
+else
+  echo "FAIL: no --model: the bench failed"; cat "$tmp/auto.out" "$tmp/auto.err"; status=1
+fi
+# A model the server does not serve: every request fails, the bench says
+# the server's error and exits non-zero.
+if "$bench" --url "$url" --model no-such-model --requests 2 --concurrency 2 --input-len 8 \
+    --output-len 2 --vocab 150000 > "$tmp/bad.out" 2>&1; then
+  echo "FAIL: every request failed and the bench exited 0"; status=1
+fi
+grep -q "first error: HTTP 404: .*no-such-model" "$tmp/bad.out" ||
+  { echo "FAIL: the server's error body is not shown"; cat "$tmp/bad.out"; status=1; }
 [ $status -eq 0 ] && echo "1 passed, 0 failed"
 exit $status

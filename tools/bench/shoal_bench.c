@@ -131,15 +131,16 @@ static int rand_len(run *r, int len)
 static void add_ids(cJSON *arr, run *r, int n)
 {
     for (int i = 0; i < n; i++)
-        cJSON_AddItemToArray(arr, cJSON_CreateNumber((double)(rng_next(&r->rng) % (uint64_t)r->c.vocab)));
+        cJSON_AddItemToArray(
+            arr, cJSON_CreateNumber((double)(rng_next(&r->rng) % (uint64_t)r->c.vocab)));
 }
 
 /* Random words, for chat text: about one token each. */
 static void add_words(char *buf, size_t cap, run *r, int words)
 {
-    static const char *const w[] = {"the", "river", "stone", "light", "moves", "under", "quiet",
-                                    "north", "field", "glass", "seven", "orange", "winter",
-                                    "paper", "signal", "harbor"};
+    static const char *const w[] = {"the",    "river", "stone",  "light", "moves", "under",
+                                    "quiet",  "north", "field",  "glass", "seven", "orange",
+                                    "winter", "paper", "signal", "harbor"};
     size_t n = 0;
     buf[0] = '\0';
     for (int i = 0; i < words && n + 16 < cap; i++)
@@ -204,6 +205,17 @@ static bool append(char **buf, size_t *len, size_t *cap, const char *data, size_
 /* One SSE line: "data: {...}" or "data: [DONE]". */
 static void on_line(request *q, const char *line)
 {
+    if (line[0] == '{' && !q->failed) { /* an error's JSON body, not an event */
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
+        const cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
+        if (cJSON_IsString(msg)) {
+            q->failed = true;
+            snprintf(q->error, sizeof q->error, "%s", msg->valuestring);
+        }
+        cJSON_Delete(j);
+        return;
+    }
     if (strncmp(line, "data:", 5) != 0)
         return;
     line += 5;
@@ -351,7 +363,10 @@ static void finish_one(run *r, CURL *easy, CURLcode code)
     } else {
         r->failed++;
         if (!r->first_error[0]) {
-            if (code != CURLE_OK || q->error[0])
+            if (code == CURLE_OK && q->status != 200 && q->error[0])
+                snprintf(r->first_error, sizeof r->first_error, "HTTP %ld: %s", q->status,
+                         q->error);
+            else if (code != CURLE_OK || q->error[0])
                 snprintf(r->first_error, sizeof r->first_error, "%s",
                          code != CURLE_OK ? curl_easy_strerror(code) : q->error);
             else if (q->status != 200)
@@ -391,49 +406,60 @@ static void progress(run *r, bool last)
         fill = (int)(t / r->c.duration_s * width);
     if (fill > width)
         fill = width;
-    fprintf(stderr, "\r[%.*s%*s] %d done, %d failed, %lld tokens, %.1f s%s",
-            fill, "##############################", width - fill, "", r->finished, r->failed,
+    fprintf(stderr, "\r[%.*s%*s] %d done, %d failed, %lld tokens, %.1f s%s", fill,
+            "##############################", width - fill, "", r->finished, r->failed,
             r->out_tokens, t, last ? "\n" : "");
 }
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: shoal-bench --url URL [options]\n"
-            "  --url URL              server base URL, e.g. http://127.0.0.1:8000\n"
-            "  --model NAME           model name sent in requests (default: default)\n"
-            "  --api-key KEY          sent as a bearer token\n"
-            "  --workload W           random | shared-prefix | multi-turn (default random)\n"
-            "  --concurrency N        requests in flight (default 16)\n"
-            "  --rate R               requests per second, Poisson arrivals (default: as\n"
-            "                         fast as --concurrency allows)\n"
-            "  --requests N           stop after N requests (default 100)\n"
-            "  --duration S           or stop starting requests after S seconds\n"
-            "  --input-len N          prompt tokens (default 128)\n"
-            "  --output-len N         output tokens (default 128)\n"
-            "  --range-ratio R        prompt lengths uniform in N*(1-R)..N*(1+R) (default 0)\n"
-            "  --prefixes N --users M --prefix-len N   shared-prefix shape (4, 8, 3/4 input)\n"
-            "  --conversations N --turns T             multi-turn shape (concurrency, 4)\n"
-            "  --vocab N              token ids are drawn below N (default 32000)\n"
-            "  --seed N               (default 1)\n"
-            "  --timeout S            per request (default 600)\n"
-            "  --json FILE            write the report as JSON\n");
+    fprintf(f, "usage: shoal-bench --url URL [options]\n"
+               "  --url URL              server base URL, e.g. http://127.0.0.1:8000\n"
+               "  --model NAME           model name sent in requests (default: the first\n"
+               "                         of the server's GET /v1/models)\n"
+               "  --api-key KEY          sent as a bearer token\n"
+               "  --workload W           random | shared-prefix | multi-turn (default random)\n"
+               "  --concurrency N        requests in flight (default 16)\n"
+               "  --rate R               requests per second, Poisson arrivals (default: as\n"
+               "                         fast as --concurrency allows)\n"
+               "  --requests N           stop after N requests (default 100)\n"
+               "  --duration S           or stop starting requests after S seconds\n"
+               "  --input-len N          prompt tokens (default 128)\n"
+               "  --output-len N         output tokens (default 128)\n"
+               "  --range-ratio R        prompt lengths uniform in N*(1-R)..N*(1+R) (default 0)\n"
+               "  --prefixes N --users M --prefix-len N   shared-prefix shape (4, 8, 3/4 input)\n"
+               "  --conversations N --turns T             multi-turn shape (concurrency, 4)\n"
+               "  --vocab N              token ids are drawn below N (default 32000)\n"
+               "  --seed N               (default 1)\n"
+               "  --timeout S            per request (default 600)\n"
+               "  --json FILE            write the report as JSON\n");
 }
 
 static int parse_args(int argc, char **argv, config *c)
 {
-    static const struct option opts[] = {
-        {"url", 1, 0, 'u'},          {"model", 1, 0, 'm'},       {"api-key", 1, 0, 'k'},
-        {"workload", 1, 0, 'w'},     {"concurrency", 1, 0, 'c'}, {"rate", 1, 0, 'r'},
-        {"requests", 1, 0, 'n'},     {"duration", 1, 0, 'd'},    {"input-len", 1, 0, 'i'},
-        {"output-len", 1, 0, 'o'},   {"range-ratio", 1, 0, 'R'}, {"prefixes", 1, 0, 'P'},
-        {"users", 1, 0, 'U'},        {"prefix-len", 1, 0, 'L'},  {"conversations", 1, 0, 'C'},
-        {"turns", 1, 0, 'T'},        {"vocab", 1, 0, 'V'},       {"seed", 1, 0, 's'},
-        {"timeout", 1, 0, 't'},      {"json", 1, 0, 'j'},        {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
-    *c = (config){.model = "default", .workload = W_RANDOM, .concurrency = 16, .requests = 100,
-                  .input_len = 128, .output_len = 128, .prefixes = 4, .users = 8, .turns = 4,
-                  .vocab = 32000, .seed = 1, .timeout_s = 600};
+    static const struct option opts[] = {{"url", 1, 0, 'u'},           {"model", 1, 0, 'm'},
+                                         {"api-key", 1, 0, 'k'},       {"workload", 1, 0, 'w'},
+                                         {"concurrency", 1, 0, 'c'},   {"rate", 1, 0, 'r'},
+                                         {"requests", 1, 0, 'n'},      {"duration", 1, 0, 'd'},
+                                         {"input-len", 1, 0, 'i'},     {"output-len", 1, 0, 'o'},
+                                         {"range-ratio", 1, 0, 'R'},   {"prefixes", 1, 0, 'P'},
+                                         {"users", 1, 0, 'U'},         {"prefix-len", 1, 0, 'L'},
+                                         {"conversations", 1, 0, 'C'}, {"turns", 1, 0, 'T'},
+                                         {"vocab", 1, 0, 'V'},         {"seed", 1, 0, 's'},
+                                         {"timeout", 1, 0, 't'},       {"json", 1, 0, 'j'},
+                                         {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+    *c = (config){.model = NULL,
+                  .workload = W_RANDOM,
+                  .concurrency = 16,
+                  .requests = 100,
+                  .input_len = 128,
+                  .output_len = 128,
+                  .prefixes = 4,
+                  .users = 8,
+                  .turns = 4,
+                  .vocab = 32000,
+                  .seed = 1,
+                  .timeout_s = 600};
     c->api_key = getenv("SHOAL_API_KEY");
     bool requests_given = false;
     int o;
@@ -442,11 +468,21 @@ static int parse_args(int argc, char **argv, config *c)
         double v = optarg ? strtod(optarg, &end) : 0;
         bool num_ok = optarg && end != optarg && *end == '\0' && v >= 0;
         switch (o) {
-        case 'u': c->url = optarg; continue;
-        case 'm': c->model = optarg; continue;
-        case 'k': c->api_key = optarg; continue;
-        case 'j': c->json_path = optarg; continue;
-        case 'h': usage(stdout); exit(0);
+        case 'u':
+            c->url = optarg;
+            continue;
+        case 'm':
+            c->model = optarg;
+            continue;
+        case 'k':
+            c->api_key = optarg;
+            continue;
+        case 'j':
+            c->json_path = optarg;
+            continue;
+        case 'h':
+            usage(stdout);
+            exit(0);
         case 'w':
             if (strcmp(optarg, "random") == 0)
                 c->workload = W_RANDOM;
@@ -455,12 +491,16 @@ static int parse_args(int argc, char **argv, config *c)
             else if (strcmp(optarg, "multi-turn") == 0)
                 c->workload = W_MULTI;
             else {
-                fprintf(stderr, "shoal-bench: --workload '%s': random, shared-prefix or "
-                                "multi-turn\n", optarg);
+                fprintf(stderr,
+                        "shoal-bench: --workload '%s': random, shared-prefix or "
+                        "multi-turn\n",
+                        optarg);
                 return 2;
             }
             continue;
-        case '?': usage(stderr); return 2;
+        case '?':
+            usage(stderr);
+            return 2;
         }
         if (!num_ok) {
             fprintf(stderr, "shoal-bench: %s '%s': expected a non-negative number\n",
@@ -468,21 +508,52 @@ static int parse_args(int argc, char **argv, config *c)
             return 2;
         }
         switch (o) {
-        case 'c': c->concurrency = (int)v; break;
-        case 'r': c->rate = v; break;
-        case 'n': c->requests = (int)v; requests_given = true; break;
-        case 'd': c->duration_s = v; break;
-        case 'i': c->input_len = (int)v; break;
-        case 'o': c->output_len = (int)v; break;
-        case 'R': c->range_ratio = v; break;
-        case 'P': c->prefixes = (int)v; break;
-        case 'U': c->users = (int)v; break;
-        case 'L': c->prefix_len = (int)v; break;
-        case 'C': c->conversations = (int)v; break;
-        case 'T': c->turns = (int)v; break;
-        case 'V': c->vocab = (int)v; break;
-        case 's': c->seed = (uint64_t)v; break;
-        case 't': c->timeout_s = v; break;
+        case 'c':
+            c->concurrency = (int)v;
+            break;
+        case 'r':
+            c->rate = v;
+            break;
+        case 'n':
+            c->requests = (int)v;
+            requests_given = true;
+            break;
+        case 'd':
+            c->duration_s = v;
+            break;
+        case 'i':
+            c->input_len = (int)v;
+            break;
+        case 'o':
+            c->output_len = (int)v;
+            break;
+        case 'R':
+            c->range_ratio = v;
+            break;
+        case 'P':
+            c->prefixes = (int)v;
+            break;
+        case 'U':
+            c->users = (int)v;
+            break;
+        case 'L':
+            c->prefix_len = (int)v;
+            break;
+        case 'C':
+            c->conversations = (int)v;
+            break;
+        case 'T':
+            c->turns = (int)v;
+            break;
+        case 'V':
+            c->vocab = (int)v;
+            break;
+        case 's':
+            c->seed = (uint64_t)v;
+            break;
+        case 't':
+            c->timeout_s = v;
+            break;
         }
     }
     if (!c->url || optind < argc) {
@@ -565,6 +636,67 @@ static void write_report(run *r, double seconds)
     cJSON_Delete(root);
 }
 
+/* Appends what curl reads to a bounded buffer. */
+struct body_buf {
+    char data[65536];
+    size_t len;
+};
+
+static size_t on_body(char *p, size_t size, size_t n, void *user)
+{
+    struct body_buf *b = user;
+    size_t len = size * n, room = sizeof b->data - 1 - b->len;
+    size_t take = len < room ? len : room;
+    memcpy(b->data + b->len, p, take);
+    b->len += take;
+    b->data[b->len] = '\0';
+    return len;
+}
+
+/* The first model the server serves (GET /v1/models), for requests that
+ * name none: into name; false with a line on stderr that says why. */
+static bool first_served_model(const config *c, char *name, size_t bytes)
+{
+    char url[1024], auth[600];
+    snprintf(url, sizeof url, "%s/v1/models", c->url);
+    struct body_buf *b = calloc(1, sizeof *b);
+    CURL *easy = curl_easy_init();
+    struct curl_slist *headers = NULL;
+    if (c->api_key) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", c->api_key);
+        headers = curl_slist_append(NULL, auth);
+    }
+    bool ok = false;
+    long status = 0;
+    if (b && easy) {
+        curl_easy_setopt(easy, CURLOPT_URL, url);
+        curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers);
+        curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(easy, CURLOPT_WRITEDATA, b);
+        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long)(c->timeout_s * 1000));
+        CURLcode code = curl_easy_perform(easy);
+        curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+        cJSON *j = code == CURLE_OK ? cJSON_Parse(b->data) : NULL;
+        const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(data, 0), "id");
+        if (code != CURLE_OK)
+            fprintf(stderr, "shoal-bench: GET %s: %s\n", url, curl_easy_strerror(code));
+        else if (status != 200 || !cJSON_IsString(id))
+            fprintf(stderr, "shoal-bench: GET %s: HTTP %ld, no model in the answer: %.300s\n", url,
+                    status, b->data);
+        else
+            ok = (size_t)snprintf(name, bytes, "%s", id->valuestring) < bytes;
+        cJSON_Delete(j);
+    }
+    if (!ok)
+        fprintf(stderr, "shoal-bench: give --model NAME (the model the server serves)\n");
+    curl_slist_free_all(headers);
+    if (easy)
+        curl_easy_cleanup(easy);
+    free(b);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     run r;
@@ -573,6 +705,15 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    static char served[512];
+    if (!r.c.model) {
+        if (!first_served_model(&r.c, served, sizeof served)) {
+            curl_global_cleanup();
+            return 1;
+        }
+        r.c.model = served;
+        fprintf(stderr, "shoal-bench: model '%s' (the server's first)\n", served);
+    }
     r.multi = curl_multi_init();
     r.rng = r.c.seed;
     if (r.c.workload == W_SHARED) {
