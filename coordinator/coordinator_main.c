@@ -390,12 +390,19 @@ int main(int argc, char **argv)
         }
     }
     if (!co.model_dir || optind < argc) {
+        if (!co.model_dir)
+            fprintf(stderr, "shoal-coordinator: --model DIR is missing (a Hugging Face model "
+                            "directory)\n");
+        else
+            fprintf(stderr, "shoal-coordinator: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
         return 2;
     }
     if (!learn && (state_dir || co.spill_gib || co.restore_mode)) {
         fprintf(stderr, "shoal-coordinator: %s needs --learn-conversations\n",
-                state_dir ? "--state-dir" : co.spill_gib ? "--spill-gib" : "--restore-mode");
+                state_dir      ? "--state-dir"
+                : co.spill_gib ? "--spill-gib"
+                               : "--restore-mode");
         return 2;
     }
     if (learn && !state_dir) {
@@ -455,8 +462,9 @@ int main(int argc, char **argv)
     coordinator_http *http = NULL;
     char path[SHOAL_PATH_BYTES_MAX];
     if (common_dir_check(co.model_dir, "--model", &diag)) {
-        fprintf(stderr, "shoal-coordinator: %s (a Hugging Face model directory: config.json, "
-                        "tokenizer.json and the weights)\n",
+        fprintf(stderr,
+                "shoal-coordinator: %s (a Hugging Face model directory: config.json, "
+                "tokenizer.json and the weights)\n",
                 diag.msg);
         goto out;
     }

@@ -138,7 +138,8 @@ static int run_bench(worker_model_options *mo, int streams, int prompt_tokens, i
     if (parallel > streams)
         parallel = streams;
     int per_stream = (prompt_tokens + output_tokens + mo->page_tokens - 1) / mo->page_tokens;
-    worker_engine_options eo = {.max_batch_tokens = mo->max_rows, .parallel = parallel,
+    worker_engine_options eo = {.max_batch_tokens = mo->max_rows,
+                                .parallel = parallel,
                                 .max_queued = streams,
                                 .max_model_len = per_stream * mo->page_tokens};
     mo->kv_pages = kv_pages ? kv_pages : parallel * per_stream;
@@ -169,7 +170,8 @@ static int run_bench(worker_model_options *mo, int streams, int prompt_tokens, i
     if (r.decode_s > 0)
         printf("  decode phase (every stream past its first token): %llu tokens in %.2f s, "
                "%.1f tokens/s\n",
-               (unsigned long long)r.decode_tokens, r.decode_s, (double)r.decode_tokens / r.decode_s);
+               (unsigned long long)r.decode_tokens, r.decode_s,
+               (double)r.decode_tokens / r.decode_s);
     rc = 0;
 out:
     worker_engine_close(e);
@@ -198,12 +200,16 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
                      int max_model_len)
 {
     shoal_diag diag = {{0}};
-    worker_serve_options so = {.socket_path = connect, .worker_index = index,
-                               .heartbeat_ms = heartbeat_ms, .step_timeout_s = step_timeout_s,
+    worker_serve_options so = {.socket_path = connect,
+                               .worker_index = index,
+                               .heartbeat_ms = heartbeat_ms,
+                               .step_timeout_s = step_timeout_s,
                                .device = mo->device,
-                               .fake_tokens = fake, .fake_vocab = 1000,
+                               .fake_tokens = fake,
+                               .fake_vocab = 1000,
                                .fake_max_model_len = max_model_len ? max_model_len : 32768,
-                               .fake_parallel = parallel, .fake_step_us = fake_step_us};
+                               .fake_parallel = parallel,
+                               .fake_step_us = fake_step_us};
     signal(SIGPIPE, SIG_IGN);
     if (fake) {
         shoal_err err = worker_serve_run(&so, NULL, NULL, &diag);
@@ -218,8 +224,10 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
     }
     if (!max_model_len)
         max_model_len = cfg.max_positions < 32768 ? cfg.max_positions : 32768;
-    worker_engine_options eo = {.max_batch_tokens = mo->max_rows, .parallel = parallel,
-                                .max_queued = 4096, .max_model_len = max_model_len};
+    worker_engine_options eo = {.max_batch_tokens = mo->max_rows,
+                                .parallel = parallel,
+                                .max_queued = 4096,
+                                .max_model_len = max_model_len};
     mo->kv_pages = kv_pages; /* 0: sized from free memory once the weights are in */
     worker_engine_size_model(&eo, mo);
     LOG_INFO("worker %d: loading %s on %s, pages of %d tokens, parallel %d", index, mo->model_dir,
@@ -232,8 +240,7 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
     /* an arena sized from free memory fits the segment's rows: a small
      * model on a large machine would otherwise ask for more pages than the
      * coordinator made rows for, and the worker would refuse to start */
-    if ((cluster && !kv_pages &&
-         worker_cluster_segment_pages(cluster, &mo->kv_pages_max, &diag)) ||
+    if ((cluster && !kv_pages && worker_cluster_segment_pages(cluster, &mo->kv_pages_max, &diag)) ||
         worker_model_open(mo, &m, &diag) ||
         (cluster && worker_cluster_join(cluster, index, mo->device, m, &cl, &diag))) {
         fprintf(stderr, "shoal-worker: %s\n", diag.msg);
@@ -318,11 +325,38 @@ out:
 
 int main(int argc, char **argv)
 {
-    enum { OPT_MODEL = 1, OPT_LOAD, OPT_DEVICE, OPT_THREADS, OPT_IDS, OPT_RANDOM, OPT_MAX,
-           OPT_EOS, OPT_PAGE, OPT_BATCH, OPT_BENCH, OPT_PARALLEL, OPT_PAGES, OPT_LEN, OPT_SERVE,
-           OPT_CONNECT, OPT_INDEX, OPT_HEARTBEAT, OPT_FAKE, OPT_FAKE_STEP, OPT_KVDTYPE, OPT_KVFRAC,
-           OPT_CLUSTER, OPT_LEARN, OPT_STATE_DIR, OPT_SPILL, OPT_RESTORE, OPT_WARMUP,
-           OPT_STEP_TIMEOUT, OPT_HELP };
+    enum {
+        OPT_MODEL = 1,
+        OPT_LOAD,
+        OPT_DEVICE,
+        OPT_THREADS,
+        OPT_IDS,
+        OPT_RANDOM,
+        OPT_MAX,
+        OPT_EOS,
+        OPT_PAGE,
+        OPT_BATCH,
+        OPT_BENCH,
+        OPT_PARALLEL,
+        OPT_PAGES,
+        OPT_LEN,
+        OPT_SERVE,
+        OPT_CONNECT,
+        OPT_INDEX,
+        OPT_HEARTBEAT,
+        OPT_FAKE,
+        OPT_FAKE_STEP,
+        OPT_KVDTYPE,
+        OPT_KVFRAC,
+        OPT_CLUSTER,
+        OPT_LEARN,
+        OPT_STATE_DIR,
+        OPT_SPILL,
+        OPT_RESTORE,
+        OPT_WARMUP,
+        OPT_STEP_TIMEOUT,
+        OPT_HELP
+    };
     static const struct option opts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"load-format", required_argument, 0, OPT_LOAD},
@@ -398,7 +432,9 @@ int main(int argc, char **argv)
             continue;
         }
         switch (c) {
-        case OPT_MODEL: mo.model_dir = optarg; break;
+        case OPT_MODEL:
+            mo.model_dir = optarg;
+            break;
         case OPT_LOAD:
             if (strcmp(optarg, "dummy") == 0) {
                 mo.load_format = WORKER_LOAD_DUMMY;
@@ -408,14 +444,30 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case OPT_DEVICE: mo.device = optarg; break;
-        case OPT_IDS: ids_text = optarg; break;
-        case OPT_EOS: ignore_eos = true; break;
-        case OPT_SERVE: serve = true; break;
-        case OPT_CONNECT: connect = optarg; break;
-        case OPT_CLUSTER: cluster = optarg; break;
-        case OPT_LEARN: learn.on = true; break;
-        case OPT_STATE_DIR: learn.o.dir = optarg; break;
+        case OPT_DEVICE:
+            mo.device = optarg;
+            break;
+        case OPT_IDS:
+            ids_text = optarg;
+            break;
+        case OPT_EOS:
+            ignore_eos = true;
+            break;
+        case OPT_SERVE:
+            serve = true;
+            break;
+        case OPT_CONNECT:
+            connect = optarg;
+            break;
+        case OPT_CLUSTER:
+            cluster = optarg;
+            break;
+        case OPT_LEARN:
+            learn.on = true;
+            break;
+        case OPT_STATE_DIR:
+            learn.o.dir = optarg;
+            break;
         case OPT_SPILL: {
             unsigned long long bytes;
             if (common_parse_gib("shoal-worker", "--spill-gib", optarg,
@@ -439,7 +491,9 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case OPT_FAKE: fake = true; break;
+        case OPT_FAKE:
+            fake = true;
+            break;
         case OPT_KVDTYPE:
             if (strcmp(optarg, "bf16") == 0) {
                 mo.kv_dtype = SHOAL_DTYPE_BF16;
@@ -454,19 +508,27 @@ int main(int argc, char **argv)
             char *end;
             mo.kv_memory_fraction = strtod(optarg, &end);
             if (*end != '\0' || !(mo.kv_memory_fraction > 0.0 && mo.kv_memory_fraction <= 1.0)) {
-                fprintf(stderr, "shoal-worker: --kv-memory-fraction '%s': expected a number in "
-                                "(0, 1]\n", optarg);
+                fprintf(stderr,
+                        "shoal-worker: --kv-memory-fraction '%s': expected a number in "
+                        "(0, 1]\n",
+                        optarg);
                 return 2;
             }
             break;
         }
-        case OPT_HELP: usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case OPT_HELP:
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (!learn.on && (learn.o.dir || learn.o.spill_bytes || restore_given)) {
         fprintf(stderr, "shoal-worker: %s needs --learn-conversations\n",
-                learn.o.dir ? "--state-dir" : learn.o.spill_bytes ? "--spill-gib" : "--restore-mode");
+                learn.o.dir           ? "--state-dir"
+                : learn.o.spill_bytes ? "--spill-gib"
+                                      : "--restore-mode");
         return 2;
     }
     if (learn.on && (!serve || fake || !learn.o.dir)) {
@@ -483,6 +545,10 @@ int main(int argc, char **argv)
         learn.o.read_all = strcmp(mo.device, "cpu") == 0;
     if (serve) {
         if (!connect || (!mo.model_dir && !fake) || optind < argc) {
+            fprintf(stderr, "shoal-worker: --serve needs %s\n",
+                    !connect        ? "--connect ADDR"
+                    : optind < argc ? "no arguments past the options"
+                                    : "--model DIR");
             usage(stderr);
             return 2;
         }
@@ -493,6 +559,12 @@ int main(int argc, char **argv)
     }
     if (!mo.model_dir || (!ids_text && !random_len) || (ids_text && random_len) || optind < argc ||
         (bench_streams && !random_len)) {
+        fprintf(stderr, "shoal-worker: %s\n",
+                !mo.model_dir              ? "--model DIR is missing"
+                : !ids_text && !random_len ? "give the prompt: --prompt-ids or --prompt-random"
+                : ids_text && random_len   ? "--prompt-ids and --prompt-random exclude each other"
+                : optind < argc            ? "unexpected arguments past the options"
+                                           : "--bench-streams needs --prompt-random N");
         usage(stderr);
         return 2;
     }
@@ -544,7 +616,8 @@ int main(int argc, char **argv)
                  st.prompt_tokens / (st.prefill_s > 0 ? st.prefill_s : 1e-9));
         if (st.generated_tokens > 1)
             LOG_INFO("decode: %d tokens in %.3f s (%.2f tokens/s)", st.generated_tokens - 1,
-                     st.decode_s, (st.generated_tokens - 1) / (st.decode_s > 0 ? st.decode_s : 1e-9));
+                     st.decode_s,
+                     (st.generated_tokens - 1) / (st.decode_s > 0 ? st.decode_s : 1e-9));
     }
     worker_model_close(m);
     free(prompt);
