@@ -47,7 +47,7 @@ for tokens in 5 0; do
   python3 "$tmp/server.py" "$tmp/port" "$tokens" &
   pid=$!
   for _ in $(seq 100); do [ -s "$tmp/port" ] && break; sleep 0.05; done
-  "$bench" --url "http://127.0.0.1:$(cat "$tmp/port")" --requests 4 --concurrency 2 \
+  "$bench" --url "http://127.0.0.1:$(cat "$tmp/port")" --model fake --requests 4 --concurrency 2 \
     --input-len 8 --output-len 5 --json "$tmp/r.json" > "$tmp/out.txt" 2>&1 || true
   kill "$pid" && wait "$pid" 2> /dev/null || true
   pid=
