@@ -173,7 +173,6 @@ struct http_req {
     uint64_t hangup_id;
 };
 
-
 /* Takes what r's body buffer grows to (cap bytes, from r->body_cap) from
  * the server's budget for bodies being read; false, taking nothing, where
  * that would pass it. The buffer itself is r's to grow. */
@@ -1241,8 +1240,8 @@ static enum MHD_Result on_headers(http_req *r, const char *url, const char *meth
              * rest as it arrives: a client that declares 32 MiB and sends
              * nothing holds no more than that (1,000 such connections
              * reserved 33 GB when the whole length was taken at once) */
-            size_t cap = len < COORDINATOR_BODY_FIRST_BYTES ? (size_t)len
-                                                              : COORDINATOR_BODY_FIRST_BYTES;
+            size_t cap =
+                len < COORDINATOR_BODY_FIRST_BYTES ? (size_t)len : COORDINATOR_BODY_FIRST_BYTES;
             if (!body_reserve(r, cap)) {
                 set_bodies_full(r); /* the body is read and dropped, then the 503 */
                 return MHD_YES;
@@ -1310,8 +1309,8 @@ static enum MHD_Result send_preflight(http_req *r)
         return MHD_NO;
     char methods[64];
     snprintf(methods, sizeof methods, "%s, OPTIONS", r->allow);
-    const char *asked = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
-                                                    "Access-Control-Request-Headers");
+    const char *asked =
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
     MHD_add_response_header(resp, "Access-Control-Allow-Methods", methods);
     MHD_add_response_header(resp, "Access-Control-Allow-Headers",
                             asked && asked[0] ? asked : "Authorization, Content-Type");
@@ -1517,6 +1516,33 @@ static shoal_err resolve(const char *host, int port, struct sockaddr_storage *ad
     return SHOAL_OK;
 }
 
+shoal_err coordinator_http_bind(const char *host, int port, int *fd, shoal_diag *diag)
+{
+    *fd = -1;
+    host = host ? host : "127.0.0.1";
+    struct sockaddr_storage addr;
+    shoal_err err = resolve(host, port, &addr, diag);
+    if (err)
+        return err;
+    socklen_t len =
+        addr.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    int s = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (s < 0 || setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(s, (struct sockaddr *)&addr, len) != 0 || listen(s, 1024) != 0) {
+        int e = errno;
+        if (s >= 0)
+            close(s);
+        return shoal_diag_set(diag, SHOAL_ERR_IO, "http: cannot listen on %s port %d: %s%s", host,
+                              port, strerror(e),
+                              e == EADDRINUSE ? " (another server has it: stop it, or give "
+                                                "--port N, 0 for any free one)"
+                                              : "");
+    }
+    *fd = s;
+    return SHOAL_OK;
+}
+
 bool coordinator_http_origin_valid(const char *origin)
 {
     size_t n = strlen(origin);
@@ -1526,11 +1552,12 @@ bool coordinator_http_origin_valid(const char *origin)
     return plain;
 }
 
-shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_cluster *cluster,
-                                const coordinator_tokenizer *tok, const coordinator_chat *chat,
-                                coordinator_http **out, shoal_diag *diag)
+static shoal_err http_open(const coordinator_http_options *o, coordinator_cluster *cluster,
+                           const coordinator_tokenizer *tok, const coordinator_chat *chat,
+                           coordinator_http **out, shoal_diag *diag)
 {
     *out = NULL;
+    int fd = o->listen_fd;
     int threads = o->threads ? o->threads : 2;
     if (threads < 1 || threads > COORDINATOR_HTTP_THREADS_MAX || o->port < 0 || o->port > 65535)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
@@ -1616,26 +1643,25 @@ shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_c
     int connections = o->connections_max ? o->connections_max : COORDINATOR_CONNECTIONS_MAX;
     if ((err = coordinator_hangup_open(connections, &h->hangup, diag)))
         goto out_close;
-    struct sockaddr_storage addr;
-    if ((err = resolve(o->host ? o->host : "127.0.0.1", o->port, &addr, diag)))
+    if (fd < 0 && (err = coordinator_http_bind(o->host, o->port, &fd, diag)))
         goto out_close;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG;
-    if (addr.ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
     struct MHD_OptionItem pool[2] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
     if (threads > 1)
         pool[0] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, threads, NULL};
-    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_access, h, MHD_OPTION_EXTERNAL_LOGGER,
-                                 on_mhd_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)connections,
-                                 MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)(o->idle_timeout_s ? o->idle_timeout_s : 60),
-                                 MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_NOTIFY_COMPLETED,
-                                 on_completed, h, MHD_OPTION_ARRAY, pool, MHD_OPTION_END);
+    h->daemon =
+        MHD_start_daemon(flags, 0, NULL, NULL, on_access, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+                         h, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT,
+                         (unsigned)connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)(o->idle_timeout_s ? o->idle_timeout_s : 60),
+                         MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_NOTIFY_COMPLETED,
+                         on_completed, h, MHD_OPTION_ARRAY, pool, MHD_OPTION_END);
     if (!h->daemon) {
-        err = shoal_diag_set(diag, SHOAL_ERR_IO, "http: cannot listen on %s port %d: %s",
+        err = shoal_diag_set(diag, SHOAL_ERR_IO, "http: cannot serve on %s port %d: %s",
                              o->host ? o->host : "127.0.0.1", o->port, strerror(errno));
+        if (o->listen_fd < 0) /* bound here; a given one the caller's wrapper closes */
+            close(fd);
         goto out_close;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
@@ -1644,5 +1670,17 @@ shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_c
     return SHOAL_OK;
 out_close:
     coordinator_http_close(h);
+    return err;
+}
+
+shoal_err coordinator_http_open(const coordinator_http_options *o, coordinator_cluster *cluster,
+                                const coordinator_tokenizer *tok, const coordinator_chat *chat,
+                                coordinator_http **out, shoal_diag *diag)
+{
+    /* a given listening socket is the server's from here: the daemon
+     * closes it at close, this on an error */
+    shoal_err err = http_open(o, cluster, tok, chat, out, diag);
+    if (err && o->listen_fd >= 0)
+        close(o->listen_fd);
     return err;
 }

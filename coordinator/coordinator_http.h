@@ -37,21 +37,34 @@
 #include <stddef.h>
 
 typedef struct coordinator_http_options {
-    const char *host;       /* address to listen on (numeric or a name); default 127.0.0.1 */
-    int port;               /* 0: any free port (see coordinator_http_port) */
-    const char *api_key;    /* NULL or "": no key */
-    const char *model_name; /* the served model's name, as /v1/models lists it */
-    int threads;            /* HTTP threads, 1..COORDINATOR_HTTP_THREADS_MAX; 0: 2 */
-    size_t body_bytes_max;  /* 0: COORDINATOR_BODY_BYTES_MAX */
+    const char *host;        /* address to listen on (numeric or a name); default 127.0.0.1 */
+    int port;                /* 0: any free port (see coordinator_http_port) */
+    const char *api_key;     /* NULL or "": no key */
+    const char *model_name;  /* the served model's name, as /v1/models lists it */
+    int threads;             /* HTTP threads, 1..COORDINATOR_HTTP_THREADS_MAX; 0: 2 */
+    size_t body_bytes_max;   /* 0: COORDINATOR_BODY_BYTES_MAX */
     size_t bodies_bytes_max; /* all bodies being read; 0: COORDINATOR_BODIES_BYTES_MAX */
-    int connections_max;    /* 0: COORDINATOR_CONNECTIONS_MAX */
-    int streams_max;        /* choices in flight; 0: COORDINATOR_STREAMS_MAX */
-    int default_max_tokens; /* when a request gives none; 0: the rest of the context */
-    int idle_timeout_s;     /* an idle keep-alive connection is closed after; 0: 60 */
+    int connections_max;     /* 0: COORDINATOR_CONNECTIONS_MAX */
+    int streams_max;         /* choices in flight; 0: COORDINATOR_STREAMS_MAX */
+    int default_max_tokens;  /* when a request gives none; 0: the rest of the context */
+    int idle_timeout_s;      /* an idle keep-alive connection is closed after; 0: 60 */
     /* CORS: the origin browsers may call from ("*": any, as vLLM's
      * default); NULL or "": no CORS headers, and OPTIONS is a 405 */
     const char *allowed_origin;
+    /* A socket coordinator_http_bind made: coordinator_http_open takes it
+     * whatever it returns (the server closes it at close, or open on an
+     * error); -1: coordinator_http_open binds host and port itself. */
+    int listen_fd;
 } coordinator_http_options;
+
+/* Binds host and port and listens, before anything slow starts (the
+ * coordinator binds first and starts its workers after, so a port that is
+ * taken is said at once, not after every model has loaded); connections
+ * wait in the backlog until coordinator_http_open serves them. *fd is the
+ * caller's until it is handed over in listen_fd. SHOAL_ERR_IO when the
+ * address cannot be bound (the message names it and says why),
+ * SHOAL_ERR_INVALID for a host that does not resolve. */
+shoal_err coordinator_http_bind(const char *host, int port, int *fd, shoal_diag *diag);
 
 typedef struct coordinator_http coordinator_http;
 

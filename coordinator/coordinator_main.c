@@ -241,7 +241,8 @@ int main(int argc, char **argv)
     common_log_init("shoal-coordinator", COMMON_LOG_INFO);
     coordinator_cluster_options co;
     coordinator_cluster_options_default(&co);
-    coordinator_http_options ho = {.host = "127.0.0.1", .port = 8000, .allowed_origin = "*"};
+    coordinator_http_options ho = {
+        .host = "127.0.0.1", .port = 8000, .allowed_origin = "*", .listen_fd = -1};
     const char *port_file = NULL;
     int body_max = 0, bodies_mib = 0, drain_s = 30, start_s = 600;
     bool learn = false;
@@ -479,12 +480,19 @@ int main(int argc, char **argv)
         LOG_WARN("no chat template: %s; /v1/chat/completions answers 400, /v1/completions "
                  "serves",
                  chat_diag.msg);
+    /* the port first: one that is taken is said before any model loads */
+    if (coordinator_http_bind(ho.host, ho.port, &ho.listen_fd, &diag)) {
+        fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
+        goto out;
+    }
     LOG_INFO("starting workers (%s) for %s", co.workers, co.model_dir);
     if (coordinator_cluster_open(&co, &cluster, &diag)) {
         fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
         goto out;
     }
-    if (coordinator_http_open(&ho, cluster, tok, chat, &http, &diag)) {
+    shoal_err http_err = coordinator_http_open(&ho, cluster, tok, chat, &http, &diag);
+    ho.listen_fd = -1; /* the server's now, whatever the outcome */
+    if (http_err) {
         fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
         goto out;
     }
@@ -529,6 +537,8 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     coordinator_http_close(http);
+    if (ho.listen_fd >= 0)
+        close(ho.listen_fd);
     coordinator_cluster_close(cluster);
     coordinator_chat_close(chat);
     coordinator_tokenizer_close(tok);
