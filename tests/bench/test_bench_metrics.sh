@@ -84,6 +84,18 @@ if "$bench" --url "$url" --requests 2 --concurrency 2 --input-len 8 --output-len
 else
   echo "FAIL: no --model: the bench failed"; cat "$tmp/auto.out" "$tmp/auto.err"; status=1
 fi
+# --range-ratio varies the shared-prefix tails: 6 prompts of 32 + 16 tokens
+# with the ratio 0 sum to 288, with 0.9 to anything else (almost surely).
+for ratio in 0 0.9; do
+  "$bench" --url "$url" --workload shared-prefix --requests 6 --concurrency 3 --input-len 48 \
+    --prefix-len 32 --output-len 2 --vocab 150000 --range-ratio $ratio \
+    --json "$tmp/range$ratio.json" > /dev/null 2>&1 || { echo "FAIL: range $ratio"; status=1; }
+done
+p0=$(python3 -c "import json; print(int(json.load(open('$tmp/range0.json'))['prompt_tokens']))")
+p9=$(python3 -c "import json; print(int(json.load(open('$tmp/range0.9.json'))['prompt_tokens']))")
+[ "$p0" -eq 288 ] || { echo "FAIL: range 0: $p0 prompt tokens, not 288"; status=1; }
+[ "$p9" -ne 288 ] || { echo "FAIL: --range-ratio 0.9 left every tail at 16 tokens"; status=1; }
+echo "shared-prefix prompt tokens: $p0 at range 0, $p9 at range 0.9"
 # A model the server does not serve: every request fails, the bench says
 # the server's error and exits non-zero.
 if "$bench" --url "$url" --model no-such-model --requests 2 --concurrency 2 --input-len 8 \

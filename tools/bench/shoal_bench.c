@@ -173,8 +173,8 @@ static char *make_body(run *r, request *q)
             int p = (int)(rng_next(&r->rng) % (uint64_t)r->c.prefixes);
             for (int i = 0; i < r->c.prefix_len; i++)
                 cJSON_AddItemToArray(prompt, cJSON_CreateNumber(r->prefix_ids[p][i]));
-            int tail = r->c.input_len - r->c.prefix_len;
-            add_ids(prompt, r, tail > 1 ? tail : 1);
+            int tail = r->c.input_len - r->c.prefix_len; /* its length varies by --range-ratio */
+            add_ids(prompt, r, rand_len(r, tail > 1 ? tail : 1));
         } else {
             add_ids(prompt, r, rand_len(r, r->c.input_len));
         }
@@ -426,7 +426,8 @@ static void usage(FILE *f)
                "  --duration S           or stop starting requests after S seconds\n"
                "  --input-len N          prompt tokens (default 128)\n"
                "  --output-len N         output tokens (default 128)\n"
-               "  --range-ratio R        prompt lengths uniform in N*(1-R)..N*(1+R) (default 0)\n"
+               "  --range-ratio R        prompt lengths uniform in N*(1-R)..N*(1+R) (default 0;\n"
+               "                         shared-prefix: the tails' lengths)\n"
                "  --prefixes N --users M --prefix-len N   shared-prefix shape (4, 8, 3/4 input)\n"
                "  --conversations N --turns T             multi-turn shape (concurrency, 4)\n"
                "  --vocab N              token ids are drawn below N (default 32000)\n"
