@@ -81,12 +81,12 @@ typedef struct cworker {
     long long last_seen_ms;
     long long restart_at_ms;
     int restarts;
-    int streak;        /* deaths in a row (restart_reset_ms): the backoff */
+    int streak;         /* deaths in a row (restart_reset_ms): the backoff */
     long long ready_ms; /* its last HELLO; 0 since its last start */
-    int exit_code; /* of its last process: status, -signal, or SHM_EXIT_* */
-    bool draining; /* its row's drain flag was seen: no new streams go there */
-    bool bye_sent; /* draining and idle: SHUTDOWN went out, its exit is awaited */
-    long long bye_ms; /* when */
+    int exit_code;      /* of its last process: status, -signal, or SHM_EXIT_* */
+    bool draining;      /* its row's drain flag was seen: no new streams go there */
+    bool bye_sent;      /* draining and idle: SHUTDOWN went out, its exit is awaited */
+    long long bye_ms;   /* when */
     /* A process killed and not yet reaped (0: none), since when: the
      * supervisor reaps it, and starts no new one on its device until it
      * has (a GPU worker's memory is freed as its process ends, which can
@@ -105,7 +105,8 @@ struct coordinator_cluster {
     char *model_dir, *runtime_dir, *worker_path, *load_format, *kv_dtype;
     char *state_dir, *spill_gib, *restore_mode;
     bool reader_check_due; /* a worker exited since the last check (lock) */
-    int test_reap_hold_ms; /* SHOAL_TEST_REAP_HOLD_MS: a killed worker takes that long to end */
+    int test_reap_hold_ms; /* test builds: SHOAL_TEST_REAP_HOLD_MS, a killed worker takes that
+                              long to end; 0 otherwise */
     pthread_mutex_t lock;
     pthread_cond_t changed;
     cworker w[COORDINATOR_WORKERS_MAX];
@@ -175,8 +176,7 @@ static cstream *stream_take(coordinator_cluster *c, uint64_t id)
 /* ---- routing ---- */
 
 /* Block hashes of a prompt's full blocks, as the engine computes them. */
-static int prompt_blocks(const coordinator_cluster *c, const cstream *s, common_hash *out,
-                         int max)
+static int prompt_blocks(const coordinator_cluster *c, const cstream *s, common_hash *out, int max)
 {
     common_hash root;
     common_block_root(&c->fingerprint, s->has_salt ? &s->salt : NULL, &root);
@@ -215,9 +215,8 @@ static int route(coordinator_cluster *c, const common_hash *blocks, int n_blocks
         }
         if (c->o.route == COORDINATOR_ROUTE_PREFIX) {
             int hits = 0;
-            while (hits < n_blocks &&
-                   w->prefix[common_hash_u64(&blocks[hits]) % PREFIX_SLOTS] ==
-                       common_hash_u64(&blocks[hits]))
+            while (hits < n_blocks && w->prefix[common_hash_u64(&blocks[hits]) % PREFIX_SLOTS] ==
+                                          common_hash_u64(&blocks[hits]))
                 hits++;
             if (lead[i] > hits)
                 hits = lead[i];
@@ -348,7 +347,7 @@ static void spawn(coordinator_cluster *c, cworker *w)
     }
     static const char *const flags[6] = {"--threads",  "--page-tokens",      "--kv-pages",
                                          "--parallel", "--max-batch-tokens", "--max-model-len"};
-    int values[6] = {c->o.threads,   c->o.page_tokens,      c->o.kv_pages,
+    int values[6] = {c->o.threads,  c->o.page_tokens,      c->o.kv_pages,
                      c->o.parallel, c->o.max_batch_tokens, c->o.max_model_len};
     for (int i = 0; i < 6; i++) {
         if (values[i] <= 0)
@@ -442,8 +441,8 @@ static void reap_dying(coordinator_cluster *c, cworker *w, long long now)
     if (r == 0)
         return;
     if (now - w->dying_ms > 1000)
-        LOG_INFO("worker %d: its killed process %d took %lld ms to end", w->index,
-                 (int)w->dying, now - w->dying_ms);
+        LOG_INFO("worker %d: its killed process %d took %lld ms to end", w->index, (int)w->dying,
+                 now - w->dying_ms);
     w->dying = 0;
 }
 
@@ -578,9 +577,14 @@ static void *rx_main(void *arg)
                     deliver(c, w, &ev[i]);
             break;
         }
-        case SHM_MSG_REJECT: on_reject(c, w, msg); break;
-        case SHM_MSG_HEARTBEAT: w->load = ((const shm_heartbeat *)msg)->load; break;
-        default: LOG_WARN("worker %d: sent message type %d, meant for workers", w->index, type);
+        case SHM_MSG_REJECT:
+            on_reject(c, w, msg);
+            break;
+        case SHM_MSG_HEARTBEAT:
+            w->load = ((const shm_heartbeat *)msg)->load;
+            break;
+        default:
+            LOG_WARN("worker %d: sent message type %d, meant for workers", w->index, type);
         }
         pthread_mutex_unlock(&c->lock);
         send_all(c, out, out_bytes, out_worker, n_out);
@@ -705,13 +709,13 @@ static void *supervisor_main(void *arg)
                  * learned states, so only a bound applies */
                 if (now - w->bye_ms > SHOAL_DRAIN_EXIT_MS) {
                     w->exit_code = SHM_EXIT_SILENT;
-                    declare_dead(c, w, "did not exit after its drain", out, out_bytes,
-                                 out_worker, &n_out, MOVE_MAX);
+                    declare_dead(c, w, "did not exit after its drain", out, out_bytes, out_worker,
+                                 &n_out, MOVE_MAX);
                 }
             } else if (w->state == W_ALIVE && now - w->last_seen_ms > c->o.dead_after_ms) {
                 w->exit_code = SHM_EXIT_SILENT;
-                declare_dead(c, w, "stopped answering (no heartbeat)", out, out_bytes, out_worker, &n_out,
-                             MOVE_MAX);
+                declare_dead(c, w, "stopped answering (no heartbeat)", out, out_bytes, out_worker,
+                             &n_out, MOVE_MAX);
             } else if (w->state == W_DEAD && w->ours && now >= w->restart_at_ms && !w->dying) {
                 spawn(c, w);
             }
@@ -812,8 +816,8 @@ static shoal_err make_runtime_dir(const char *dir, shoal_diag *diag)
     return SHOAL_OK;
 }
 
-shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
-                                   coordinator_cluster **out, shoal_diag *diag)
+shoal_err coordinator_cluster_open(const coordinator_cluster_options *o, coordinator_cluster **out,
+                                   shoal_diag *diag)
 {
     shoal_err err;
     *out = NULL;
@@ -832,8 +836,10 @@ shoal_err coordinator_cluster_open(const coordinator_cluster_options *o,
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
     c->next_id = 1;
-    const char *hold = getenv("SHOAL_TEST_REAP_HOLD_MS"); /* a test's fault, never set in use */
+#ifdef SHOAL_TESTING /* a test's fault: test builds only */
+    const char *hold = getenv("SHOAL_TEST_REAP_HOLD_MS");
     c->test_reap_hold_ms = hold ? atoi(hold) : 0;
+#endif
     if (!c->model_dir || !c->runtime_dir || !c->worker_path) {
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM, "cluster: no memory");
         goto out_close;
@@ -1026,8 +1032,7 @@ shoal_err coordinator_cluster_submit(coordinator_cluster *c, const coordinator_s
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
                               "the prompt must have a token and max_tokens must be at least 1");
     if (r->stop_count < 0 || r->stop_count > SHM_STOP_IDS_MAX)
-        return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "at most %d stop token ids",
-                              SHM_STOP_IDS_MAX);
+        return shoal_diag_set(diag, SHOAL_ERR_LIMIT, "at most %d stop token ids", SHM_STOP_IDS_MAX);
     if ((long long)r->prompt_len + r->max_tokens > c->max_model_len)
         return shoal_diag_set(diag, SHOAL_ERR_LIMIT,
                               "%d prompt tokens + max_tokens %d is over the context length of "

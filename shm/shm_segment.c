@@ -164,8 +164,8 @@ int shm_segment_sweep_stale(void)
         char path[sizeof de->d_name + 1];
         snprintf(path, sizeof path, "/%s", de->d_name);
         if (shm_unlink(path) == 0) {
-            LOG_WARN("removed /dev/shm/%s, left by a coordinator (pid %d) that is gone",
-                     de->d_name, (int)creator);
+            LOG_WARN("removed /dev/shm/%s, left by a coordinator (pid %d) that is gone", de->d_name,
+                     (int)creator);
             removed++;
         }
     }
@@ -190,8 +190,8 @@ shoal_err shm_segment_create(const char *name, const shm_segment_sizes *sizes, s
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
                               "segment sizes: %d workers (1..%d), %d pages, %d streams, %d leases "
                               "per segment must be positive and at most 2^24",
-                              sizes->workers, SHM_SEGMENT_WORKERS_MAX, sizes->pages,
-                              sizes->streams, sizes->leases);
+                              sizes->workers, SHM_SEGMENT_WORKERS_MAX, sizes->pages, sizes->streams,
+                              sizes->leases);
     }
     snprintf(s->path, sizeof s->path, "/shoal.%s", name);
     size_t bytes = layout(sizes, NULL);
@@ -232,7 +232,8 @@ shoal_err shm_segment_create(const char *name, const shm_segment_sizes *sizes, s
     int rc = posix_fallocate(fd, 0, (off_t)bytes);
     if (rc != 0) {
         err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
-                             "/dev/shm%s: cannot reserve %zu bytes: %s (is /dev/shm full? free room there or lower --segment-pages)",
+                             "/dev/shm%s: cannot reserve %zu bytes: %s (is /dev/shm full? free "
+                             "room there or lower --segment-pages)",
                              s->path, bytes, strerror(rc));
         goto out_close_fd;
     }
@@ -267,8 +268,7 @@ out_free:
     return err;
 }
 
-shoal_err shm_segment_attach(const char *name, bool read_only, shm_segment **out,
-                             shoal_diag *diag)
+shoal_err shm_segment_attach(const char *name, bool read_only, shm_segment **out, shoal_diag *diag)
 {
     shoal_err err;
     *out = NULL;
@@ -351,7 +351,8 @@ shm_page_row *shm_segment_pages(shm_segment *s, int worker)
 {
     shm_segment_header *h = s->base;
     SHOAL_ASSERT(worker >= 0 && worker < h->workers_max);
-    return (shm_page_row *)((char *)s->base + h->pages_offset) + (size_t)worker * (size_t)h->pages_max;
+    return (shm_page_row *)((char *)s->base + h->pages_offset) +
+           (size_t)worker * (size_t)h->pages_max;
 }
 
 shm_stream_row *shm_segment_streams(shm_segment *s, int worker)
@@ -752,8 +753,8 @@ static void repair_locked(shm_segment *s)
     for (int w = 0; w < h->workers_max; w++) {
         shm_worker_row *row = shm_segment_worker(s, w);
         uint32_t st = atomic_load(&row->state);
-        bool live = (st == SHM_WORKER_READY || st == SHM_WORKER_DRAINING) &&
-                    shm_pid_alive(row->pid);
+        bool live =
+            (st == SHM_WORKER_READY || st == SHM_WORKER_DRAINING) && shm_pid_alive(row->pid);
         shm_page_row *rows = shm_segment_pages(s, w);
         for (int p = 0; p < h->pages_max; p++) {
             if (!(atomic_load(&rows[p].flags) & SHM_PAGE_HASHED))
@@ -792,7 +793,11 @@ void shm_segment_unlock(shm_segment *s)
 
 void shm_test_pause(const char *point)
 {
+#ifdef SHOAL_TESTING
     const char *want = getenv("SHOAL_TEST_PAUSE");
     if (want && strcmp(want, point) == 0)
         raise(SIGSTOP);
+#else
+    (void)point;
+#endif
 }

@@ -301,9 +301,10 @@ int shm_lease_reclaim_locked(shm_segment *s);
 
 /* ---- tests ---- */
 
-/* When the environment variable SHOAL_TEST_PAUSE equals `point`, the
- * process stops itself (SIGSTOP) here, so a test can kill it inside a
- * critical section or a lease. A no-op otherwise. */
+/* In a test build (SHOAL_TESTING): when the environment variable
+ * SHOAL_TEST_PAUSE equals `point`, the process stops itself (SIGSTOP)
+ * here, so a test can kill it inside a critical section or a lease. A
+ * no-op otherwise, and in every other build. */
 void shm_test_pause(const char *point);
 
 #endif

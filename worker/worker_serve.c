@@ -243,10 +243,16 @@ static shoal_err handle(serve *sv, const void *msg, size_t bytes)
         return SHOAL_OK;
     }
     switch (type) {
-    case SHM_MSG_SUBMIT: return on_submit(sv, msg);
-    case SHM_MSG_CANCEL: on_cancel(sv, ((const shm_cancel *)msg)->stream_id); return SHOAL_OK;
-    case SHM_MSG_SHUTDOWN: sv->shutdown = true; return SHOAL_OK;
-    default: LOG_WARN("dropped a message of type %d meant for the coordinator", type);
+    case SHM_MSG_SUBMIT:
+        return on_submit(sv, msg);
+    case SHM_MSG_CANCEL:
+        on_cancel(sv, ((const shm_cancel *)msg)->stream_id);
+        return SHOAL_OK;
+    case SHM_MSG_SHUTDOWN:
+        sv->shutdown = true;
+        return SHOAL_OK;
+    default:
+        LOG_WARN("dropped a message of type %d meant for the coordinator", type);
     }
     return SHOAL_OK;
 }
@@ -380,9 +386,11 @@ shoal_err worker_serve_run(const worker_serve_options *o, worker_model *m, worke
     }
     sv.beat.running = true;
     long long last_sent = common_mono_ms(), next_step_ns = 0;
-    /* tests: every engine step this much longer (a long step on demand) */
+    long long step_sleep_ms = 0;
+#ifdef SHOAL_TESTING /* test builds: every engine step this much longer (a long step on demand) */
     const char *slow = getenv("SHOAL_TEST_STEP_SLEEP_MS");
-    const long long step_sleep_ms = slow ? atoll(slow) : 0;
+    step_sleep_ms = slow ? atoll(slow) : 0;
+#endif
     while (!(sv.shutdown && !busy(&sv)) && !stop_requested) {
         /* everything that arrived; wait for it only when idle */
         int wait = busy(&sv) ? 0 : o->heartbeat_ms;
