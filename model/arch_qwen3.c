@@ -8,19 +8,11 @@ static const model_tensor_name tensors[] = {
     {MODEL_ROLE_K_NORM, "model.layers.%d.self_attn.k_norm.weight"},
 };
 
-static shoal_err parse(const cJSON *root, const char *label, model_config *cfg, shoal_diag *diag)
-{
-    (void)root, (void)label, (void)diag;
-    for (int l = 0; l < cfg->layers; l++)
-        cfg->mlp_kind[l] = MODEL_MLP_DENSE;
-    return SHOAL_OK;
-}
-
 const model_arch model_arch_qwen3 = {
     .hf_name = "Qwen3ForCausalLM",
     .id = MODEL_ARCH_QWEN3,
     .qk_norm = true,
-    .parse = parse,
+    .parse = model_arch_parse_dense,
     .tensors = tensors,
     .tensor_count = sizeof tensors / sizeof tensors[0],
 };

@@ -55,6 +55,15 @@ bool model_tensor_name_of(const model_config *cfg, model_role role, int layer, i
     return false;
 }
 
+shoal_err model_arch_parse_dense(const cJSON *root, const char *label, model_config *cfg,
+                                 shoal_diag *diag)
+{
+    (void)root, (void)label, (void)diag;
+    for (int l = 0; l < cfg->layers; l++)
+        cfg->mlp_kind[l] = MODEL_MLP_DENSE;
+    return SHOAL_OK;
+}
+
 void model_tensor_shape(const model_config *cfg, model_role role, int *dims, int64_t shape[2])
 {
     int64_t hid = cfg->hidden, q = (int64_t)cfg->heads * cfg->head_dim,

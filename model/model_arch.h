@@ -105,6 +105,11 @@ bool model_tensor_name_of(const model_config *cfg, model_role role, int layer, i
 /* The shape of `role` in cfg: dims 1 or 2, and shape[dims]. */
 void model_tensor_shape(const model_config *cfg, model_role role, int *dims, int64_t shape[2]);
 
+/* A parse for architectures with no fields of their own: every layer a
+ * dense MLP. */
+shoal_err model_arch_parse_dense(const cJSON *root, const char *label, model_config *cfg,
+                                 shoal_diag *diag);
+
 /* The architectures; model_arch.c lists them. */
 extern const model_arch model_arch_llama;
 extern const model_arch model_arch_qwen3;

@@ -76,8 +76,7 @@ static __global__ void moe_route_kernel(int32_t *ids, float *weights, const floa
         p[i] = i * 32 + lane < experts ? expf(p[i] - mx) : -1.0f; /* -1: never picked */
         sum += fmaxf(p[i], 0.0f);
     }
-    for (int o = 16; o > 0; o /= 2)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = warp_reduce(sum, op_add());
     float picked = 0.0f, mine = 0.0f;
     int my_id = 0;
     for (int j = 0; j < topk; j++) {
@@ -386,8 +385,8 @@ static bool gemm_smem_ready(kernels_backend *be)
  * At most GEMV_ROWS rows: gate/up takes a block a (pair, GEMV_BLOCK_ROWS
  * hidden rows), a warp two gate rows and the same two up rows of the
  * pair's expert, every lane streaming 16-byte chunks of them against the
- * pair's input row; down takes a block a (row, GEMV_BLOCK_ROWS output
- * columns) and sums the row's slots in order, each slot's output rounded
+ * pair's input row; down takes a block a (row, GEMV_DOWN_COLS output
+ * columns, one a warp) and sums the row's slots in order, each slot's output rounded
  * to bf16 first, so the weighted sum needs no pass of its own. A one-row
  * round reads its top-k experts' bytes once; rows that share an expert
  * read it again, from L2 where they run together. Three kernels a layer
@@ -403,13 +402,6 @@ static __device__ __forceinline__ void fma8(float &acc, uint4 w, uint4 x)
         acc = fmaf(a.x, b.x, acc);
         acc = fmaf(a.y, b.y, acc);
     }
-}
-
-static __device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o /= 2)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 /* h[p][n] = silu(gate_e x) * (up_e x), x = in[p / topk], e = ids[p]. */
@@ -444,7 +436,7 @@ static __global__ void __launch_bounds__(128)
     }
 #pragma unroll
     for (int i = 0; i < GEMV_WARP_ROWS; i++) {
-        float gs = warp_sum(ag[i]), us = warp_sum(au[i]);
+        float gs = warp_reduce(ag[i], op_add()), us = warp_reduce(au[i], op_add());
         if (lane == 0 && n0 + i < n) {
             float gr = __bfloat162float(__float2bfloat16_rn(gs));
             float ur = __bfloat162float(__float2bfloat16_rn(us));
@@ -496,7 +488,7 @@ static __global__ void __launch_bounds__(128)
         }
 #pragma unroll
         for (int j = 0; j < GEMV_SLOTS; j++)
-            sum += wt[j] * __bfloat162float(__float2bfloat16_rn(warp_sum(acc[j])));
+            sum += wt[j] * __bfloat162float(__float2bfloat16_rn(warp_reduce(acc[j], op_add())));
     }
     if (lane == 0)
         out[(size_t)r * k + col] = __float2bfloat16_rn(sum);

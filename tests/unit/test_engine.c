@@ -9,8 +9,8 @@
  * measured and printed ("equal to solo: N of M"), not required; the same
  * batch run twice must still agree, and the page and prefix tests hold. */
 #include "common/common_rng.h"
-#include "model/model_config.h"
 #include "tests/test.h"
+#include "tests/test_model.h"
 #include "worker/worker_engine.h"
 #include "worker/worker_warmup.h"
 
@@ -20,7 +20,7 @@ enum { MAX_STREAMS = 256, MAX_OUT = 64 };
 
 /* The model: a parity fixture, llama3-scaled-bf16 unless SHOAL_TEST_MODEL
  * names another (CTest runs the engine on a Qwen3-MoE one too). */
-static char model_dir[512] = SHOAL_FIXTURES "/parity/llama3-scaled-bf16";
+#define MODEL_DIR test_model_dir("llama3-scaled-bf16")
 static int vocab;
 
 typedef struct req {
@@ -76,7 +76,7 @@ static worker_model *open_model(const setup *st)
                                 .max_model_len = st->max_model_len};
     worker_model_options mo;
     worker_model_options_default(&mo);
-    mo.model_dir = model_dir;
+    mo.model_dir = MODEL_DIR;
     mo.kv_pages = st->kv_pages;
     mo.threads = 2;
     mo.device = device;
@@ -595,17 +595,8 @@ int main(void)
     if (getenv("SHOAL_TEST_DEVICE"))
         device = getenv("SHOAL_TEST_DEVICE");
     exact = strcmp(device, "cpu") == 0;
-    if (getenv("SHOAL_TEST_MODEL"))
-        snprintf(model_dir, sizeof model_dir, "%s/parity/%s", SHOAL_FIXTURES,
-                 getenv("SHOAL_TEST_MODEL"));
-    model_config cfg;
-    shoal_diag diag = {{0}};
-    if (model_config_load(model_dir, &cfg, &diag) != SHOAL_OK) {
-        fprintf(stderr, "test_engine: %s\n", diag.msg);
-        return 1;
-    }
-    vocab = cfg.vocab;
-    printf("model %s (%s)\n", model_dir, cfg.arch_name);
+    vocab = test_model_vocab("llama3-scaled-bf16");
+    printf("model %s\n", MODEL_DIR);
     printf("device %s: outputs must equal solo runs: %s\n", device, exact ? "yes" : "measured");
     TEST_RUN(same_batch_gives_same_outputs_run_after_run);
     TEST_RUN(a_warmed_up_model_gives_the_same_outputs);
