@@ -31,6 +31,7 @@
 #define SHOAL_MODEL_INTERMEDIATE_MAX 262144
 #define SHOAL_MODEL_HEADS_MAX 256
 #define SHOAL_MODEL_HEAD_DIM_MAX 512
+#define SHOAL_MODEL_CONV_KERNEL_MAX 8 /* a gated DeltaNet layer's causal conv */
 #define SHOAL_MODEL_VOCAB_MAX (4 * 1024 * 1024)
 #define SHOAL_MODEL_EOS_IDS_MAX 16
 /* Experts of a mixture-of-experts layer, and experts a token goes to: the
@@ -54,6 +55,8 @@
 
 /* Streams in one forward pass. */
 #define SHOAL_BATCH_STREAMS_MAX 512
+/* recurrent-state slots a hybrid model keeps (streams and checkpoints) */
+#define SHOAL_STATE_SLOTS_MAX 65536
 
 /* Streams waiting for admission in one worker: past this, submit answers
  * "retry later" (the coordinator's 429/503) instead of queueing unbounded. */

@@ -135,6 +135,7 @@ void coordinator_cluster_options_default(coordinator_cluster_options *o)
     o->runtime_dir = "/tmp/shoal";
     o->worker_path = "shoal-worker";
     o->route = COORDINATOR_ROUTE_PREFIX;
+    o->state_checkpoints = o->checkpoint_interval = -1;
     o->heartbeat_ms = 200;
     o->dead_after_ms = 3000;
     o->step_timeout_s = SHOAL_STEP_TIMEOUT_S;
@@ -294,13 +295,13 @@ static void *place(coordinator_cluster *c, cstream *s, int avoid, size_t *bytes)
 
 static void spawn(coordinator_cluster *c, cworker *w)
 {
-    char index[16], heartbeat[16], step_timeout[16], num[6][16];
+    char index[16], heartbeat[16], step_timeout[16], num[6][16], ckpt[2][16];
     w->exit_code = SHM_EXIT_UNKNOWN;
     w->draining = w->bye_sent = false;
     snprintf(index, sizeof index, "%d", w->index);
     snprintf(heartbeat, sizeof heartbeat, "%d", c->o.heartbeat_ms);
     snprintf(step_timeout, sizeof step_timeout, "%d", c->o.step_timeout_s);
-    const char *argv[48]; /* at most 41 arguments (those below), then the NULL */
+    const char *argv[52]; /* at most 45 arguments (those below), then the NULL */
     int a = 0;
     argv[a++] = c->worker_path;
     argv[a++] = "--serve";
@@ -355,6 +356,15 @@ static void spawn(coordinator_cluster *c, cworker *w)
         snprintf(num[i], sizeof num[i], "%d", values[i]);
         argv[a++] = flags[i];
         argv[a++] = num[i];
+    }
+    static const char *const ckpt_flags[2] = {"--state-checkpoints", "--checkpoint-interval"};
+    int ckpt_values[2] = {c->o.state_checkpoints, c->o.checkpoint_interval};
+    for (int i = 0; i < 2; i++) {
+        if (ckpt_values[i] < 0)
+            continue;
+        snprintf(ckpt[i], sizeof ckpt[i], "%d", ckpt_values[i]);
+        argv[a++] = ckpt_flags[i];
+        argv[a++] = ckpt[i];
     }
     SHOAL_ASSERT(a < (int)(sizeof argv / sizeof argv[0]));
     argv[a] = NULL;

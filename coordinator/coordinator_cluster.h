@@ -48,6 +48,8 @@ typedef struct coordinator_cluster_options {
     int parallel;
     int max_batch_tokens;
     int max_model_len;
+    int state_checkpoints;   /* hybrids' state checkpoints; -1: the worker's default */
+    int checkpoint_interval; /* tokens; -1: the worker's default */
     /* --learn-conversations: each worker keeps conversations in the state
      * store in state_dir (NULL: off), under spill_gib as given (NULL: the
      * worker's default). The coordinator clears the store's stale reader

@@ -65,6 +65,11 @@ static void usage(FILE *f)
         "                          batch size, so that first requests load no kernels\n"
         "  --page-tokens N, --kv-pages N, --parallel N, --max-batch-tokens N,\n"
         "  --max-model-len N, --threads N\n"
+        "  --state-checkpoints N   hybrid models: recurrent-state checkpoints kept for\n"
+        "                          prefix hits (default: twice --parallel)\n"
+        "  --checkpoint-interval N hybrid models: a prompt keeps its state every N tokens\n"
+        "                          (a multiple of --page-tokens; default 512; 0: only at\n"
+        "                          its last full page and each turn's end)\n"
         "  --runtime-dir DIR       worker sockets (default: a new /tmp/shoal.XXXXXX)\n"
         "  --cluster NAME          the shared segment /dev/shm/shoal.NAME that workers\n"
         "                          and shoalctl attach to (default: shoal-<pid>)\n"
@@ -183,6 +188,8 @@ int main(int argc, char **argv)
         OPT_BATCH,
         OPT_LEN,
         OPT_THREADS,
+        OPT_CHECKPOINTS,
+        OPT_CHECKPOINT_INTERVAL,
         OPT_RUNTIME,
         OPT_CLUSTER,
         OPT_SEGMENT_PAGES,
@@ -222,6 +229,8 @@ int main(int argc, char **argv)
         {"max-batch-tokens", required_argument, 0, OPT_BATCH},
         {"max-model-len", required_argument, 0, OPT_LEN},
         {"threads", required_argument, 0, OPT_THREADS},
+        {"state-checkpoints", required_argument, 0, OPT_CHECKPOINTS},
+        {"checkpoint-interval", required_argument, 0, OPT_CHECKPOINT_INTERVAL},
         {"runtime-dir", required_argument, 0, OPT_RUNTIME},
         {"cluster", required_argument, 0, OPT_CLUSTER},
         {"segment-pages", required_argument, 0, OPT_SEGMENT_PAGES},
@@ -272,6 +281,9 @@ int main(int argc, char **argv)
         {OPT_BATCH, "--max-batch-tokens", 1, SHOAL_BATCH_ROWS_MAX, &co.max_batch_tokens},
         {OPT_LEN, "--max-model-len", 2, SHOAL_CONTEXT_TOKENS_MAX, &co.max_model_len},
         {OPT_THREADS, "--threads", 0, SHOAL_CPU_THREADS_MAX, &co.threads},
+        {OPT_CHECKPOINTS, "--state-checkpoints", 0, SHOAL_STATE_SLOTS_MAX, &co.state_checkpoints},
+        {OPT_CHECKPOINT_INTERVAL, "--checkpoint-interval", 0, SHOAL_CONTEXT_TOKENS_MAX,
+         &co.checkpoint_interval},
         {OPT_HEARTBEAT, "--heartbeat-ms", 10, 60000, &co.heartbeat_ms},
         {OPT_STEP_TIMEOUT, "--step-timeout-s", 0, 86400, &co.step_timeout_s},
         {OPT_DEAD, "--dead-after-ms", 100, 600000, &co.dead_after_ms},

@@ -13,7 +13,8 @@
 void kernels_kv_layout_init(kernels_kv_layout *layout, int layers, int kv_heads, int head_dim,
                             int page_tokens, shoal_dtype dtype)
 {
-    SHOAL_ASSERT(dtype == SHOAL_DTYPE_BF16 || dtype == SHOAL_DTYPE_F8_E4M3);
+    SHOAL_ASSERT(dtype == SHOAL_DTYPE_BF16 || dtype == SHOAL_DTYPE_F8_E4M3 ||
+                 dtype == SHOAL_DTYPE_F32);
     layout->layers = layers;
     layout->kv_heads = kv_heads;
     layout->head_dim = head_dim;

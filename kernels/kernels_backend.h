@@ -83,6 +83,8 @@ struct kernels_backend {
     shoal_dtype act_dtype;
     bool host_memory; /* device pointers are host pointers (the CPU backend):
                          weights can be used where they are mapped */
+    bool kv_f32;      /* F32 KV pages, beside BF16 and F8_E4M3 (the CPU backend:
+                         its parity runs keep the KV as exact as the reference) */
     void *impl; /* the backend's own state */
 
     /* Frees the backend and everything its alloc() returned that is still
@@ -328,6 +330,57 @@ struct kernels_backend {
     void (*moe_experts)(kernels_backend *be, void *out, const void *in, const int32_t *ids,
                         const float *weights, int rows, int topk, const kernels_weight *wg,
                         const kernels_weight *wu, const kernels_weight *wd, void *scratch);
+
+    /* Gated DeltaNet, the linear-attention layers of Qwen3-Next and Qwen3.5
+     * (NULL where a backend lacks them).
+     *
+     * States live in slots (model_cache.h): a layer's state of slot s is at
+     * states + s x slot_stride bytes, its conv part F32 [channels][kernel -
+     * 1] (the last inputs, oldest first), then the delta rule's F32
+     * [v_heads][k_dim][v_dim] (deltanet_rule's states point there).
+     * slots[stream] is each stream's slot (NULL: stream s has slot s). A
+     * stream's rows in a batch are consecutive positions in row order; a
+     * stream whose first row is at position 0 starts from a zero state,
+     * any other from its slot's. Each op leaves the state after the
+     * stream's last row in its slot.
+     *
+     * deltanet_conv: the depthwise causal conv and SiLU: out[r][c] =
+     * silu(sum_j w[c][j] x_{t-kernel+1+j}[c]), x_t the stream's inputs
+     * (in's rows, in_stride elements apart, their first `channels`), the
+     * state's before them. w F32 [channels][kernel]; out packed [rows]
+     * [channels].
+     *
+     * deltanet_rule: for each row and value head h, its key head kh = h /
+     * (v_heads / k_heads): q and k the kh-th heads of x's q and k parts (x
+     * packed [rows][2 k_heads k_dim + v_heads v_dim]: q, k, v), each
+     * L2-normalized (x / sqrt(sum x^2 + 1e-6)), q times 1 / sqrt(k_dim);
+     * beta = sigmoid(b[r][h]), g = decay[h] softplus(a[r][h] + dt_bias[h])
+     * (decay = -exp(A_log)); then S = exp(g) S, u = beta (v - S^T k), S +=
+     * k u^T, out[r][h] = S^T q. b and a rows are ba_stride elements apart;
+     * out packed [rows][v_heads v_dim]. State and sums in F32.
+     *
+     * rmsnorm_gated: for each row and each of `heads` heads of dim:
+     * out = x / rms(x) * w * silu(z), w F32 [dim]; out may be x.
+     *
+     * mul_sigmoid: x[r][i] *= sigmoid(gate[r * gate_stride + (gate_cols ==
+     * 1 ? 0 : i)]) for rows of n.
+     *
+     * add: x[r][i] += y[r][i] for rows of n.
+     *
+     * All activations act_dtype, on the device. */
+    void (*deltanet_conv)(kernels_backend *be, void *out, const void *in, int in_stride,
+                          const float *w, int channels, int kernel, void *states,
+                          size_t slot_stride, const int32_t *slots, const kernels_batch *batch);
+    void (*deltanet_rule)(kernels_backend *be, void *out, const void *x, const void *b,
+                          const void *a, int ba_stride, const float *decay,
+                          const float *dt_bias, int k_heads, int v_heads, int k_dim, int v_dim,
+                          void *states, size_t slot_stride, const int32_t *slots,
+                          const kernels_batch *batch);
+    void (*rmsnorm_gated)(kernels_backend *be, void *out, const void *x, const void *z,
+                          const float *w, int rows, int heads, int dim, float eps);
+    void (*mul_sigmoid)(kernels_backend *be, void *x, const void *gate, int rows, int n,
+                        int gate_stride, int gate_cols);
+    void (*add)(kernels_backend *be, void *x, const void *y, int rows, int n);
 
     /* out[i] = in[idx[i]] for rows of dim (act_dtype). */
     void (*gather)(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,

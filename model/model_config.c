@@ -150,11 +150,13 @@ shoal_err model_config_parse(const char *json, const char *label, model_config *
 {
     shoal_err err;
     memset(cfg, 0, sizeof *cfg);
-    cJSON *root = cJSON_Parse(json);
-    if (!cJSON_IsObject(root)) {
+    const cJSON *root = NULL;
+    cJSON *doc = cJSON_Parse(json);
+    if (!cJSON_IsObject(doc)) {
         err = shoal_diag_set(diag, SHOAL_ERR_FORMAT, "%s: not a JSON object", label);
         goto out;
     }
+    root = doc;
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *arch = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
     if (!cJSON_IsString(arch)) {
@@ -172,11 +174,24 @@ shoal_err model_config_parse(const char *json, const char *label, model_config *
     }
     cfg->arch = a->id;
     cfg->qk_norm = a->qk_norm;
+    /* A multimodal checkpoint (Qwen3.5) keeps its language model's fields
+     * under text_config; the outer config says the dtype and the tying. */
+    const cJSON *outer = root;
+    if (a->text_config) {
+        root = cJSON_GetObjectItemCaseSensitive(outer, a->text_config);
+        if (!cJSON_IsObject(root)) {
+            err = shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                                 "%s: %s keeps its text model's fields in '%s', which is missing",
+                                 label, a->hf_name, a->text_config);
+            goto out;
+        }
+    }
     if ((err = model_config_get_int(root, "vocab_size", -1, 1, SHOAL_MODEL_VOCAB_MAX, label,
                                     &cfg->vocab, diag)) ||
         (err = model_config_get_int(root, "hidden_size", -1, 1, SHOAL_MODEL_HIDDEN_MAX, label,
                                     &cfg->hidden, diag)) ||
-        (err = model_config_get_int(root, "intermediate_size", -1, 1, SHOAL_MODEL_INTERMEDIATE_MAX,
+        /* checked below when a layer has a dense MLP */
+        (err = model_config_get_int(root, "intermediate_size", 0, 1, SHOAL_MODEL_INTERMEDIATE_MAX,
                                     label, &cfg->intermediate, diag)) ||
         (err = model_config_get_int(root, "num_hidden_layers", -1, 1, SHOAL_MODEL_LAYERS_MAX, label,
                                     &cfg->layers, diag)) ||
@@ -220,12 +235,15 @@ shoal_err model_config_parse(const char *json, const char *label, model_config *
         goto out;
     }
     /* Qwen3 and Llama both default to untied embeddings in transformers. */
-    cfg->tie_embeddings = model_config_get_bool(root, "tie_word_embeddings", false);
+    cfg->tie_embeddings = model_config_get_bool(
+        outer, "tie_word_embeddings", model_config_get_bool(root, "tie_word_embeddings", false));
     if ((err = parse_rope(root, label, cfg, diag)))
         goto out;
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(outer, "dtype");
     if (!cJSON_IsString(dt))
-        dt = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
+        dt = cJSON_GetObjectItemCaseSensitive(outer, "torch_dtype");
+    if (!cJSON_IsString(dt))
+        dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
     if (cJSON_IsString(dt)) {
         const char *s = dt->valuestring;
         cfg->dtype = strcmp(s, "bfloat16") == 0  ? SHOAL_DTYPE_BF16
@@ -240,9 +258,14 @@ shoal_err model_config_parse(const char *json, const char *label, model_config *
         cfg->bos_id = -1;
     if ((err = get_eos(root, label, cfg, diag)))
         goto out;
-    err = a->parse(root, label, cfg, diag);
+    cfg->rope_dim = cfg->head_dim;
+    if ((err = a->parse(root, label, cfg, diag)))
+        goto out;
+    if (cfg->intermediate == 0 && model_config_has_dense(cfg))
+        err = shoal_diag_set(diag, SHOAL_ERR_FORMAT, "%s: missing field 'intermediate_size'",
+                             label);
 out:
-    cJSON_Delete(root);
+    cJSON_Delete(doc);
     return err;
 }
 
@@ -304,8 +327,13 @@ void model_config_rope_inv_freq(const model_config *cfg, float *inv_freq)
 {
     int half = cfg->head_dim / 2;
     for (int i = 0; i < half; i++) {
-        /* transformers: 1 / base ** (arange(0, dim, 2).float() / dim), in float32 */
-        float expo = (float)(2 * i) / (float)cfg->head_dim;
+        if (2 * i >= cfg->rope_dim) { /* not rotated: cos 1, sin 0 */
+            inv_freq[i] = 0.0f;
+            continue;
+        }
+        /* transformers: 1 / base ** (arange(0, dim, 2).float() / dim), in
+         * float32, dim the rotated dims */
+        float expo = (float)(2 * i) / (float)cfg->rope_dim;
         float f = 1.0f / powf((float)cfg->rope_theta, expo);
         if (cfg->rope_llama3) {
             /* transformers' _compute_llama3_parameters */
@@ -331,4 +359,25 @@ bool model_config_has_moe(const model_config *cfg)
         if (cfg->mlp_kind[l] == MODEL_MLP_MOE)
             return true;
     return false;
+}
+
+bool model_config_has_dense(const model_config *cfg)
+{
+    for (int l = 0; l < cfg->layers; l++)
+        if (cfg->mlp_kind[l] == MODEL_MLP_DENSE)
+            return true;
+    return false;
+}
+
+bool model_config_has_linear(const model_config *cfg)
+{
+    for (int l = 0; l < cfg->layers; l++)
+        if (cfg->mixer_kind[l] == MODEL_MIXER_LINEAR)
+            return true;
+    return false;
+}
+
+int model_config_lin_conv_dim(const model_config *cfg)
+{
+    return 2 * cfg->lin_k_heads * cfg->lin_k_dim + cfg->lin_v_heads * cfg->lin_v_dim;
 }

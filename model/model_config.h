@@ -20,7 +20,16 @@ typedef enum model_arch_id {
     MODEL_ARCH_QWEN3 = 1,
     MODEL_ARCH_LLAMA,
     MODEL_ARCH_QWEN3_MOE,
+    MODEL_ARCH_QWEN3_NEXT,
+    MODEL_ARCH_QWEN3_5,
+    MODEL_ARCH_QWEN3_5_MOE,
 } model_arch_id;
+
+/* The token mixer of a layer. */
+typedef enum model_mixer_kind {
+    MODEL_MIXER_ATTENTION = 0, /* softmax attention over the KV pages */
+    MODEL_MIXER_LINEAR,        /* gated DeltaNet: a fixed-size state a stream */
+} model_mixer_kind;
 
 /* The MLP block of a layer. */
 typedef enum model_mlp_kind {
@@ -61,6 +70,24 @@ typedef struct model_config {
     int moe_intermediate;
     bool norm_topk_prob;
     uint8_t mlp_kind[SHOAL_MODEL_LAYERS_MAX]; /* model_mlp_kind of each layer */
+    /* A shared expert beside the routed ones (shared_intermediate rows,
+     * 0 for none), its output scaled by sigmoid(shared_expert_gate x). */
+    int shared_intermediate;
+
+    /* Hybrid models (Qwen3-Next, Qwen3.5). */
+    uint8_t mixer_kind[SHOAL_MODEL_LAYERS_MAX]; /* model_mixer_kind of each layer */
+    /* RMSNorm weights stored as w - 1 (the norm scales by 1 + w), for every
+     * norm but the gated one of the linear layers */
+    bool norm_offset;
+    /* q_proj gives each head's query and then a gate of head_dim; the
+     * attention output is scaled by sigmoid(gate) before o_proj */
+    bool attn_output_gate;
+    int rope_dim; /* the leading dims of a head that rope rotates; head_dim unless partial */
+    /* gated DeltaNet layers: key and value heads and dims, the depthwise
+     * causal conv's kernel; linear_fused: Qwen3-Next's in_proj_qkvz and
+     * in_proj_ba (grouped by key head) rather than Qwen3.5's four */
+    int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv;
+    bool linear_fused;
 } model_config;
 
 /* For architecture files (model_arch.h): an integer field of root in
@@ -71,8 +98,15 @@ shoal_err model_config_get_int(const struct cJSON *root, const char *key, int de
                                const char *label, int *out, shoal_diag *diag);
 bool model_config_get_bool(const struct cJSON *root, const char *key, bool def);
 
-/* Whether any layer is a mixture of experts. */
+/* Whether any layer is a mixture of experts; any a linear-attention
+ * (gated DeltaNet) layer; any a dense MLP. */
 bool model_config_has_moe(const model_config *cfg);
+bool model_config_has_linear(const model_config *cfg);
+bool model_config_has_dense(const model_config *cfg);
+
+/* The channels of a linear layer's conv: q, k and v (2 x k_heads x k_dim
+ * + v_heads x v_dim). */
+int model_config_lin_conv_dim(const model_config *cfg);
 
 /* Parses config.json text. label names the file in messages. Unknown
  * architectures, activations other than silu, biases and rope types other

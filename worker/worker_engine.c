@@ -2,6 +2,7 @@
 
 #include "common/common_assert.h"
 #include "common/common_limits.h"
+#include "common/common_log.h"
 #include "common/common_time.h"
 
 #include <stdlib.h>
@@ -35,6 +36,10 @@ typedef struct stream {
     int job_first, job_blocks;
     int batch_slot; /* index in this step's batch, or -1 */
     int rows;       /* rows in this step */
+    int state_slot; /* hybrids: the model's state slot while running, or -1 */
+    int hit_slot;   /* hybrids: the checkpoint its prefix hit starts from, or -1 */
+    bool has_tail;  /* hybrids: tail is the checkpoint of its latest decode block */
+    common_hash tail;
 } stream;
 
 struct worker_engine {
@@ -46,6 +51,12 @@ struct worker_engine {
     worker_pages *pages;
     common_hash fingerprint;
     bool broken;
+    /* Hybrid models (gated DeltaNet layers) keep each running stream's
+     * recurrent state in a model state slot ([0, parallel)); free_slots
+     * holds those no stream has. Checkpoints take the slots after them. */
+    bool hybrid;
+    int *free_slots, n_free_slots;
+    worker_checkpoints *ckpts;
 
     stream **running; /* admission order; [0, n_running) */
     int n_running;
@@ -55,7 +66,7 @@ struct worker_engine {
     int n_cancelled, cancel_cap;
 
     /* step scratch, sized at open */
-    int32_t *ids, *pos, *row_stream, *table, *logit_rows;
+    int32_t *ids, *pos, *row_stream, *table, *logit_rows, *slots;
     stream **batch;
     stream **logit_stream;
     kernels_sample_params *params;
@@ -89,6 +100,7 @@ static void end_job(worker_engine *e, stream *s, bool passed)
     }
 }
 
+/* What a stream holds goes back: its pages and its state slot. */
 static void release_pages(worker_engine *e, stream *s)
 {
     end_job(e, s, false); /* before the pages go: the source lets go of them first */
@@ -97,6 +109,10 @@ static void release_pages(worker_engine *e, stream *s)
     s->n_pages = 0;
     s->computed = 0;
     s->published = 0;
+    if (s->state_slot >= 0) {
+        e->free_slots[e->n_free_slots++] = s->state_slot;
+        s->state_slot = -1;
+    }
 }
 
 /* Hash of block b (common_block_hash), computed once and kept. */
@@ -146,10 +162,19 @@ static void running_remove(worker_engine *e, int i)
 
 /* ---- open / close ---- */
 
+/* A cached page is evicted: the checkpoint at its block goes with it. */
+static void drop_checkpoint(void *ctx, int page, const common_hash *hash,
+                            const common_hash *parent)
+{
+    (void)page, (void)parent;
+    worker_checkpoints_drop(ctx, hash);
+}
+
 void worker_engine_size_model(const worker_engine_options *opt, worker_model_options *mo)
 {
     mo->max_rows = opt->max_batch_tokens;
     mo->max_streams = opt->parallel;
+    mo->state_slots = opt->parallel + opt->checkpoints;
     mo->max_logit_rows = opt->parallel;
     mo->max_pages_per_stream = (opt->max_model_len + mo->page_tokens - 1) / mo->page_tokens;
 }
@@ -189,9 +214,35 @@ shoal_err worker_engine_open(worker_model *m, const worker_engine_options *opt,
     e->cancel_cap = opt->max_queued + opt->parallel;
     int rows = opt->max_batch_tokens, streams = opt->parallel;
     e->pen_cap = worker_model_penalty_cap(m);
-    if (worker_pages_open(worker_model_kv_pages(m), opt->segment, opt->worker_index, &e->pages) !=
-        SHOAL_OK)
+    e->hybrid = worker_model_slot_bytes(m) > 0;
+    int ckpts = e->hybrid ? opt->checkpoints : 0;
+    if (opt->checkpoints < 0 || opt->checkpoint_interval < 0 ||
+        opt->checkpoint_interval % kv->page_tokens != 0) {
+        free(e);
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "engine: %d checkpoints every %d tokens: need a count >= 0 and an "
+                              "interval that is 0 or a multiple of the page size %d",
+                              opt->checkpoints, opt->checkpoint_interval, kv->page_tokens);
+    }
+    if (e->hybrid && worker_model_state_slots(m) < streams + ckpts) {
+        free(e);
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "engine: parallel %d and %d checkpoints need as many state slots; "
+                              "the model has %d",
+                              streams, ckpts, worker_model_state_slots(m));
+    }
+    e->free_slots = malloc((size_t)streams * sizeof *e->free_slots);
+    e->slots = malloc((size_t)streams * 4);
+    if (!e->free_slots || !e->slots)
         goto out_nomem;
+    for (int i = 0; i < streams; i++)
+        e->free_slots[e->n_free_slots++] = streams - 1 - i;
+    if (worker_pages_open(worker_model_kv_pages(m), opt->segment, opt->worker_index, &e->pages) !=
+            SHOAL_OK ||
+        worker_checkpoints_open(streams, ckpts, &e->ckpts) != SHOAL_OK)
+        goto out_nomem;
+    if (ckpts > 0)
+        worker_pages_on_evict(e->pages, drop_checkpoint, e->ckpts);
     e->running = calloc((size_t)streams, sizeof *e->running);
     e->waiting = calloc((size_t)e->wait_cap, sizeof *e->waiting);
     e->cancelled = calloc((size_t)e->cancel_cap, sizeof *e->cancelled);
@@ -230,10 +281,12 @@ void worker_engine_close(worker_engine *e)
     for (int i = 0; i < e->n_waiting; i++)
         stream_free(e->waiting[(e->wait_head + i) % e->wait_cap]);
     worker_pages_close(e->pages);
+    worker_checkpoints_close(e->ckpts);
     free(e->running), free(e->waiting), free(e->cancelled);
     free(e->ids), free(e->pos), free(e->row_stream), free(e->logit_rows), free(e->table);
     free(e->batch), free(e->logit_stream), free(e->params), free(e->results);
     free(e->pen_off), free(e->pen_tok), free(e->pen_cnt), free(e->sort_buf);
+    free(e->free_slots), free(e->slots);
     free(e);
 }
 
@@ -335,6 +388,7 @@ shoal_err worker_engine_submit(worker_engine *e, const worker_request *r, shoal_
     /* streams share pages only with the same model, layout and salt */
     common_block_root(&e->fingerprint, r->has_salt ? &r->salt : NULL, &s->root);
     s->batch_slot = -1;
+    s->state_slot = s->hit_slot = -1;
     wait_push_back(e, s);
     return SHOAL_OK;
 }
@@ -377,6 +431,9 @@ void worker_engine_stats_get(const worker_engine *e, worker_engine_stats *out)
     out->running = e->n_running;
     out->waiting = e->n_waiting;
     worker_pages_stats_get(e->pages, &out->pages);
+    worker_checkpoints_stats_get(e->ckpts, &out->checkpoints);
+    out->state_slots = e->hybrid ? e->o.parallel : 0;
+    out->slot_bytes = worker_model_slot_bytes(e->m);
 }
 
 const worker_pages *worker_engine_pages(const worker_engine *e)
@@ -519,6 +576,61 @@ static int job_chunk(worker_engine *e, stream *s, int n)
     return n;
 }
 
+/* Hybrids: the prompt's last full block before its last token, where the
+ * engine keeps the state (a repeated prompt or a next turn starts there). */
+static int last_full_block_end(const worker_engine *e, const stream *s)
+{
+    return (s->len - 1) / e->pt * e->pt;
+}
+
+/* Hybrids with checkpoints: a chunk of n tokens ends at the next boundary
+ * where the engine keeps the state, so the step leaves it in the slot. */
+static int checkpoint_chunk(const worker_engine *e, const stream *s, int n)
+{
+    if (e->o.checkpoints == 0)
+        return n;
+    int c = s->computed, cut = c + n, last = last_full_block_end(e, s);
+    if (c < last && last < cut)
+        cut = last;
+    int iv = e->o.checkpoint_interval;
+    if (iv > 0 && (c / iv + 1) * iv < cut)
+        cut = (c / iv + 1) * iv;
+    return cut - c;
+}
+
+/* Hybrids: after a step, the state of a stream that ended on a boundary
+ * the engine keeps goes into a checkpoint under that block's hash. One at
+ * the stream's last known token (a decode row's block, or a prompt that
+ * fills its last block) is its tail: it replaces the stream's previous
+ * tail, so the latest stays, the turn's end once the stream finishes. */
+static void take_checkpoint(worker_engine *e, stream *s)
+{
+    int c = s->computed, pt = e->pt, iv = e->o.checkpoint_interval;
+    if (e->o.checkpoints == 0 || c == 0 || c % pt != 0)
+        return;
+    bool on_interval = iv > 0 && c % iv == 0;
+    bool tail = c == s->len;
+    if (!on_interval && !tail && c != last_full_block_end(e, s))
+        return;
+    const common_hash *h = block_hash(e, s, c / pt - 1);
+    int slot = worker_checkpoints_add(e->ckpts, h);
+    if (slot >= 0) {
+        shoal_diag d = {{0}};
+        if (worker_model_slot_copy(e->m, slot, s->state_slot, &d) != SHOAL_OK) {
+            LOG_WARN("stream %llu: %s; no checkpoint at token %d", (unsigned long long)s->id,
+                     d.msg, c);
+            worker_checkpoints_drop(e->ckpts, h);
+            return;
+        }
+    }
+    if (tail && !on_interval) {
+        if (s->has_tail)
+            worker_checkpoints_drop(e->ckpts, &s->tail);
+        s->tail = *h;
+        s->has_tail = true;
+    }
+}
+
 /* A prompt chunk of s, as long as the budget, the pages and a restore in
  * progress allow. */
 static void add_prefill(worker_engine *e, batch_build *b, int idx, stream *s)
@@ -528,6 +640,8 @@ static void add_prefill(worker_engine *e, batch_build *b, int idx, stream *s)
         n = b->budget;
     if (s->job && (n = job_chunk(e, s, n)) == 0)
         return;
+    if (e->hybrid)
+        n = checkpoint_chunk(e, s, n);
     grow(e, idx, s, s->computed + n, false);
     int room = s->n_pages * e->pt - s->computed;
     if (n > room)
@@ -572,6 +686,31 @@ static int start_job(worker_engine *e, stream *s, int from, int max_blocks, int 
     return n;
 }
 
+/* Hybrids: the longest chain of cached pages that ends at a checkpoint
+ * (pages past the last checkpoint go back); the checkpoint's slot waits in
+ * s->hit_slot for the stream's own slot. */
+static int take_hybrid_prefix(worker_engine *e, stream *s, int max_blocks)
+{
+    int found = 0, hits = 0;
+    s->hit_slot = -1;
+    while (found < max_blocks) {
+        int pg = worker_pages_lookup(e->pages, block_hash(e, s, found));
+        if (pg < 0)
+            break;
+        s->pages[s->n_pages++] = pg;
+        found++;
+        if (worker_checkpoints_find(e->ckpts, block_hash(e, s, found - 1), false) >= 0)
+            hits = found;
+    }
+    while (s->n_pages > hits)
+        worker_pages_unref(e->pages, s->pages[--s->n_pages]);
+    if (hits > 0)
+        s->hit_slot = worker_checkpoints_find(e->ckpts, block_hash(e, s, hits - 1), true);
+    s->computed = hits * e->pt;
+    s->published = hits;
+    return hits;
+}
+
 /* Takes the longest cached prefix of s's known tokens (leaving at least
  * one token to compute, whose logits start its output): this worker's own
  * pages first, then another worker's; then starts a restore of what the
@@ -581,6 +720,10 @@ static int take_prefix(worker_engine *e, stream *s, int budget, int *imported, i
 {
     int max_blocks = (s->len - 1) / e->pt;
     int hits = 0;
+    if (e->hybrid) {
+        *imported = *job_blocks = 0;
+        return take_hybrid_prefix(e, s, max_blocks);
+    }
     while (hits < max_blocks) {
         int pg = worker_pages_lookup(e->pages, block_hash(e, s, hits));
         if (pg < 0)
@@ -605,7 +748,7 @@ static int take_prefix(worker_engine *e, stream *s, int budget, int *imported, i
  * Looks at no page: a stream put off holds none and counts no lookup. */
 static bool computing_elsewhere(worker_engine *e, stream *s)
 {
-    const int cacheable = (s->len - 1) / e->pt;
+    const int cacheable = e->hybrid && e->o.checkpoints == 0 ? 0 : (s->len - 1) / e->pt;
     for (int i = 0; i < e->n_running; i++) {
         stream *r = e->running[i];
         const int b = r->published;
@@ -614,6 +757,23 @@ static bool computing_elsewhere(worker_engine *e, stream *s)
             return true;
     }
     return false;
+}
+
+/* A hybrid's prefix hit: its slot starts from the checkpoint. When the
+ * copy fails the pages go too and the stream computes from its start. */
+static bool start_from_checkpoint(worker_engine *e, stream *s)
+{
+    shoal_diag d = {{0}};
+    bool ok = worker_model_slot_copy(e->m, s->state_slot, s->hit_slot, &d) == SHOAL_OK;
+    if (!ok) {
+        LOG_WARN("stream %llu: %s; it computes its prompt from the start",
+                 (unsigned long long)s->id, d.msg);
+        for (int i = 0; i < s->n_pages; i++)
+            worker_pages_unref(e->pages, s->pages[i]);
+        s->n_pages = s->computed = s->published = 0;
+    }
+    s->hit_slot = -1;
+    return ok;
 }
 
 static void admit(worker_engine *e, batch_build *b)
@@ -638,6 +798,12 @@ static void admit(worker_engine *e, batch_build *b)
             break;
         }
         wait_pop(e);
+        if (e->hybrid) {
+            SHOAL_ASSERT(e->n_free_slots > 0); /* as many slots as running streams */
+            s->state_slot = e->free_slots[--e->n_free_slots];
+            if (hits > 0 && !start_from_checkpoint(e, s))
+                hits = 0;
+        }
         if (!s->admitted_once) {
             s->admitted_once = true;
             s->first_admission = true;
@@ -820,8 +986,10 @@ shoal_err worker_engine_step(worker_engine *e, worker_event *events, int *count,
     }
     worker_penalties pen;
     bool has_pen = build_penalties(e, b.logits, &pen);
-    worker_forward f = {b.rows, e->ids,   e->pos,       e->row_stream, b.streams,
-                        stride, e->table, b.logits,     e->logit_rows};
+    for (int j = 0; j < b.streams; j++)
+        e->slots[j] = e->batch[j]->state_slot;
+    worker_forward f = {b.rows, e->ids,   e->pos,   e->row_stream, b.streams, stride,
+                        e->table, b.logits, e->logit_rows, e->hybrid ? e->slots : NULL};
     uint64_t t0 = common_mono_ns();
     shoal_err err = worker_model_step(e->m, &f, e->params, has_pen ? &pen : NULL, e->results, diag);
     if (err) {
@@ -837,6 +1005,8 @@ shoal_err worker_engine_step(worker_engine *e, worker_event *events, int *count,
         s->rows = 0;
         s->batch_slot = -1;
         publish_blocks(e, s);
+        if (e->hybrid)
+            take_checkpoint(e, s);
         /* A chunk that computed the job's last blocks: the stream is past
          * it (job_chunk sees that only when another chunk of the prompt
          * follows, and a job that ran to the prompt's end would otherwise

@@ -15,12 +15,27 @@
  * decode needs a page and none is left, the most recently admitted other
  * stream is preempted: its pages are released (they stay cached where
  * published) and it is recomputed later from its tokens. Admission refuses
- * a stream that could never fit. One thread drives an engine. */
+ * a stream that could never fit. One thread drives an engine.
+ *
+ * Hybrid models (gated DeltaNet layers): each running stream owns a state
+ * slot. Pages alone are no prefix for them: a hit needs the recurrent state
+ * at the prefix's end, a checkpoint (worker_checkpoints.h). The engine ends
+ * prompt chunks at the prompt's last full block and at every
+ * checkpoint_interval tokens, and copies the stream's state there after the
+ * step; in decode it keeps the state at the latest block boundary (a
+ * turn's end, when the stream finishes). A later stream takes the longest
+ * chain of cached pages that ends at a checkpoint, pages and state
+ * together. So a repeated prompt or a conversation's next turn reuses all
+ * but its last partial block (one page is the smallest reusable prefix),
+ * and prompts that share only a head reuse it up to a multiple of the
+ * interval. Other workers' pages and the state store are not taken for
+ * hybrids. */
 #ifndef SHOAL_WORKER_ENGINE_H
 #define SHOAL_WORKER_ENGINE_H
 
 #include "common/common_hash.h"
 #include "kernels/kernels_sample.h"
+#include "worker/worker_checkpoints.h"
 #include "worker/worker_model.h"
 #include "worker/worker_pages.h"
 
@@ -28,6 +43,8 @@
 #include <stdint.h>
 
 enum { WORKER_STOP_IDS_MAX = 16 };
+/* The default checkpoint_interval of hybrid models (tokens). */
+enum { WORKER_CHECKPOINT_INTERVAL = 512 };
 
 /* A place a prefix's KV can come from besides this worker's own pages, at
  * once: another worker's arena (issue #8). Given
@@ -102,6 +119,13 @@ typedef struct worker_engine_options {
     int worker_index;
     worker_prefix_source import;  /* tried after local hits; fill NULL: none */
     worker_async_source restore;  /* tried after imports; start NULL: none */
+    /* Hybrid models (worker_checkpoints.h): the state checkpoints kept for
+     * prefix hits, in model state slots after the running streams' (0:
+     * none, every prompt computes from its start); and every how many
+     * tokens a prompt takes one (a multiple of the page size; 0: only at
+     * the prompt's last full block and at each turn's end). */
+    int checkpoints;
+    int checkpoint_interval;
 } worker_engine_options;
 
 typedef struct worker_request {
@@ -155,6 +179,9 @@ typedef struct worker_engine_stats {
     uint64_t preemptions;
     uint64_t deferred; /* admissions put off: the next block was another stream's work */
     worker_pages_stats pages;
+    worker_checkpoints_stats checkpoints; /* hybrids; zero otherwise */
+    int state_slots;                      /* hybrids: the running streams' slots */
+    size_t slot_bytes;                    /* hybrids: bytes of one state slot */
 } worker_engine_stats;
 
 typedef struct worker_engine worker_engine;

@@ -53,7 +53,13 @@ static void usage(FILE *f)
             "                         --parallel streams of --max-model-len need)\n"
             "  --kv-memory-fraction F serving: that share (default 0.9 on a GPU, 0.25 on the\n"
             "                         CPU, whose arena is host memory)\n"
-            "  --kv-dtype D           KV pages: bf16 (default) or fp8 (e4m3, scales 1.0)\n"
+            "  --kv-dtype D           KV pages: bf16 (default), fp8 (e4m3, scales 1.0)\n"
+            "                         or f32 (CPU backend only)\n"
+            "  --state-checkpoints N  hybrid models: recurrent-state checkpoints kept for\n"
+            "                         prefix hits (default: twice --parallel)\n"
+            "  --checkpoint-interval N hybrid models: a prompt keeps its state every N\n"
+            "                         tokens (a multiple of --page-tokens; default 512; 0:\n"
+            "                         only at its last full page and each turn's end)\n"
             "  --max-model-len N      serving: context of one stream (default: the model's,\n"
             "                         at most 32768)\n"
             "  --serve                serve a coordinator (with --connect and --worker-index)\n"
@@ -131,6 +137,14 @@ static bool print_token(void *ctx, int index, int token, float logprob)
     return true;
 }
 
+static int state_checkpoints = -1; /* -1: twice --parallel */
+static int checkpoint_interval = WORKER_CHECKPOINT_INTERVAL;
+
+static int state_checkpoints_for(int parallel)
+{
+    return state_checkpoints >= 0 ? state_checkpoints : 2 * parallel;
+}
+
 static int run_bench(worker_model_options *mo, int streams, int prompt_tokens, int output_tokens,
                      int parallel, int kv_pages)
 {
@@ -141,7 +155,9 @@ static int run_bench(worker_model_options *mo, int streams, int prompt_tokens, i
     worker_engine_options eo = {.max_batch_tokens = mo->max_rows,
                                 .parallel = parallel,
                                 .max_queued = streams,
-                                .max_model_len = per_stream * mo->page_tokens};
+                                .max_model_len = per_stream * mo->page_tokens,
+                                .checkpoints = state_checkpoints_for(parallel),
+                                .checkpoint_interval = checkpoint_interval};
     mo->kv_pages = kv_pages ? kv_pages : parallel * per_stream;
     worker_engine_size_model(&eo, mo);
     LOG_INFO("loading %s (%s weights) on %s: %d KV pages", mo->model_dir,
@@ -227,7 +243,9 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
     worker_engine_options eo = {.max_batch_tokens = mo->max_rows,
                                 .parallel = parallel,
                                 .max_queued = 4096,
-                                .max_model_len = max_model_len};
+                                .max_model_len = max_model_len,
+                                .checkpoints = state_checkpoints_for(parallel),
+                                .checkpoint_interval = checkpoint_interval};
     mo->kv_pages = kv_pages; /* 0: sized from free memory once the weights are in */
     worker_engine_size_model(&eo, mo);
     LOG_INFO("worker %d: loading %s on %s, pages of %d tokens, parallel %d", index, mo->model_dir,
@@ -355,6 +373,8 @@ int main(int argc, char **argv)
         OPT_RESTORE,
         OPT_WARMUP,
         OPT_STEP_TIMEOUT,
+        OPT_CHECKPOINTS,
+        OPT_CHECKPOINT_INTERVAL,
         OPT_HELP
     };
     static const struct option opts[] = {
@@ -387,6 +407,8 @@ int main(int argc, char **argv)
         {"spill-gib", required_argument, 0, OPT_SPILL},
         {"restore-mode", required_argument, 0, OPT_RESTORE},
         {"warmup", required_argument, 0, OPT_WARMUP},
+        {"state-checkpoints", required_argument, 0, OPT_CHECKPOINTS},
+        {"checkpoint-interval", required_argument, 0, OPT_CHECKPOINT_INTERVAL},
         {"help", no_argument, 0, OPT_HELP},
         {0, 0, 0, 0},
     };
@@ -419,6 +441,9 @@ int main(int argc, char **argv)
         {OPT_HEARTBEAT, "--heartbeat-ms", 10, 60000, &heartbeat_ms},
         {OPT_STEP_TIMEOUT, "--step-timeout-s", 0, 86400, &step_timeout_s},
         {OPT_FAKE_STEP, "--fake-step-us", 0, 60000000, &fake_step_us},
+        {OPT_CHECKPOINTS, "--state-checkpoints", 0, SHOAL_STATE_SLOTS_MAX, &state_checkpoints},
+        {OPT_CHECKPOINT_INTERVAL, "--checkpoint-interval", 0, SHOAL_CONTEXT_TOKENS_MAX,
+         &checkpoint_interval},
     };
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -499,8 +524,11 @@ int main(int argc, char **argv)
                 mo.kv_dtype = SHOAL_DTYPE_BF16;
             } else if (strcmp(optarg, "fp8") == 0) {
                 mo.kv_dtype = SHOAL_DTYPE_F8_E4M3;
+            } else if (strcmp(optarg, "f32") == 0) {
+                mo.kv_dtype = SHOAL_DTYPE_F32;
             } else {
-                fprintf(stderr, "shoal-worker: --kv-dtype '%s': expected bf16 or fp8\n", optarg);
+                fprintf(stderr, "shoal-worker: --kv-dtype '%s': expected bf16, fp8 or f32\n",
+                        optarg);
                 return 2;
             }
             break;

@@ -2,6 +2,7 @@
 
 #include "common/common_assert.h"
 #include "common/common_limits.h"
+#include "common/common_log.h"
 #include "model/model_arch.h"
 #include "model/model_cache.h"
 #include "worker/worker_fingerprint.h"
@@ -16,13 +17,26 @@
 /* A weight matrix on the backend (kernels_weight.h). */
 typedef kernels_weight model_matrix;
 
-/* A layer's blocks: attention, then a dense MLP (gate, up, down) or a
- * mixture of experts (router, and each expert's gate, up and down stacked
- * in one array of the layer), as the architecture's mlp_kind says. */
+/* A layer's blocks: attention or a gated DeltaNet, then a dense MLP
+ * (gate, up, down) or a mixture of experts (router, and each expert's
+ * gate, up and down stacked in one array of the layer, and a shared
+ * expert where the architecture has one), as mixer_kind and mlp_kind say. */
 typedef struct model_layer {
     model_matrix q, k, v, o, gate, up, down;
-    bool moe;
+    /* gated attention (attn_output_gate): q_proj's gate rows */
+    model_matrix q_gate;
+    bool moe, shared;
     model_matrix router, experts_gate, experts_up, experts_down;
+    model_matrix shared_gate, shared_up, shared_down, shared_expert_gate;
+    /* a gated DeltaNet layer (no q, k, v, o): its projections in Qwen3.5's
+     * layout (Qwen3-Next's regrouped at load), conv weights F32
+     * [conv_dim][lin_conv], -exp(A_log) and dt_bias F32 [v_heads], the
+     * gated norm's weight F32 [v_dim]; state_layer: its index among the
+     * STATE layers (its state's place in a slot) */
+    bool linear;
+    model_matrix lin_qkv, lin_z, lin_b, lin_a, lin_out;
+    float *lin_conv, *lin_decay, *lin_dt_bias, *lin_norm;
+    int state_layer;
     /* q, k and v sit back to back in one allocation, as do gate and up:
      * a one-row pass (decode at batch 1) takes each group as one matmul,
      * whose output row is the three (two) outputs back to back. */
@@ -68,6 +82,13 @@ struct worker_model {
     float *router_logits, *route_weights;
     int32_t *route_ids;
     void *moe_scratch;
+    /* hybrids: the recurrent states, state_slots slots of slot_bytes
+     * (model_cache.h); the DeltaNet block's scratch; the attention gate
+     * [rows][heads * head_dim]; the shared expert's output and gate logit */
+    void *states;
+    size_t slot_bytes;
+    void *lin_scratch, *att_gate, *shared_out, *shared_logit;
+    int32_t *slots; /* (device) this pass's slot of each stream */
     float *logits;
     /* A step's inputs go up in one upload: the host builds them in `stage`
      * and copies them to `dstage` (device) laid out by step_layout_of().
@@ -102,7 +123,7 @@ typedef enum run_kind { RUN_FORWARD = 0, RUN_STEP, RUN_STEP_PENALTIES, RUN_KINDS
  * the row, logit row and page table sizes alone, so a recorded round
  * finds its inputs where it was recorded. */
 typedef struct step_layout {
-    size_t ids, positions, row_stream, logit_rows, params, page_table, bytes;
+    size_t ids, positions, row_stream, logit_rows, params, page_table, slots, bytes;
 } step_layout;
 
 static size_t align16(size_t x)
@@ -120,6 +141,7 @@ static step_layout step_layout_of(int rows, int logit_count, int streams, int st
     s.logit_rows = at, at += (size_t)logit_count * 4;
     s.params = at = align16(at), at += (size_t)logit_count * sizeof(kernels_sample_params);
     s.page_table = at = align16(at), at += (size_t)streams * (size_t)stride * 4;
+    s.slots = at, at += (size_t)streams * 4;
     s.bytes = at;
     return s;
 }
@@ -257,26 +279,6 @@ static shoal_err load_joined(worker_model *m, const char *const *names, const in
     return SHOAL_OK;
 }
 
-/* Norm weights are small: always kept as F32 on the device. */
-static shoal_err load_vector(worker_model *m, const char *name, int64_t n, float **out,
-                             shoal_diag *diag)
-{
-    model_tensor_ref t;
-    shoal_err err = model_weights_get(m->weights, name, 1, &n, &t, diag);
-    if (err)
-        return err;
-    float *host = malloc((size_t)n * sizeof *host);
-    if (!host)
-        return SHOAL_ERR_NOMEM;
-    for (int64_t i = 0; i < n; i++)
-        host[i] = shoal_load_f32(t.data, t.dtype, (size_t)i);
-    const void *dev = NULL;
-    err = dev_place(m, host, (size_t)n * sizeof *host, false, &dev);
-    free(host);
-    *out = (float *)dev;
-    return err ? shoal_diag_set(diag, err, "tensor '%s': cannot place it on the device", name)
-               : SHOAL_OK;
-}
 
 /* The architecture's name of `role` in layer l (expert e) into buf. */
 static const char *role_name(const worker_model *m, model_role role, int l, int e, char *buf)
@@ -291,20 +293,11 @@ static shoal_err load_role_matrix(worker_model *m, model_role role, int l, model
 {
     char name[SHOAL_TENSOR_NAME_BYTES_MAX];
     int dims;
-    int64_t shape[2];
+    int64_t shape[3];
     model_tensor_shape(&m->cfg, role, &dims, shape);
     return load_matrix(m, role_name(m, role, l, 0, name), shape[0], shape[1], out, diag);
 }
 
-static shoal_err load_role_vector(worker_model *m, model_role role, int l, float **out,
-                                  shoal_diag *diag)
-{
-    char name[SHOAL_TENSOR_NAME_BYTES_MAX];
-    int dims;
-    int64_t shape[2];
-    model_tensor_shape(&m->cfg, role, &dims, shape);
-    return load_vector(m, role_name(m, role, l, 0, name), shape[0], out, diag);
-}
 
 /* Matrices of `roles` (each of layer l) back to back where the backend
  * keeps its own copy and they share a dtype (load_joined). */
@@ -317,13 +310,203 @@ static shoal_err load_role_joined(worker_model *m, const model_role *roles, int 
     int64_t rows[JOIN_MAX], cols = 0;
     for (int i = 0; i < n; i++) {
         int dims;
-        int64_t shape[2];
+        int64_t shape[3];
         model_tensor_shape(&m->cfg, roles[i], &dims, shape);
         np[i] = role_name(m, roles[i], l, 0, names[i]);
         rows[i] = shape[0];
         cols = shape[1];
     }
     return load_joined(m, np, rows, n, cols, out, joined, diag);
+}
+
+/* How load_f32 maps each stored value. */
+typedef enum f32_map {
+    F32_AS_IS = 0,
+    F32_PLUS_ONE, /* a (1 + w) norm's weight */
+    F32_NEG_EXP,  /* A_log to the decay rate -exp(A_log) */
+} f32_map;
+
+/* The tensor of `role` in layer l in F32 on the device (norms, the conv,
+ * A_log: small), its rows (first dim) reordered by perm (row i the stored
+ * row perm[i]; NULL: as stored), each value mapped. */
+static shoal_err load_f32(worker_model *m, model_role role, int l, const int32_t *perm,
+                          f32_map map, float **out, shoal_diag *diag)
+{
+    char name[SHOAL_TENSOR_NAME_BYTES_MAX];
+    int dims;
+    int64_t shape[3];
+    model_tensor_shape(&m->cfg, role, &dims, shape);
+    role_name(m, role, l, 0, name);
+    model_tensor_ref t;
+    shoal_err err = model_weights_get(m->weights, name, dims, shape, &t, diag);
+    if (err)
+        return err;
+    size_t n = 1;
+    for (int i = 0; i < dims; i++)
+        n *= (size_t)shape[i];
+    size_t row = n / (size_t)shape[0];
+    float *host = malloc(n * sizeof *host);
+    if (!host)
+        return SHOAL_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        size_t src = perm ? (size_t)perm[i / row] * row + i % row : i;
+        float v = shoal_load_f32(t.data, t.dtype, src);
+        host[i] = map == F32_PLUS_ONE ? 1.0f + v : map == F32_NEG_EXP ? -expf(v) : v;
+    }
+    const void *dev = NULL;
+    err = dev_place(m, host, n * sizeof *host, false, &dev);
+    free(host);
+    *out = (float *)dev;
+    return err ? shoal_diag_set(diag, err, "tensor '%s': cannot place it on the device", name)
+               : SHOAL_OK;
+}
+
+/* The rows rows[0..n) of the matrix of `role` in layer l, in that order,
+ * as one matrix (the backend's own copy). tag tells apart, in dummy
+ * weights, matrices cut from one tensor. */
+static shoal_err load_rows(worker_model *m, model_role role, int l, const int32_t *rows, int n,
+                           const char *tag, model_matrix *out, shoal_diag *diag)
+{
+    char name[SHOAL_TENSOR_NAME_BYTES_MAX];
+    int dims;
+    int64_t shape[3];
+    model_tensor_shape(&m->cfg, role, &dims, shape);
+    role_name(m, role, l, 0, name);
+    if (model_weights_is_dummy(m->weights) && m->be->fill_random) {
+        char tagged[SHOAL_TENSOR_NAME_BYTES_MAX + 16];
+        snprintf(tagged, sizeof tagged, "%s#%s", name, tag);
+        return load_matrix(m, tagged, n, shape[1], out, diag);
+    }
+    model_tensor_ref t;
+    shoal_err err = model_weights_get(m->weights, name, 2, shape, &t, diag);
+    if (err)
+        return err;
+    size_t row_bytes = (size_t)shape[1] * shoal_dtype_bytes(t.dtype);
+    unsigned char *host = malloc((size_t)n * row_bytes);
+    if (!host)
+        return SHOAL_ERR_NOMEM;
+    for (int i = 0; i < n; i++)
+        memcpy(host + (size_t)i * row_bytes, (const unsigned char *)t.data + (size_t)rows[i] * row_bytes,
+               row_bytes);
+    *out = (model_matrix){.dtype = t.dtype, .rows = n, .cols = shape[1], .experts = 1};
+    err = dev_place(m, host, (size_t)n * row_bytes, false, &out->data);
+    free(host);
+    return err ? shoal_diag_set(diag, err, "tensor '%s': cannot place it on the device", name)
+               : SHOAL_OK;
+}
+
+/* The order of a head's dims for partial rope (rope_dim of head_dim
+ * rotated, as rotate_half pairs dim i with i + rope_dim / 2): the
+ * rotated pairs first in each half, so that the rope op, which pairs i
+ * with i + head_dim / 2, rotates them, and the others sit at frequency 0
+ * (model_config_rope_inv_freq), where the rotation is the identity. q
+ * and k are reordered alike, so their products are unchanged. perm[i] is
+ * the stored dim of dim i. */
+static void rope_dim_order(const model_config *c, int32_t *perm)
+{
+    int half = c->head_dim / 2, rot = c->rope_dim / 2, rest = half - rot;
+    for (int j = 0; j < rot; j++) {
+        perm[j] = j;
+        perm[half + j] = rot + j;
+    }
+    for (int t = 0; t < rest; t++) {
+        perm[rot + t] = 2 * rot + t;
+        perm[half + rot + t] = 2 * rot + rest + t;
+    }
+}
+
+/* A gated attention layer's q (query rows of each head, dims in
+ * rope_dim_order), its gate and k (likewise), v and o; the norms of q
+ * and k in the same order. */
+static shoal_err load_gated_attention(worker_model *m, int l, shoal_diag *diag)
+{
+    const model_config *c = &m->cfg;
+    model_layer *L = &m->layers[l];
+    int hd = c->head_dim, q_w = c->heads * hd, kv_w = c->kv_heads * hd;
+    int32_t order[SHOAL_MODEL_HEAD_DIM_MAX];
+    rope_dim_order(c, order);
+    int32_t *rows = malloc((size_t)(2 * q_w) * sizeof *rows);
+    if (!rows)
+        return SHOAL_ERR_NOMEM;
+    for (int h = 0; h < c->heads; h++)
+        for (int d = 0; d < hd; d++) {
+            rows[h * hd + d] = h * 2 * hd + order[d];         /* query */
+            rows[q_w + h * hd + d] = h * 2 * hd + hd + d;     /* gate */
+        }
+    shoal_err err;
+    if ((err = load_rows(m, MODEL_ROLE_Q, l, rows, q_w, "query", &L->q, diag)) ||
+        (err = load_rows(m, MODEL_ROLE_Q, l, rows + q_w, q_w, "gate", &L->q_gate, diag)))
+        goto out;
+    for (int h = 0; h < c->kv_heads; h++)
+        for (int d = 0; d < hd; d++)
+            rows[h * hd + d] = h * hd + order[d];
+    if ((err = load_rows(m, MODEL_ROLE_K, l, rows, kv_w, "k", &L->k, diag)) ||
+        (err = load_role_matrix(m, MODEL_ROLE_V, l, &L->v, diag)) ||
+        (err = load_role_matrix(m, MODEL_ROLE_O, l, &L->o, diag)) ||
+        (err = load_f32(m, MODEL_ROLE_Q_NORM, l, order, F32_PLUS_ONE, &L->q_norm, diag)) ||
+        (err = load_f32(m, MODEL_ROLE_K_NORM, l, order, F32_PLUS_ONE, &L->k_norm, diag)))
+        goto out;
+out:
+    free(rows);
+    return err;
+}
+
+/* A gated DeltaNet layer's weights. Qwen3-Next's in_proj_qkvz holds, for
+ * each key head g, q (k_dim rows), k (k_dim), then the v and z rows of its
+ * r = v_heads / k_heads value heads; in_proj_ba, per key head, its value
+ * heads' b then a rows. They are regrouped here into Qwen3.5's
+ * [q of every head | k | v] and z, b, a. */
+static shoal_err load_linear(worker_model *m, int l, shoal_diag *diag)
+{
+    const model_config *c = &m->cfg;
+    model_layer *L = &m->layers[l];
+    int nk = c->lin_k_heads, nv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    int r = nv / nk, kd = nk * dk, vd = nv * dv, cd = model_config_lin_conv_dim(c);
+    shoal_err err = SHOAL_OK;
+    if (c->linear_fused) {
+        int block = 2 * dk + 2 * r * dv;
+        int32_t *rows = malloc((size_t)(cd + vd + 2 * nv) * sizeof *rows);
+        if (!rows)
+            return SHOAL_ERR_NOMEM;
+        int32_t *z = rows + cd, *b = z + vd, *a = b + nv;
+        for (int g = 0; g < nk; g++) {
+            for (int i = 0; i < dk; i++) {
+                rows[g * dk + i] = g * block + i;
+                rows[kd + g * dk + i] = g * block + dk + i;
+            }
+            for (int i = 0; i < r * dv; i++) {
+                rows[2 * kd + g * r * dv + i] = g * block + 2 * dk + i;
+                z[g * r * dv + i] = g * block + 2 * dk + r * dv + i;
+            }
+            for (int j = 0; j < r; j++) {
+                b[g * r + j] = g * 2 * r + j;
+                a[g * r + j] = g * 2 * r + r + j;
+            }
+        }
+        if ((err = load_rows(m, MODEL_ROLE_LIN_QKVZ, l, rows, cd, "qkv", &L->lin_qkv, diag)) ||
+            (err = load_rows(m, MODEL_ROLE_LIN_QKVZ, l, z, vd, "z", &L->lin_z, diag)) ||
+            (err = load_rows(m, MODEL_ROLE_LIN_BA, l, b, nv, "b", &L->lin_b, diag)) ||
+            (err = load_rows(m, MODEL_ROLE_LIN_BA, l, a, nv, "a", &L->lin_a, diag))) {
+            free(rows);
+            return err;
+        }
+        free(rows);
+    } else if ((err = load_role_matrix(m, MODEL_ROLE_LIN_QKV, l, &L->lin_qkv, diag)) ||
+               (err = load_role_matrix(m, MODEL_ROLE_LIN_Z, l, &L->lin_z, diag)) ||
+               (err = load_role_matrix(m, MODEL_ROLE_LIN_B, l, &L->lin_b, diag)) ||
+               (err = load_role_matrix(m, MODEL_ROLE_LIN_A, l, &L->lin_a, diag))) {
+        return err;
+    }
+    return (err = load_f32(m, MODEL_ROLE_LIN_CONV, l, NULL, F32_AS_IS, &L->lin_conv, diag)) ||
+                   (err = load_f32(m, MODEL_ROLE_LIN_A_LOG, l, NULL, F32_NEG_EXP, &L->lin_decay,
+                                   diag)) ||
+                   (err = load_f32(m, MODEL_ROLE_LIN_DT_BIAS, l, NULL, F32_AS_IS, &L->lin_dt_bias,
+                                   diag)) ||
+                   (err = load_f32(m, MODEL_ROLE_LIN_NORM, l, NULL, F32_AS_IS, &L->lin_norm,
+                                   diag)) ||
+                   (err = load_role_matrix(m, MODEL_ROLE_LIN_OUT, l, &L->lin_out, diag))
+               ? err
+               : SHOAL_OK;
 }
 
 /* Every expert's matrix of `role` in layer l, stacked in one device array
@@ -335,7 +518,7 @@ static shoal_err load_experts(worker_model *m, model_role role, int l, model_mat
     const model_config *c = &m->cfg;
     char name[SHOAL_TENSOR_NAME_BYTES_MAX];
     int dims;
-    int64_t shape[2];
+    int64_t shape[3];
     model_tensor_shape(c, role, &dims, shape);
     size_t elems = (size_t)shape[0] * (size_t)shape[1];
     bool dummy = model_weights_is_dummy(m->weights) && m->be->fill_random;
@@ -387,14 +570,28 @@ static shoal_err load_layer(worker_model *m, int l, shoal_diag *diag)
     static const model_role qkv_roles[] = {MODEL_ROLE_Q, MODEL_ROLE_K, MODEL_ROLE_V};
     static const model_role gu_roles[] = {MODEL_ROLE_GATE, MODEL_ROLE_UP};
     model_matrix *qkv[] = {&L->q, &L->k, &L->v}, *gu[] = {&L->gate, &L->up};
-    if ((err = load_role_vector(m, MODEL_ROLE_ATTN_NORM, l, &L->attn_norm, diag)) ||
-        (err = load_role_joined(m, qkv_roles, 3, l, qkv, &L->qkv_joined, diag)) ||
-        (err = load_role_matrix(m, MODEL_ROLE_O, l, &L->o, diag)) ||
-        (err = load_role_vector(m, MODEL_ROLE_MLP_NORM, l, &L->mlp_norm, diag)))
+    f32_map norm = c->norm_offset ? F32_PLUS_ONE : F32_AS_IS;
+    L->linear = c->mixer_kind[l] == MODEL_MIXER_LINEAR;
+    for (int i = 0; i < l; i++)
+        L->state_layer += c->mixer_kind[i] == MODEL_MIXER_LINEAR;
+    if ((err = load_f32(m, MODEL_ROLE_ATTN_NORM, l, NULL, norm, &L->attn_norm, diag)) ||
+        (err = load_f32(m, MODEL_ROLE_MLP_NORM, l, NULL, norm, &L->mlp_norm, diag)))
         return err;
-    if (c->qk_norm && ((err = load_role_vector(m, MODEL_ROLE_Q_NORM, l, &L->q_norm, diag)) ||
-                       (err = load_role_vector(m, MODEL_ROLE_K_NORM, l, &L->k_norm, diag))))
-        return err;
+    if (L->linear) {
+        if ((err = load_linear(m, l, diag)))
+            return err;
+    } else if (c->attn_output_gate) {
+        if ((err = load_gated_attention(m, l, diag)))
+            return err;
+    } else {
+        if ((err = load_role_joined(m, qkv_roles, 3, l, qkv, &L->qkv_joined, diag)) ||
+            (err = load_role_matrix(m, MODEL_ROLE_O, l, &L->o, diag)))
+            return err;
+        if (c->qk_norm &&
+            ((err = load_f32(m, MODEL_ROLE_Q_NORM, l, NULL, F32_AS_IS, &L->q_norm, diag)) ||
+             (err = load_f32(m, MODEL_ROLE_K_NORM, l, NULL, F32_AS_IS, &L->k_norm, diag))))
+            return err;
+    }
     L->moe = c->mlp_kind[l] == MODEL_MLP_MOE;
     if (!L->moe) {
         if ((err = load_role_joined(m, gu_roles, 2, l, gu, &L->gate_up_joined, diag)) ||
@@ -406,6 +603,14 @@ static shoal_err load_layer(worker_model *m, int l, shoal_diag *diag)
         (err = load_experts(m, MODEL_ROLE_EXPERT_GATE, l, &L->experts_gate, diag)) ||
         (err = load_experts(m, MODEL_ROLE_EXPERT_UP, l, &L->experts_up, diag)) ||
         (err = load_experts(m, MODEL_ROLE_EXPERT_DOWN, l, &L->experts_down, diag)))
+        return err;
+    L->shared = c->shared_intermediate > 0;
+    if (L->shared &&
+        ((err = load_role_matrix(m, MODEL_ROLE_SHARED_GATE, l, &L->shared_gate, diag)) ||
+         (err = load_role_matrix(m, MODEL_ROLE_SHARED_UP, l, &L->shared_up, diag)) ||
+         (err = load_role_matrix(m, MODEL_ROLE_SHARED_DOWN, l, &L->shared_down, diag)) ||
+         (err = load_role_matrix(m, MODEL_ROLE_SHARED_EXPERT_GATE, l, &L->shared_expert_gate,
+                                 diag))))
         return err;
     return SHOAL_OK;
 }
@@ -425,10 +630,11 @@ static shoal_err fold_norms(worker_model *m, shoal_diag *diag)
     int q_out = c->heads * c->head_dim, kv_out = c->kv_heads * c->head_dim;
     /* the GEMV's rows: 16-byte chunks */
     bool whole = c->hidden % 8 == 0 && c->intermediate % 8 == 0 && q_out % 8 == 0;
-    /* a MoE layer's norm would fold into its router and every expert: not
-     * done, so such models take the norm pass */
+    /* a MoE layer's norm would fold into its router and every expert, a
+     * hybrid's into its DeltaNet and gated projections: not done, so such
+     * models take the norm pass */
     if (be->fused_norm_rows < 1 || !be->scale_columns || be->act_dtype != SHOAL_DTYPE_BF16 ||
-        !whole || model_config_has_moe(c))
+        !whole || model_config_has_moe(c) || model_config_has_linear(c) || c->attn_output_gate)
         return SHOAL_OK;
     SHOAL_ASSERT(!be->host_memory); /* the weights are the backend's own copies */
     for (int l = 0; l < c->layers; l++) {
@@ -488,8 +694,13 @@ static shoal_err check_options(const worker_model_options *o, shoal_diag *diag)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
                               "max logit rows %d: must be in [1, max rows %d]", o->max_logit_rows,
                               o->max_rows);
-    if (o->kv_dtype != SHOAL_DTYPE_BF16 && o->kv_dtype != SHOAL_DTYPE_F8_E4M3)
-        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "kv dtype %s: must be BF16 or F8_E4M3",
+    if (o->state_slots < 0 || o->state_slots > SHOAL_STATE_SLOTS_MAX)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "state slots %d: must be in [0, %d]",
+                              o->state_slots, SHOAL_STATE_SLOTS_MAX);
+    if (o->kv_dtype != SHOAL_DTYPE_BF16 && o->kv_dtype != SHOAL_DTYPE_F8_E4M3 &&
+        o->kv_dtype != SHOAL_DTYPE_F32)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "kv dtype %s: must be BF16, F8_E4M3 or F32 (CPU only)",
                               shoal_dtype_name(o->kv_dtype));
     if (o->kv_pages < 0 || o->max_pages_per_stream < 1 || o->kv_memory_fraction < 0.0 ||
         o->kv_memory_fraction > 1.0 ||
@@ -509,6 +720,12 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
     size_t q_w = (size_t)c->heads * (size_t)c->head_dim;
     size_t kv_w = (size_t)c->kv_heads * (size_t)c->head_dim;
     size_t hid = (size_t)c->hidden, inter = (size_t)c->intermediate;
+    if (inter < (size_t)c->shared_intermediate)
+        inter = (size_t)c->shared_intermediate;
+    if (inter == 0) /* every MLP a mixture of experts */
+        inter = 1;
+    size_t vd = (size_t)c->lin_v_heads * (size_t)c->lin_v_dim;
+    size_t att_w = q_w > vd ? q_w : vd; /* attention's or the DeltaNet's output */
     size_t wide = hid > q_w ? hid : q_w;
     /* Penalty lists name each distinct token of a stream once: at most its
      * context, for every row that samples. */
@@ -534,7 +751,7 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
     bool ok = (m->dstage = dev_alloc(m, m->stage_bytes)) && (m->x = dev_alloc(m, rows * hid * a)) &&
               (m->h = dev_alloc(m, rows * hid * a)) && (m->q = dev_alloc(m, rows * q_w * a)) &&
               (m->k = dev_alloc(m, rows * kv_w * a)) && (m->v = dev_alloc(m, rows * kv_w * a)) &&
-              (m->att = dev_alloc(m, rows * q_w * a)) &&
+              (m->att = dev_alloc(m, rows * att_w * a)) &&
               (m->pend = dev_alloc(m, rows * wide * a)) &&
               /* up right after gate: one batched GEMM of both (CUDA) */
               (m->gate = dev_alloc(m, 2 * rows * inter * a)) &&
@@ -566,6 +783,40 @@ static shoal_err alloc_buffers(worker_model *m, shoal_diag *diag)
                                   "no memory for the experts' buffers of %d rows; lower the batch "
                                   "size",
                                   m->opt.max_rows);
+    }
+    if (c->attn_output_gate && !(m->att_gate = dev_alloc(m, rows * q_w * a)))
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                              "no memory for the attention gates of %d rows; lower the batch size",
+                              m->opt.max_rows);
+    if (c->shared_intermediate > 0 && (!(m->shared_out = dev_alloc(m, rows * hid * a)) ||
+                                       !(m->shared_logit = dev_alloc(m, rows * a))))
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                              "no memory for the shared experts' buffers of %d rows; lower the "
+                              "batch size",
+                              m->opt.max_rows);
+    if (model_config_has_linear(c)) {
+        kernels_backend *be = m->be;
+        if (!be->deltanet_conv || !be->deltanet_rule || !be->rmsnorm_gated || !be->mul_sigmoid ||
+            !be->add)
+            return shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
+                                  "the %s backend has no gated DeltaNet ops yet; run this model "
+                                  "on the CPU (--device cpu)",
+                                  be->name);
+        /* the projection [q | k | v], the conv's output, z, b and a */
+        size_t cd = (size_t)model_config_lin_conv_dim(c), nv = (size_t)c->lin_v_heads;
+        m->slot_bytes = model_cache_slot_bytes(&m->cache);
+        size_t states = (size_t)m->opt.state_slots * m->slot_bytes;
+        if (!(m->lin_scratch = dev_alloc(m, rows * (2 * cd + vd + 2 * nv) * a)))
+            return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                                  "no memory for the DeltaNet buffers of %d rows; lower the batch "
+                                  "size",
+                                  m->opt.max_rows);
+        if (!(m->states = dev_alloc(m, states)))
+            return shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                                  "no memory for %d recurrent-state slots of %.1f MiB (%.1f GiB); "
+                                  "lower --parallel",
+                                  m->opt.state_slots, (double)m->slot_bytes / 1048576.0,
+                                  (double)states / 1073741824.0);
     }
     /* The arena comes last: with kv_pages 0 it takes a share of what the
      * weights and buffers left, as vLLM sizes its KV cache. */
@@ -615,6 +866,8 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
         return SHOAL_ERR_NOMEM;
     m->opt = *opt;
     m->arena_fd = -1;
+    if (m->opt.state_slots == 0)
+        m->opt.state_slots = m->opt.max_streams;
     if ((err = model_config_load(opt->model_dir, &m->cfg, diag)))
         goto out_close;
     const model_config *c = &m->cfg;
@@ -640,7 +893,8 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
         m->lm_head = m->embed;
     else if ((err = load_role_matrix(m, MODEL_ROLE_LM_HEAD, 0, &m->lm_head, diag)))
         goto out_close;
-    if ((err = load_role_vector(m, MODEL_ROLE_FINAL_NORM, 0, &m->final_norm, diag)))
+    if ((err = load_f32(m, MODEL_ROLE_FINAL_NORM, 0, NULL,
+                        c->norm_offset ? F32_PLUS_ONE : F32_AS_IS, &m->final_norm, diag)))
         goto out_close;
     for (int i = 0; i < c->layers; i++)
         if ((err = load_layer(m, i, diag)))
@@ -655,7 +909,23 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
     m->inv_freq = (float *)inv_dev;
     model_cache_spec_of(c, &m->cache);
     const model_cache_group *att = model_cache_attention(&m->cache);
-    SHOAL_ASSERT(att); /* every architecture of today has attention layers */
+    if (!att) {
+        err = shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
+                             "%s: no full-attention layer; shoal needs at least one",
+                             c->arch_name);
+        goto out_close;
+    }
+    if (model_weights_has(m->weights, "model.visual.patch_embed.proj.weight"))
+        LOG_INFO("%s: the vision tower (model.visual.*) is not loaded: shoal serves the text "
+                 "model",
+                 c->arch_name);
+    if (opt->kv_dtype == SHOAL_DTYPE_F32 && !m->be->kv_f32) {
+        err = shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
+                             "F32 KV pages: the %s backend keeps BF16 or FP8 pages; use "
+                             "--kv-dtype bf16 or fp8",
+                             m->be->name);
+        goto out_close;
+    }
     kernels_kv_layout_init(&m->kv, att->layers, att->kv_heads, att->head_dim, opt->page_tokens,
                            opt->kv_dtype);
     if ((err = alloc_buffers(m, diag)))
@@ -714,6 +984,56 @@ int worker_model_kv_pages(const worker_model *m)
     return m->opt.kv_pages;
 }
 
+int worker_model_state_slots(const worker_model *m)
+{
+    return m->slot_bytes ? m->opt.state_slots : 0;
+}
+
+size_t worker_model_slot_bytes(const worker_model *m)
+{
+    return m->slot_bytes;
+}
+
+static shoal_err check_slot(const worker_model *m, int slot, shoal_diag *diag)
+{
+    if (m->slot_bytes == 0 || slot < 0 || slot >= m->opt.state_slots)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "state slot %d: the model has %d", slot,
+                              worker_model_state_slots(m));
+    return SHOAL_OK;
+}
+
+static unsigned char *slot_at(const worker_model *m, int slot)
+{
+    return (unsigned char *)m->states + (size_t)slot * m->slot_bytes;
+}
+
+shoal_err worker_model_slot_read(worker_model *m, int slot, void *host, shoal_diag *diag)
+{
+    shoal_err err = check_slot(m, slot, diag);
+    if (!err && (err = m->be->download(m->be, host, slot_at(m, slot), m->slot_bytes)))
+        shoal_diag_set(diag, err, "state slot %d: cannot download it", slot);
+    return err;
+}
+
+shoal_err worker_model_slot_write(worker_model *m, int slot, const void *host, shoal_diag *diag)
+{
+    shoal_err err = check_slot(m, slot, diag);
+    if (!err && (err = m->be->upload(m->be, slot_at(m, slot), host, m->slot_bytes)))
+        shoal_diag_set(diag, err, "state slot %d: cannot upload it", slot);
+    return err;
+}
+
+shoal_err worker_model_slot_copy(worker_model *m, int dst, int src, shoal_diag *diag)
+{
+    shoal_err err = check_slot(m, dst, diag);
+    if (!err)
+        err = check_slot(m, src, diag);
+    if (!err && dst != src &&
+        (err = m->be->copy(m->be, slot_at(m, dst), slot_at(m, src), m->slot_bytes)))
+        shoal_diag_set(diag, err, "state slot %d: cannot copy slot %d into it", dst, src);
+    return err;
+}
+
 int worker_model_arena_fd(const worker_model *m)
 {
     return m->arena_fd;
@@ -769,6 +1089,35 @@ kernels_backend *worker_model_backend(worker_model *m)
     return m->be;
 }
 
+/* A hybrid's pass: each stream's slot in range and its own, its rows one
+ * run of consecutive positions (the recurrent state is a chain). */
+static shoal_err check_states(const worker_model *m, const worker_forward *f, shoal_diag *diag)
+{
+    for (int s = 0; s < f->streams; s++) {
+        int slot = f->state_slots ? f->state_slots[s] : s;
+        if (slot < 0 || slot >= m->opt.state_slots)
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "forward: stream %d: state slot %d outside [0, %d)", s, slot,
+                                  m->opt.state_slots);
+        for (int t = 0; t < s && f->state_slots; t++)
+            if (f->state_slots[t] == slot)
+                return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                      "forward: streams %d and %d share state slot %d", t, s, slot);
+    }
+    bool seen[SHOAL_BATCH_STREAMS_MAX] = {false};
+    for (int r = 0; r < f->rows; r++) {
+        int s = f->row_stream[r];
+        bool cont = r > 0 && f->row_stream[r - 1] == s;
+        if (cont ? f->positions[r] != f->positions[r - 1] + 1 : seen[s])
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "forward: row %d: a hybrid model's stream %d needs its rows "
+                                  "together at consecutive positions",
+                                  r, s);
+        seen[s] = true;
+    }
+    return SHOAL_OK;
+}
+
 /* Everything a pass reads from the caller is checked here, before any op
  * runs: a bad id or page would otherwise read or write outside a buffer. */
 static shoal_err check_forward(const worker_model *m, const worker_forward *f, shoal_diag *diag)
@@ -821,7 +1170,7 @@ static shoal_err check_forward(const worker_model *m, const worker_forward *f, s
             return shoal_diag_set(diag, SHOAL_ERR_INVALID,
                                   "forward: logit row %d is %d, outside [0, %d)", i,
                                   f->logit_rows[i], f->rows);
-    return SHOAL_OK;
+    return m->slot_bytes ? check_states(m, f, diag) : SHOAL_OK;
 }
 
 /* Cuts the pass's rows into attention segments (see seg_row0). */
@@ -880,6 +1229,10 @@ static shoal_err stage_step(worker_model *m, const worker_forward *f,
     m->logit_rows = (int32_t *)(d + L.logit_rows);
     m->params = (kernels_sample_params *)(d + L.params);
     m->page_table = (int32_t *)(d + L.page_table);
+    int32_t *slots = (int32_t *)(h + L.slots);
+    for (int s = 0; s < f->streams; s++)
+        slots[s] = f->state_slots ? f->state_slots[s] : s;
+    m->slots = (int32_t *)(d + L.slots);
     return m->be->upload(m->be, d, h, L.bytes);
 }
 
@@ -938,6 +1291,111 @@ static void moe_block(worker_model *m, const model_layer *L, int l, int rows)
     be->moe_route(be, ids, w, m->router_logits, rows, c->experts, topk, c->norm_topk_prob);
     be->moe_experts(be, m->pend, m->h, ids, w, rows, topk, &L->experts_gate, &L->experts_up,
                     &L->experts_down, m->moe_scratch);
+    if (!L->shared)
+        return;
+    /* the shared expert, scaled by sigmoid(shared_expert_gate h), added */
+    int si = c->shared_intermediate;
+    be->matmul_swiglu(be, m->gate, m->up, m->h, L->shared_gate.data, L->shared_up.data,
+                      L->shared_gate.dtype, rows, si, c->hidden);
+    be->matmul(be, m->shared_out, be->act_dtype, m->gate, L->shared_down.data,
+               L->shared_down.dtype, rows, c->hidden, si);
+    be->matmul(be, m->shared_logit, be->act_dtype, m->h, L->shared_expert_gate.data,
+               L->shared_expert_gate.dtype, rows, 1, c->hidden);
+    be->mul_sigmoid(be, m->shared_out, m->shared_logit, rows, c->hidden, 1, 1);
+    be->add(be, m->pend, m->shared_out, rows, c->hidden);
+}
+
+/* The gated DeltaNet block of the normed rows (h) into m->att [rows]
+ * [v_heads * v_dim]: the projections, the causal conv and the delta rule
+ * with the streams' states (their slots), the gated norm. */
+static void linear_block(worker_model *m, const model_layer *L, const kernels_batch *batch,
+                         int rows)
+{
+    kernels_backend *be = m->be;
+    const model_config *c = &m->cfg;
+    size_t a = kernels_act_bytes(be), r = (size_t)rows;
+    int cd = model_config_lin_conv_dim(c), nv = c->lin_v_heads, vd = nv * c->lin_v_dim;
+    unsigned char *proj = m->lin_scratch, *conv = proj + r * (size_t)cd * a,
+                  *z = conv + r * (size_t)cd * a, *b = z + r * (size_t)vd * a,
+                  *av = b + r * (size_t)nv * a;
+    be->matmul(be, proj, be->act_dtype, m->h, L->lin_qkv.data, L->lin_qkv.dtype, rows, cd,
+               c->hidden);
+    be->matmul(be, z, be->act_dtype, m->h, L->lin_z.data, L->lin_z.dtype, rows, vd, c->hidden);
+    be->matmul(be, b, be->act_dtype, m->h, L->lin_b.data, L->lin_b.dtype, rows, nv, c->hidden);
+    be->matmul(be, av, be->act_dtype, m->h, L->lin_a.data, L->lin_a.dtype, rows, nv, c->hidden);
+    unsigned char *state = (unsigned char *)m->states +
+                           (size_t)L->state_layer * model_cache_state_bytes(c);
+    be->deltanet_conv(be, conv, proj, cd, L->lin_conv, cd, c->lin_conv, state, m->slot_bytes,
+                      m->slots, batch);
+    be->deltanet_rule(be, m->att, conv, b, av, nv, L->lin_decay, L->lin_dt_bias, c->lin_k_heads,
+                      nv, c->lin_k_dim, c->lin_v_dim, state + model_cache_conv_bytes(c),
+                      m->slot_bytes, m->slots, batch);
+    be->rmsnorm_gated(be, m->att, m->att, z, L->lin_norm, rows, nv, c->lin_v_dim, c->rms_eps);
+}
+
+/* The attention block of the normed rows (h, or x with the norm inside
+ * the matmuls when fused) into m->att [rows][heads * head_dim]: q, k and
+ * v, rope, the KV write into the pages of page layer pl and attention;
+ * with attn_output_gate, the output scaled by sigmoid(gate). */
+static void attention_block(worker_model *m, const model_layer *L, int pl,
+                            const kernels_batch *batch, bool fused, int rows)
+{
+    kernels_backend *be = m->be;
+    const model_config *c = &m->cfg;
+    int q_w = c->heads * c->head_dim, kv_w = c->kv_heads * c->head_dim;
+    size_t a = kernels_act_bytes(be), q_row_bytes = (size_t)q_w * a;
+    float scale = 1.0f / sqrtf((float)c->head_dim);
+    /* q, k and v as one matmul of joined weights need room for the rows
+     * of [q | k | v] in the up buffer (free until the MLP) */
+    int qkv_w = q_w + 2 * kv_w;
+    bool qkv_room = (size_t)m->opt.max_rows * (size_t)c->intermediate >= (size_t)rows * qkv_w;
+    void *q = m->q, *k = m->k, *v = m->v;
+    int qkv_stride = 0;
+    if (L->q_gate.data)
+        normed_matmul(m, fused, m->att_gate, &L->q_gate, rows, q_w);
+    if (L->qkv_joined && qkv_room) {
+        /* rows of [q | k | v], one GEMM (at 64 rows on the H200 12 +
+         * 8 + 8 us as three) */
+        q = m->up;
+        k = (unsigned char *)q + (size_t)q_w * a;
+        v = (unsigned char *)k + (size_t)kv_w * a;
+        qkv_stride = qkv_w;
+        normed_matmul(m, fused, q, &L->q, rows, qkv_w);
+    } else {
+        normed_matmul(m, fused, q, &L->q, rows, q_w);
+        normed_matmul(m, fused, k, &L->k, rows, kv_w);
+        normed_matmul(m, fused, v, &L->v, rows, kv_w);
+    }
+    if (m->segs == 1 && m->seg_single[0] && !m->seg_prompt[0] && be->attention_rope_kv) {
+        /* a decode round of one row a stream: rope, the KV write and
+         * attention as one op (kernels_backend.h) */
+        kernels_batch db = *batch;
+        db.one_row_per_stream = true;
+        be->attention_rope_kv(be, m->att, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
+                              L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv, &db, pl,
+                              scale);
+    } else {
+        /* q normed and rotated into m->q (packed, for attention), k in
+         * place, k and v into the pages */
+        be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm, L->k_norm,
+                                  c->rms_eps, m->inv_freq, m->arena, &m->kv, batch, pl);
+        /* the segments' row tables shift with their rows; the page
+         * table, indexed by stream, does not */
+        for (int s = 0; s < m->segs; s++) {
+            kernels_batch sb = *batch;
+            int r0 = m->seg_row0[s];
+            sb.rows = m->seg_rows[s];
+            sb.row_stream = m->row_stream + r0;
+            sb.positions = m->positions + r0;
+            sb.one_row_per_stream = m->seg_single[s];
+            (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
+                be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
+                (const unsigned char *)m->q + (size_t)r0 * q_row_bytes, c->heads, m->arena,
+                &m->kv, &sb, pl, scale);
+        }
+    }
+    if (L->q_gate.data)
+        be->mul_sigmoid(be, m->att, m->att_gate, rows, q_w, q_w, q_w);
 }
 
 /* Enqueues the pass's ops (and, for a step, the sampling); the logits of
@@ -947,9 +1405,7 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
     kernels_backend *be = m->be;
     const model_config *c = &m->cfg;
     int rows = f->rows;
-    int q_w = c->heads * c->head_dim, kv_w = c->kv_heads * c->head_dim;
-    size_t q_row_bytes = (size_t)q_w * kernels_act_bytes(be);
-    float scale = 1.0f / sqrtf((float)c->head_dim);
+    int q_w = c->heads * c->head_dim;
     kernels_batch batch = {
         .rows = rows,
         .streams = f->streams,
@@ -965,60 +1421,22 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
     size_t a = kernels_act_bytes(be);
     /* gate and up as one matmul needs room for both outputs of the row */
     bool one_row = rows == 1, gate_up_room = m->opt.max_rows >= 2;
-    /* q, k and v as one matmul of joined weights need room for the rows
-     * of [q | k | v] in the up buffer (free until the MLP) */
-    int qkv_w = q_w + 2 * kv_w;
-    bool qkv_room = (size_t)m->opt.max_rows * (size_t)c->intermediate >= (size_t)rows * qkv_w;
     /* each RMSNorm inside the matmul after it, each residual add inside
      * the matmul before it (fold_norms): no norm pass in the layers */
     bool fused = m->norm_fused && rows <= be->fused_norm_rows;
     for (int l = 0; l < c->layers; l++) {
         const model_layer *L = &m->layers[l];
-        int pl = m->cache.page_layer[l]; /* this layer's K and V in a page */
-        void *q = m->q, *k = m->k, *v = m->v;
-        int qkv_stride = 0;
         if (!fused && !normed)
             be->rmsnorm(be, m->h, m->x, pending, L->attn_norm, rows, c->hidden, c->rms_eps);
-        if (L->qkv_joined && qkv_room) {
-            /* rows of [q | k | v], one GEMM (at 64 rows on the H200 12 +
-             * 8 + 8 us as three) */
-            q = m->up;
-            k = (unsigned char *)q + (size_t)q_w * a;
-            v = (unsigned char *)k + (size_t)kv_w * a;
-            qkv_stride = qkv_w;
-            normed_matmul(m, fused, q, &L->q, rows, qkv_w);
+        /* the mixer's output (m->att) goes through o, of o_k columns */
+        const model_matrix *o = &L->o;
+        int o_k = q_w;
+        if (L->linear) {
+            linear_block(m, L, &batch, rows);
+            o = &L->lin_out;
+            o_k = c->lin_v_heads * c->lin_v_dim;
         } else {
-            normed_matmul(m, fused, q, &L->q, rows, q_w);
-            normed_matmul(m, fused, k, &L->k, rows, kv_w);
-            normed_matmul(m, fused, v, &L->v, rows, kv_w);
-        }
-        if (m->segs == 1 && m->seg_single[0] && !m->seg_prompt[0] && be->attention_rope_kv) {
-            /* a decode round of one row a stream: rope, the KV write and
-             * attention as one op (kernels_backend.h) */
-            kernels_batch db = batch;
-            db.one_row_per_stream = true;
-            be->attention_rope_kv(be, m->att, m->q, q, k, v, qkv_stride, c->heads, L->q_norm,
-                                  L->k_norm, c->rms_eps, m->inv_freq, m->arena, &m->kv, &db, pl,
-                                  scale);
-        } else {
-            /* q normed and rotated into m->q (packed, for attention), k in
-             * place, k and v into the pages */
-            be->qk_norm_rope_kv_write(be, m->q, q, k, v, qkv_stride, c->heads, L->q_norm, L->k_norm,
-                                      c->rms_eps, m->inv_freq, m->arena, &m->kv, &batch, pl);
-            /* the segments' row tables shift with their rows; the page
-             * table, indexed by stream, does not */
-            for (int s = 0; s < m->segs; s++) {
-                kernels_batch sb = batch;
-                int r0 = m->seg_row0[s];
-                sb.rows = m->seg_rows[s];
-                sb.row_stream = m->row_stream + r0;
-                sb.positions = m->positions + r0;
-                sb.one_row_per_stream = m->seg_single[s];
-                (m->seg_prompt[s] ? be->attention_prompt : be->attention)(
-                    be, (unsigned char *)m->att + (size_t)r0 * q_row_bytes,
-                    (const unsigned char *)m->q + (size_t)r0 * q_row_bytes, c->heads, m->arena,
-                    &m->kv, &sb, pl, scale);
-            }
+            attention_block(m, L, m->cache.page_layer[l], &batch, fused, rows);
         }
         if (fused) {
             be->matmul_add(be, m->x, m->att, L->o.data, L->o.dtype, rows, c->hidden, q_w);
@@ -1028,7 +1446,7 @@ static void model_ops(worker_model *m, const worker_forward *f, int stride, run_
                            c->intermediate);
             continue;
         }
-        if (!matmul_add_norm(m, m->att, &L->o, L->mlp_norm, rows, q_w))
+        if (!matmul_add_norm(m, m->att, o, L->mlp_norm, rows, o_k))
             be->rmsnorm(be, m->h, m->x, m->pend, L->mlp_norm, rows, c->hidden, c->rms_eps);
         if (L->moe) {
             moe_block(m, L, l, rows);

@@ -37,6 +37,8 @@ typedef struct worker_model_options {
     int max_logit_rows;        /* rows whose logits one pass can return */
     int max_streams;           /* streams in one pass */
     int max_pages_per_stream;
+    int state_slots; /* hybrids: streams whose recurrent states are kept (state slots);
+                        0: max_streams */
     uint64_t dummy_seed;
     shoal_dtype act_dtype; /* backend activations; INVALID = the backend's default */
     shoal_dtype kv_dtype;  /* KV pages: BF16 (default) or F8_E4M3 (scales 1.0) */
@@ -54,7 +56,11 @@ typedef struct worker_model worker_model;
 
 /* One forward pass, in host memory. Rows as in kernels_batch; page_table
  * is [streams][page_table_stride]; logit_rows lists which rows' logits to
- * return, in order. */
+ * return, in order. A hybrid model (gated DeltaNet layers) keeps each
+ * stream's recurrent state in a slot: state_slots[s] is stream s's (NULL:
+ * slot s); its rows must be consecutive positions in row order, and a
+ * stream whose first row is at position 0 starts from a zero state, any
+ * other from what its slot holds. */
 typedef struct worker_forward {
     int rows;
     const int32_t *token_ids;
@@ -65,6 +71,7 @@ typedef struct worker_forward {
     const int32_t *page_table;
     int logit_count;
     const int32_t *logit_rows;
+    const int32_t *state_slots; /* [streams] */
 } worker_forward;
 
 /* Loads the model. Errors name the file, tensor and what was expected. */
@@ -79,6 +86,14 @@ const kernels_kv_layout *worker_model_kv_layout(const worker_model *m);
  * the KV layout is its attention group's. */
 const model_cache_spec *worker_model_cache_spec(const worker_model *m);
 int worker_model_kv_pages(const worker_model *m);
+/* Hybrids: the state slots and the bytes of one (0 for models without
+ * linear layers); a slot's bytes to and from host memory, and a copy of
+ * one slot to another (a stream's state checkpointed or restored). */
+int worker_model_state_slots(const worker_model *m);
+size_t worker_model_slot_bytes(const worker_model *m);
+shoal_err worker_model_slot_read(worker_model *m, int slot, void *host, shoal_diag *diag);
+shoal_err worker_model_slot_write(worker_model *m, int slot, const void *host, shoal_diag *diag);
+shoal_err worker_model_slot_copy(worker_model *m, int dst, int src, shoal_diag *diag);
 /* The KV page arena (device; kv_pages pages of the kv layout's page_bytes
  * from offset 0), its mapped size (rounded up to the device's mapping
  * granularity) and the fd that names it for other processes

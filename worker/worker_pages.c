@@ -30,8 +30,9 @@ struct worker_pages {
     int32_t *table;
     uint32_t mask;
     uint64_t lookups, hits, evictions, lease_skips;
-    worker_pages_evict_fn on_evict;
-    void *on_evict_ctx;
+    worker_pages_evict_fn on_evict[WORKER_PAGES_EVICT_HOOKS];
+    void *on_evict_ctx[WORKER_PAGES_EVICT_HOOKS];
+    int n_on_evict;
 };
 
 static bool hashed(const worker_pages *p, int id)
@@ -193,8 +194,9 @@ void worker_pages_close(worker_pages *p)
 
 void worker_pages_on_evict(worker_pages *p, worker_pages_evict_fn fn, void *ctx)
 {
-    p->on_evict = fn;
-    p->on_evict_ctx = ctx;
+    SHOAL_ASSERT(p->n_on_evict < WORKER_PAGES_EVICT_HOOKS);
+    p->on_evict[p->n_on_evict] = fn;
+    p->on_evict_ctx[p->n_on_evict++] = ctx;
 }
 
 /* Unpublishes cached page id: false when another worker leases it. */
@@ -218,8 +220,9 @@ static int evict_one(worker_pages *p)
 {
     for (int tries = p->cached_count; tries > 0 && p->lru_head != NONE; tries--) {
         int id = p->lru_head;
-        if (atomic_load(&p->rows[id].leases) == 0 && p->on_evict)
-            p->on_evict(p->on_evict_ctx, id, &p->rows[id].hash, &p->parents[id]);
+        if (atomic_load(&p->rows[id].leases) == 0)
+            for (int h = 0; h < p->n_on_evict; h++)
+                p->on_evict[h](p->on_evict_ctx[h], id, &p->rows[id].hash, &p->parents[id]);
         lru_unlink(p, id);
         if (!unpublish(p, id)) { /* the row keeps its hash: table_remove needs it */
             p->lease_skips++;

@@ -45,7 +45,10 @@ void worker_pages_close(worker_pages *p);
 
 /* Called before a cached page is evicted (its content is about to be
  * overwritten), with the block's hash and its parent's: the state store
- * spills it here. */
+ * spills it here, and a hybrid model's checkpoint at that block goes with
+ * it. Each call adds a hook, WORKER_PAGES_EVICT_HOOKS at most, called in
+ * the order they were added. */
+enum { WORKER_PAGES_EVICT_HOOKS = 2 };
 typedef void (*worker_pages_evict_fn)(void *ctx, int page, const common_hash *hash,
                                       const common_hash *parent);
 void worker_pages_on_evict(worker_pages *p, worker_pages_evict_fn fn, void *ctx);

@@ -64,7 +64,7 @@ static shoal_err prompt_pass(warm *w, int rows, shoal_diag *diag)
     for (int p = 0; p < pages; p++)
         w->table[p] = p;
     w->logit_rows[0] = rows - 1;
-    worker_forward f = {rows, w->ids, w->pos, w->row_stream, 1, pages, w->table, 1, w->logit_rows};
+    worker_forward f = {rows, w->ids, w->pos, w->row_stream, 1, pages, w->table, 1, w->logit_rows, NULL};
     return step(w, &f, NULL, "prompt pass", diag);
 }
 
@@ -81,7 +81,7 @@ static shoal_err decode_round(warm *w, int rows, bool penalties, shoal_diag *dia
         w->logit_rows[r] = r;
     }
     worker_forward f = {rows,    w->ids, w->pos, w->row_stream, rows, 1,
-                        w->table, rows,  w->logit_rows};
+                        w->table, rows,  w->logit_rows, NULL};
     worker_penalties pen = {w->pen_offsets, w->ids, w->ids, 0};
     return step(w, &f, penalties ? &pen : NULL,
                 penalties ? "decode round with penalties" : "decode round", diag);

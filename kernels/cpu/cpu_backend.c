@@ -88,6 +88,7 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->name = "cpu";
     be->act_dtype = SHOAL_DTYPE_F32;
     be->host_memory = true;
+    be->kv_f32 = true;
     be->close = cpu_close;
     be->alloc = cpu_alloc;
     be->free = cpu_free;
@@ -116,6 +117,11 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->moe_route = cpu_moe_route;
     be->moe_scratch_bytes = cpu_moe_scratch_bytes;
     be->moe_experts = cpu_moe_experts;
+    be->deltanet_conv = cpu_deltanet_conv;
+    be->deltanet_rule = cpu_deltanet_rule;
+    be->rmsnorm_gated = cpu_rmsnorm_gated;
+    be->mul_sigmoid = cpu_mul_sigmoid;
+    be->add = cpu_add;
     be->sample = cpu_sample;
     be->fill_random = cpu_fill_random;
     *out = be;

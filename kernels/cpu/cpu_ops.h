@@ -55,6 +55,18 @@ size_t cpu_moe_scratch_bytes(kernels_backend *be, int rows, int topk, int n, int
 void cpu_moe_experts(kernels_backend *be, void *out, const void *in, const int32_t *ids,
                      const float *weights, int rows, int topk, const kernels_weight *wg,
                      const kernels_weight *wu, const kernels_weight *wd, void *scratch);
+void cpu_deltanet_conv(kernels_backend *be, void *out, const void *in, int in_stride,
+                       const float *w, int channels, int kernel, void *states,
+                       size_t slot_stride, const int32_t *slots, const kernels_batch *batch);
+void cpu_deltanet_rule(kernels_backend *be, void *out, const void *x, const void *b,
+                       const void *a, int ba_stride, const float *decay, const float *dt_bias,
+                       int k_heads, int v_heads, int k_dim, int v_dim, void *states,
+                       size_t slot_stride, const int32_t *slots, const kernels_batch *batch);
+void cpu_rmsnorm_gated(kernels_backend *be, void *out, const void *x, const void *z,
+                       const float *w, int rows, int heads, int dim, float eps);
+void cpu_mul_sigmoid(kernels_backend *be, void *x, const void *gate, int rows, int n,
+                     int gate_stride, int gate_cols);
+void cpu_add(kernels_backend *be, void *x, const void *y, int rows, int n);
 void cpu_gather(kernels_backend *be, void *out, const void *in, const int32_t *idx, int rows,
                 int dim);
 void cpu_sample(kernels_backend *be, kernels_sample_result *results, const float *logits, int rows,

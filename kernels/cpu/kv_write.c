@@ -25,7 +25,7 @@ static void kv_write_task(void *ctx, int r, int thread)
                                     (size_t)(pos / L->page_tokens)];
     int slot = pos % L->page_tokens;
     bool fp8 = L->dtype == SHOAL_DTYPE_F8_E4M3;
-    size_t elem = fp8 ? 1 : 2;
+    size_t elem = shoal_dtype_bytes(L->dtype);
     for (int kv = 0; kv < 2; kv++) {
         const float *src = (kv ? j->v : j->k) + (size_t)r * j->stride;
         const float *scales = kv ? L->v_scale : L->k_scale;
@@ -43,6 +43,8 @@ static void kv_write_task(void *ctx, int r, int thread)
                                      : 1.0f;
                 for (int d = 0; d < L->head_dim; d++)
                     dst[d] = kernels_f32_to_e4m3(x[d] / scale);
+            } else if (L->dtype == SHOAL_DTYPE_F32) {
+                memcpy(dst, x, (size_t)L->head_dim * sizeof(float));
             } else {
                 uint16_t *dst16 = (uint16_t *)dst;
                 for (int d = 0; d < L->head_dim; d++)
@@ -57,7 +59,8 @@ static void kv_write_rows(kernels_backend *be, void *arena, const kernels_kv_lay
                           const kernels_batch *batch, int layer, const void *k, const void *v,
                           size_t stride)
 {
-    SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16 || layout->dtype == SHOAL_DTYPE_F8_E4M3);
+    SHOAL_ASSERT(layout->dtype == SHOAL_DTYPE_BF16 || layout->dtype == SHOAL_DTYPE_F8_E4M3 ||
+                 layout->dtype == SHOAL_DTYPE_F32);
     struct kv_write_job j = {arena, layout, batch, layer, k, v, stride};
     common_pool_run(cpu_of(be)->pool, batch->rows, kv_write_task, &j);
 }

@@ -179,7 +179,7 @@ static bool run_fixture(const char *name, const config *c, model_safetensors *fx
                 if (k + lc < kept && keep[k + lc] == done + r)
                     lrows[lc++] = r;
             }
-            worker_forward f = {rows, ids + done, pos, zero, 1, pages, table, lc, lrows};
+            worker_forward f = {rows, ids + done, pos, zero, 1, pages, table, lc, lrows, NULL};
             ok = worker_model_forward(m, &f, buf, &diag) == SHOAL_OK;
             CHECK_MSG(ok, "%s: %s", name, diag.msg);
             for (int i = 0; ok && i < lc && out->rows < ROWS_MAX; i++, out->rows++) {
@@ -192,7 +192,7 @@ static bool run_fixture(const char *name, const config *c, model_safetensors *fx
         }
         for (int s = 1; s < STEPS && ok && out->rows < ROWS_MAX; s++, out->rows++) {
             int32_t tok = greedy[s - 1], p = n + s - 1, row0 = 0;
-            worker_forward f = {1, &tok, &p, zero, 1, pages, table, 1, &row0};
+            worker_forward f = {1, &tok, &p, zero, 1, pages, table, 1, &row0, NULL};
             ok = worker_model_forward(m, &f, out->logits + (size_t)out->rows * vocab, &diag) ==
                  SHOAL_OK;
             CHECK_MSG(ok, "%s: %s", name, diag.msg);
@@ -411,11 +411,11 @@ static void one_forward_pass_of_each_kv_dtype(void)
             table[p] = 15 - p;
         float *logits = xmalloc((size_t)vocab * 4);
         shoal_diag diag = {{0}};
-        worker_forward f = {129, ids, pos, zero, 1, 16, table, 1, &last};
+        worker_forward f = {129, ids, pos, zero, 1, 16, table, 1, &last, NULL};
         CHECK_MSG(worker_model_forward(m, &f, logits, &diag) == SHOAL_OK, "%s", diag.msg);
         for (int s = 0; s < 2; s++) {
             int32_t tok = argmax(logits, vocab), p = 129 + s, row0 = 0;
-            worker_forward d = {1, &tok, &p, zero, 1, 16, table, 1, &row0};
+            worker_forward d = {1, &tok, &p, zero, 1, 16, table, 1, &row0, NULL};
             CHECK_MSG(worker_model_forward(m, &d, logits, &diag) == SHOAL_OK, "%s", diag.msg);
         }
         for (int i = 0; i < vocab; i++)
@@ -468,14 +468,14 @@ static void graph_rounds_equal_op_by_op_rounds(void)
             for (int i = 0; i < lens[s]; i++)
                 ppos[i] = i;
             worker_forward f = {lens[s], prompts[s],        ppos, zero, 1,
-                                PAGES,   table + s * PAGES, 1,    &last};
+                                PAGES,   table + s * PAGES, 1,    &last, NULL};
             CHECK_MSG(worker_model_forward(m, &f, out[g] + (size_t)s * vocab, &diag) == SHOAL_OK,
                       "%s", diag.msg);
             pos[s] = lens[s];
         }
         for (int r = 0; r < ROUNDS; r++) {
             int n = r < 2 ? 1 : STREAMS; /* two rounds of one stream, then all three */
-            worker_forward f = {n, toks[r], pos, rs, n, PAGES, table, n, lr};
+            worker_forward f = {n, toks[r], pos, rs, n, PAGES, table, n, lr, NULL};
             float *dst = out[g] + (size_t)(r + 1) * STREAMS * vocab;
             if (r < 4) {
                 CHECK_MSG(worker_model_forward(m, &f, dst, &diag) == SHOAL_OK, "%s", diag.msg);
@@ -560,11 +560,11 @@ static void rounds_keep_the_logits(const char *env, const char *on_value, const 
             for (int s = 0; s < STREAMS; s++) { /* stream s's prompt: the first prompt_len - s */
                 int len = prompt_len - s;
                 last = len - 1;
-                worker_forward f = {len, prompt, ppos, zero, 1, PAGES, table + s * PAGES, 1, &last};
+                worker_forward f = {len, prompt, ppos, zero, 1, PAGES, table + s * PAGES, 1, &last, NULL};
                 for (int i = 0; one_row && i < len; i++) { /* the last row's logits stay */
                     int32_t zero_row = 0;
-                    worker_forward f1 = {1,     prompt + i,        ppos + i, zero,     1,
-                                         PAGES, table + s * PAGES, 1,        &zero_row};
+                    worker_forward f1 = {1,     prompt + i,        ppos + i, zero,      1,
+                                         PAGES, table + s * PAGES, 1,        &zero_row, NULL};
                     CHECK_MSG(worker_model_forward(m, &f1, o, &diag) == SHOAL_OK, "%s", diag.msg);
                 }
                 if (!one_row)
@@ -574,7 +574,7 @@ static void rounds_keep_the_logits(const char *env, const char *on_value, const 
             }
             for (int r = 0; r < rounds; r++) {
                 int k = r == rounds - 1 && !one_row ? STREAMS : 1;
-                worker_forward d = {k, toks[r], pos, rs, k, PAGES, table, k, lr};
+                worker_forward d = {k, toks[r], pos, rs, k, PAGES, table, k, lr, NULL};
                 CHECK_MSG(worker_model_forward(m, &d, o, &diag) == SHOAL_OK, "%s", diag.msg);
                 o += (size_t)k * vocab;
                 for (int s = 0; s < k; s++)

@@ -68,12 +68,25 @@ typedef struct setup {
     int max_model_len;
 } setup;
 
-static worker_model *open_model(const setup *st)
+/* Hybrid models keep a state checkpoint at every page here, so that their
+ * prefix hits are those of the other models (test_hybrid_prefix tests the
+ * engine's own choice of boundaries). */
+enum { HYBRID_CHECKPOINTS = 512, HYBRID_INTERVAL = 16 };
+
+static worker_engine_options engine_options(const setup *st)
 {
     worker_engine_options eo = {.max_batch_tokens = st->batch_tokens,
                                 .parallel = st->parallel,
                                 .max_queued = 1024,
-                                .max_model_len = st->max_model_len};
+                                .max_model_len = st->max_model_len,
+                                .checkpoints = HYBRID_CHECKPOINTS,
+                                .checkpoint_interval = HYBRID_INTERVAL};
+    return eo;
+}
+
+static worker_model *open_model(const setup *st)
+{
+    worker_engine_options eo = engine_options(st);
     worker_model_options mo;
     worker_model_options_default(&mo);
     mo.model_dir = MODEL_DIR;
@@ -89,10 +102,7 @@ static worker_model *open_model(const setup *st)
 
 static worker_engine *open_engine(worker_model *m, const setup *st)
 {
-    worker_engine_options eo = {.max_batch_tokens = st->batch_tokens,
-                                .parallel = st->parallel,
-                                .max_queued = 1024,
-                                .max_model_len = st->max_model_len};
+    worker_engine_options eo = engine_options(st);
     worker_engine *e = NULL;
     shoal_diag diag = {{0}};
     CHECK_MSG(worker_engine_open(m, &eo, &e, &diag) == SHOAL_OK, "%s", diag.msg);

@@ -4,6 +4,7 @@
 #include "common/common_file.h"
 #include "common/common_rng.h"
 #include "tests/test.h"
+#include "model/model_cache.h"
 #include "model/model_config.h"
 #include "worker/worker_generate.h"
 #include "model/model_safetensors.h"
@@ -283,6 +284,101 @@ static void moe_config_reads_experts_and_sparse_layers(void)
     }
 }
 
+#define HYBRID_BASE                                                                                \
+    "{\"architectures\":[\"Qwen3NextForCausalLM\"],\"vocab_size\":300,\"hidden_size\":64,"         \
+    "\"intermediate_size\":96,\"moe_intermediate_size\":32,\"num_experts\":4,"                    \
+    "\"num_experts_per_tok\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"             \
+    "\"head_dim\":16,\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,"                   \
+    "\"linear_key_head_dim\":8,\"linear_value_head_dim\":12,"
+
+/* Hybrid configs: the layer kinds from layer_types or full_attention_interval,
+ * the linear fields, partial rope, and each malformed field refused by
+ * name; the shipped shapes of Qwen3.5-27B, Qwen3.5-35B-A3B and Qwen3-Next
+ * give the state slots their papers' sizes. */
+static void hybrid_configs_read_layer_kinds_and_linear_fields(void)
+{
+    model_config cfg;
+    shoal_diag diag = {{0}};
+    const char *interval = HYBRID_BASE "\"num_hidden_layers\":8,\"full_attention_interval\":4}";
+    CHECK_MSG(model_config_parse(interval, "c.json", &cfg, &diag) == SHOAL_OK, "%s", diag.msg);
+    for (int l = 0; l < 8; l++)
+        CHECK_MSG(cfg.mixer_kind[l] == (l % 4 == 3 ? MODEL_MIXER_ATTENTION : MODEL_MIXER_LINEAR),
+                  "layer %d: mixer %d", l, cfg.mixer_kind[l]);
+    CHECK(cfg.norm_offset && cfg.attn_output_gate && model_config_has_linear(&cfg));
+    CHECK_EQ_INT(cfg.rope_dim, 4); /* 16 x the default factor 0.25 */
+    CHECK_EQ_INT(cfg.lin_conv, 4);
+    CHECK_EQ_INT(model_config_lin_conv_dim(&cfg), 2 * 2 * 8 + 4 * 12);
+    const char *types = HYBRID_BASE "\"num_hidden_layers\":3,\"partial_rotary_factor\":0.5,"
+                                    "\"linear_conv_kernel_dim\":2,\"layer_types\":"
+                                    "[\"full_attention\",\"linear_attention\",\"full_attention\"]}";
+    CHECK_MSG(model_config_parse(types, "c.json", &cfg, &diag) == SHOAL_OK, "%s", diag.msg);
+    CHECK(cfg.mixer_kind[0] == MODEL_MIXER_ATTENTION && cfg.mixer_kind[1] == MODEL_MIXER_LINEAR &&
+          cfg.mixer_kind[2] == MODEL_MIXER_ATTENTION);
+    CHECK_EQ_INT(cfg.rope_dim, 8);
+    CHECK_EQ_INT(cfg.lin_conv, 2);
+    static const struct {
+        const char *json;
+        const char *says;
+    } bad[] = {
+        {HYBRID_BASE "\"num_hidden_layers\":2,\"layer_types\":[\"linear_attention\"]}",
+         "layer_types"},
+        {HYBRID_BASE "\"num_hidden_layers\":2,\"layer_types\":[\"linear_attention\","
+                     "\"sliding_attention\"]}",
+         "layer_types"},
+        {HYBRID_BASE "\"num_hidden_layers\":4,\"partial_rotary_factor\":0}",
+         "partial_rotary_factor"},
+        {HYBRID_BASE "\"num_hidden_layers\":4,\"partial_rotary_factor\":1.5}",
+         "partial_rotary_factor"},
+        {HYBRID_BASE "\"num_hidden_layers\":4,\"attn_output_gate\":false}", "attn_output_gate"},
+        {HYBRID_BASE "\"num_hidden_layers\":4,\"linear_conv_kernel_dim\":9}",
+         "linear_conv_kernel_dim"},
+        {HYBRID_BASE "\"num_hidden_layers\":4,\"full_attention_interval\":0}",
+         "full_attention_interval"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        shoal_err err = model_config_parse(bad[i].json, "c.json", &cfg, &diag);
+        CHECK_MSG(err != SHOAL_OK, "case %zu parsed", i);
+        CHECK_HAS(diag.msg, bad[i].says);
+        CHECK_HAS(diag.msg, "c.json");
+    }
+    /* without a linear_num_value_heads multiple of the key heads */
+    char odd[1024];
+    snprintf(odd, sizeof odd, "%s", HYBRID_BASE "\"num_hidden_layers\":4}");
+    char *at = strstr(odd, "\"linear_num_value_heads\":4");
+    CHECK(at != NULL);
+    if (at)
+        at[strlen("\"linear_num_value_heads\":")] = '3';
+    CHECK(model_config_parse(odd, "c.json", &cfg, &diag) == SHOAL_ERR_FORMAT);
+    CHECK_HAS(diag.msg, "not a multiple");
+
+    static const struct {
+        const char *dir;
+        int layers, linear;
+        double slot_mib; /* one stream's state */
+    } shipped[] = {
+        {"qwen3.5-27b", 64, 48, 149.625},
+        {"qwen3.5-35b-a3b", 40, 30, 62.8125},
+        {"qwen3-next-80b-a3b", 48, 36, 75.375},
+    };
+    for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/../../tools/configs/%s", SHOAL_FIXTURES, shipped[i].dir);
+        CHECK_MSG(model_config_load(dir, &cfg, &diag) == SHOAL_OK, "%s", diag.msg);
+        int linear = 0;
+        for (int l = 0; l < cfg.layers; l++)
+            linear += cfg.mixer_kind[l] == MODEL_MIXER_LINEAR;
+        model_cache_spec spec;
+        model_cache_spec_of(&cfg, &spec);
+        double mib = (double)model_cache_slot_bytes(&spec) / 1048576.0;
+        printf("  %-20s %d layers, %d linear, rope on %d of %d dims: a state slot of %.1f MiB\n",
+               shipped[i].dir, cfg.layers, linear, cfg.rope_dim, cfg.head_dim, mib);
+        CHECK_EQ_INT(cfg.layers, shipped[i].layers);
+        CHECK_EQ_INT(linear, shipped[i].linear);
+        CHECK_EQ_INT(cfg.rope_dim, 64);
+        CHECK(fabs(mib - shipped[i].slot_mib) < 1e-6);
+    }
+}
+
 /* Dummy MoE weights route spread (benchmarks read the experts a real
  * model's round would): 32 tokens' 64 picks reach at least half of a
  * layer's 16 experts in every layer, and no expert takes a third of them
@@ -308,7 +404,7 @@ static void dummy_moe_routing_is_spread(void)
     }
     for (int p = 0; p < 8; p++)
         table[p] = p;
-    worker_forward f = {N, ids, pos, rs, 1, 8, table, 0, NULL};
+    worker_forward f = {N, ids, pos, rs, 1, 8, table, 0, NULL, NULL};
     CHECK(worker_model_forward(m, &f, NULL, &diag) == SHOAL_OK);
     for (int l = 0; l < 6; l++) {
         int32_t route[N * 2];
@@ -416,7 +512,7 @@ static void forward_refuses_bad_rows(void)
         return;
     float logits[397];
     int32_t ids[2] = {1, 2}, pos[2] = {0, 1}, stream[2] = {0, 0}, table[2] = {0, 1}, lr = 1;
-    worker_forward f = {2, ids, pos, stream, 1, 2, table, 1, &lr};
+    worker_forward f = {2, ids, pos, stream, 1, 2, table, 1, &lr, NULL};
     CHECK(worker_model_forward(m, &f, logits, &diag) == SHOAL_OK);
     ids[1] = 397;
     CHECK(worker_model_forward(m, &f, logits, &diag) == SHOAL_ERR_INVALID);
@@ -453,7 +549,7 @@ static void logits_of_every_row_equal_the_gathered_ones(void)
     static float all[2 * V], swapped[2 * V], one[V];
     int32_t ids[2] = {5, 9}, pos[2] = {0, 1}, stream[2] = {0, 0}, table[2] = {0, 1};
     int32_t in_order[2] = {0, 1}, reversed[2] = {1, 0}, second = 1;
-    worker_forward f = {2, ids, pos, stream, 1, 2, table, 2, in_order};
+    worker_forward f = {2, ids, pos, stream, 1, 2, table, 2, in_order, NULL};
     CHECK(worker_model_forward(m, &f, all, &diag) == SHOAL_OK);
     f.logit_rows = reversed;
     CHECK(worker_model_forward(m, &f, swapped, &diag) == SHOAL_OK);
@@ -504,6 +600,7 @@ int main(void)
     TEST_RUN(missing_or_bad_config_is_refused);
     TEST_RUN(config_fields_are_validated);
     TEST_RUN(moe_config_reads_experts_and_sparse_layers);
+    TEST_RUN(hybrid_configs_read_layer_kinds_and_linear_fields);
     TEST_RUN(dummy_moe_routing_is_spread);
     TEST_RUN(transformers_4_spelling_gives_the_same_rope);
     TEST_RUN(generation_config_overrides_eos);

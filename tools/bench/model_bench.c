@@ -118,7 +118,7 @@ int main(int argc, char **argv)
         pos[i] = i;
     }
     int32_t last = prefill - 1;
-    worker_forward f = {prefill, ids, pos, rs, 1, per_stream, table, 1, &last};
+    worker_forward f = {prefill, ids, pos, rs, 1, per_stream, table, 1, &last, NULL};
     for (int r = 0; r < 6; r++) {
         double t0 = now_s();
         if (worker_model_forward(m, &f, logits, &diag))
@@ -140,7 +140,7 @@ int main(int argc, char **argv)
                 rs[i] = 0;
             }
             worker_forward pf = {n, ids, pos, rs, 1, per_stream, table + (size_t)s * per_stream,
-                                 0, NULL};
+                                 0, NULL, NULL};
             if (worker_model_forward(m, &pf, NULL, &diag))
                 goto fail;
             done += n;
@@ -155,7 +155,7 @@ int main(int argc, char **argv)
     }
     double first = 0.0;
     for (int i = 0; i < steps; i++) {
-        worker_forward df = {batch, ids, pos, rs, batch, per_stream, table, batch, lr};
+        worker_forward df = {batch, ids, pos, rs, batch, per_stream, table, batch, lr, NULL};
         double t0 = now_s();
         if (worker_model_step(m, &df, sp, NULL, res, &diag))
             goto fail;
