@@ -45,7 +45,7 @@
 #include <sys/types.h>
 
 #define SHM_SEGMENT_MAGIC 0x47455348414f4853ull /* "SHOALSEG" little-endian */
-#define SHM_SEGMENT_VERSION 4 /* 4: import_ns in worker rows */
+#define SHM_SEGMENT_VERSION 5 /* 5: state slots and checkpoints in worker rows */
 #define SHM_SEGMENT_WORKERS_MAX 64
 #define SHM_CLUSTER_NAME_MAX 32
 
@@ -90,9 +90,16 @@ typedef struct shm_worker_row {
     _Atomic uint32_t managed;        /* 1: the coordinator starts and restarts this slot */
     uint32_t pad0;
     _Atomic uint64_t import_ns;      /* time spent importing (lease, copy, publish) */
+    /* hybrid models: recurrent-state slots (0 and 0 bytes otherwise) */
+    _Atomic int32_t state_slots;      /* the running streams' */
+    _Atomic int32_t states_running;   /* of which streams hold now */
+    _Atomic uint64_t slot_bytes;      /* bytes of one */
+    _Atomic int32_t checkpoints_max;  /* checkpoint slots */
+    _Atomic int32_t checkpoints_held; /* of which hold a checkpoint */
+    _Atomic uint64_t checkpoint_hits; /* prefix hits that started from one */
     uint8_t pad[8];
 } shm_worker_row;
-_Static_assert(sizeof(shm_worker_row) == 192, "shm_worker_row layout");
+_Static_assert(sizeof(shm_worker_row) == 224, "shm_worker_row layout");
 
 /* exit_code of a worker row: the exit status (0..255), -N when signal N
  * ended it, or one of these. */

@@ -316,6 +316,12 @@ void worker_cluster_report(worker_cluster *cl, worker_engine *e)
     atomic_store(&w->restore_tokens, st.restore_tokens);
     atomic_store(&w->cached_tokens, st.cached_tokens - st.import_tokens - st.restore_tokens);
     atomic_store(&w->prompt_tokens, st.prompt_tokens);
+    atomic_store(&w->state_slots, st.state_slots);
+    atomic_store(&w->states_running, st.state_slots ? st.running : 0);
+    atomic_store(&w->slot_bytes, st.slot_bytes);
+    atomic_store(&w->checkpoints_max, st.checkpoints.capacity);
+    atomic_store(&w->checkpoints_held, st.checkpoints.held);
+    atomic_store(&w->checkpoint_hits, st.checkpoints.hits);
     atomic_store(&w->heartbeat_ns, common_wall_ns());
     int n = worker_engine_streams(e, cl->streams, cl->streams_max);
     shm_stream_row *rows = shm_segment_streams(cl->seg, cl->index);

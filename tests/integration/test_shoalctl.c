@@ -15,7 +15,11 @@
  * holds 4 of them: every stream completes in full on the worker it
  * started on (none resumed elsewhere), no new stream lands on worker 1,
  * worker 1 exits 0 and stays DRAINED; `shoalctl undrain 1` brings it back
- * and it takes streams again. */
+ * and it takes streams again.
+ *
+ * CTest runs it over a Qwen3-MoE and a hybrid (Qwen3-Next) model too: the
+ * hybrid's state slots and checkpoints show in `shoalctl pages` as its
+ * worker reports them. */
 #include "common/common_time.h"
 #include "coordinator/coordinator_cluster.h"
 #include "shm/shm_segment.h"
@@ -388,6 +392,25 @@ static int check_pages(shm_segment *s, const char *when)
                 atomic_load(&row->pages_cached), n[0], n[1], n[2]);
             CHECK_EQ_INT((int)num(jk, "pid"), row->pid);
             CHECK_EQ_INT((int)num(jk, "running"), atomic_load(&row->running));
+            /* hybrid models: the state slots as the worker reports them,
+             * one a running stream, the checkpoints' bytes in the total */
+            uint64_t sb = atomic_load(&row->slot_bytes);
+            int slots = atomic_load(&row->state_slots), ck = atomic_load(&row->checkpoints_max);
+            CHECK_MSG(num(jw, "state_slots.slot_bytes") == (double)sb &&
+                          num(jw, "state_slots.streams") == slots &&
+                          num(jw, "state_slots.checkpoints") == ck &&
+                          num(jw, "state_slots.checkpoints_held") ==
+                              atomic_load(&row->checkpoints_held) &&
+                          num(jw, "state_slots.bytes") == (double)(slots + ck) * (double)sb,
+                      "%s: worker %d: state slots disagree with the worker's row", when, w);
+            if (sb > 0) {
+                CHECK_EQ_INT(slots, 16); /* --parallel */
+                CHECK_EQ_INT(ck, 32);    /* twice --parallel, the default */
+                CHECK_EQ_INT(atomic_load(&row->states_running), atomic_load(&row->running));
+                CHECK(atomic_load(&row->checkpoints_held) <= ck);
+            } else {
+                CHECK(slots == 0 && ck == 0);
+            }
             CHECK_MSG(strcmp(str(jk, "health"), "ok") == 0, "%s: worker %d: %s", when, w,
                       str(jk, "health"));
         }

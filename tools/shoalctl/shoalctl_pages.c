@@ -343,6 +343,18 @@ static cJSON *json_worker(shoalctl_cluster *c, const shoalctl_worker *wv, const 
         cJSON_AddNumberToObject(px, "hit_rate", (double)hits / (double)lookups);
     else
         cJSON_AddNullToObject(px, "hit_rate");
+    uint64_t slot_bytes = atomic_load(&row->slot_bytes);
+    cJSON *st = cJSON_AddObjectToObject(o, "state_slots");
+    int slots = atomic_load(&row->state_slots), ck_max = atomic_load(&row->checkpoints_max);
+    int ck_held = atomic_load(&row->checkpoints_held);
+    cJSON_AddNumberToObject(st, "slot_bytes", (double)slot_bytes);
+    cJSON_AddNumberToObject(st, "streams", slots);
+    cJSON_AddNumberToObject(st, "streams_running", atomic_load(&row->states_running));
+    cJSON_AddNumberToObject(st, "checkpoints", ck_max);
+    cJSON_AddNumberToObject(st, "checkpoints_held", ck_held);
+    cJSON_AddNumberToObject(st, "checkpoint_hits", (double)atomic_load(&row->checkpoint_hits));
+    cJSON_AddNumberToObject(st, "bytes", (double)(slots + ck_max) * (double)slot_bytes);
+    cJSON_AddNumberToObject(st, "checkpoint_bytes_held", (double)ck_held * (double)slot_bytes);
     cJSON *ch = cJSON_AddObjectToObject(o, "chains");
     cJSON_AddNumberToObject(ch, "resident", s->chains);
     cJSON_AddNumberToObject(ch, "pages", s->hashed);
@@ -438,6 +450,21 @@ static void print_worker(shoalctl_cluster *c, const shoalctl_worker *wv, const s
                100.0 * (double)hits / (double)lookups);
     else
         printf("  prefix cache  no lookups yet\n");
+    uint64_t slot_bytes = atomic_load(&row->slot_bytes);
+    if (slot_bytes) {
+        int slots = atomic_load(&row->state_slots), ck_max = atomic_load(&row->checkpoints_max);
+        int ck_held = atomic_load(&row->checkpoints_held);
+        char b_slot[32], b_states[32], b_held[32];
+        shoalctl_format_bytes(b_slot, sizeof b_slot, slot_bytes);
+        shoalctl_format_bytes(b_states, sizeof b_states, (uint64_t)(slots + ck_max) * slot_bytes);
+        shoalctl_format_bytes(b_held, sizeof b_held, (uint64_t)ck_held * slot_bytes);
+        printf("  states  %d stream slots + %d checkpoint slots of %s = %s\n", slots, ck_max,
+               b_slot, b_states);
+        printf("          streams holding one %d; checkpoints held %d (%s), prefix hits from "
+               "one %llu\n",
+               atomic_load(&row->states_running), ck_held, b_held,
+               (unsigned long long)atomic_load(&row->checkpoint_hits));
+    }
     printf("  chains  %d resident (conversations or prompts, %d pages; %d ends also on disk)\n",
            s->chains, s->hashed, s->chains_stored);
     print_prefixes(c->seg, wv->index, "largest cached prefixes (end hash, size)", s->largest,
