@@ -283,6 +283,15 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
         eo.import = worker_cluster_import_source(cl);
         so.cluster = cl;
     }
+    if (learn.on && worker_model_slot_bytes(m) > 0) {
+        /* a hybrid's pages are no prefix without their state checkpoints,
+         * which the store does not keep yet: conversations stay in memory */
+        LOG_WARN("worker %d: --learn-conversations: %s has recurrent states, which the state "
+                 "store does not keep yet; conversations reuse this worker's checkpoints "
+                 "in memory only",
+                 index, worker_model_config(m)->arch_name);
+        learn.on = false;
+    }
     if (learn.on) { /* opened here, in the worker process, never across a fork */
         shoal_err serr = worker_states_open(&learn.o, m, &states, &diag);
         if (serr == SHOAL_ERR_FORMAT) {

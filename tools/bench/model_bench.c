@@ -15,8 +15,8 @@
  * them); the first step (which records the step's CUDA graph) is printed
  * apart, and the median of the rest.
  * Each figure comes with the bytes the step must read (every weight but
- * the embedding table, and the KV of every stream), for a bound measured
- * in the same run. */
+ * the embedding table, the KV of every stream, and a hybrid's recurrent
+ * states, read and written), for a bound measured in the same run. */
 #include "common/common_rng.h"
 #include "worker/worker_model.h"
 
@@ -139,8 +139,9 @@ int main(int argc, char **argv)
                 pos[i] = done + i;
                 rs[i] = 0;
             }
+            int32_t slot = s; /* a hybrid's state: stream s's slot in the steps */
             worker_forward pf = {n, ids, pos, rs, 1, per_stream, table + (size_t)s * per_stream,
-                                 0, NULL, NULL};
+                                 0, NULL, &slot};
             if (worker_model_forward(m, &pf, NULL, &diag))
                 goto fail;
             done += n;
@@ -174,17 +175,29 @@ int main(int argc, char **argv)
      * MLP, a MoE layer's router and the experts that some row of the last
      * step routed to (their union, read back), the norms and the head. */
     double weights = 0.0, active = 0.0, touched = 0.0;
-    int moe_layers = 0;
+    int moe_layers = 0, attn_layers = 0;
     {
+        /* an attention layer: q (and its gate), k, v, o; a gated DeltaNet
+         * layer: [q | k | v], z, b and a, and out_proj */
         double q = (double)c->heads * c->head_dim, kv = (double)c->kv_heads * c->head_dim;
-        double attn = (double)c->hidden * (2 * q + 2 * kv) + 2.0 * c->hidden;
+        double attn = (double)c->hidden * ((c->attn_output_gate ? 3 : 2) * q + 2 * kv) +
+                      2.0 * c->hidden;
+        double vd = (double)c->lin_v_heads * c->lin_v_dim;
+        double linear = (double)c->hidden * (model_config_lin_conv_dim(c) + 2 * vd +
+                                             2.0 * c->lin_v_heads) +
+                        2.0 * c->hidden;
         double expert = 3.0 * c->hidden * c->moe_intermediate;
+        double shared = c->shared_intermediate > 0
+                            ? 3.0 * c->hidden * c->shared_intermediate + c->hidden
+                            : 0.0;
         int32_t *route =
             malloc((size_t)batch * (c->experts_per_tok > 0 ? c->experts_per_tok : 1) * 4);
         bool *used = calloc((size_t)(c->experts > 0 ? c->experts : 1), 1);
         for (int l = 0; l < c->layers; l++) {
-            weights += attn;
-            active += attn;
+            bool is_attn = c->mixer_kind[l] == MODEL_MIXER_ATTENTION;
+            attn_layers += is_attn;
+            weights += is_attn ? attn : linear;
+            active += is_attn ? attn : linear;
             if (c->mlp_kind[l] != MODEL_MLP_MOE) {
                 weights += 3.0 * c->hidden * c->intermediate;
                 active += 3.0 * c->hidden * c->intermediate;
@@ -199,20 +212,22 @@ int main(int argc, char **argv)
                     used[route[i]] = true, n++;
             moe_layers++;
             touched += n;
-            weights += (double)c->experts * c->hidden + n * expert;
-            active += (double)c->experts * c->hidden + c->experts_per_tok * expert;
+            weights += (double)c->experts * c->hidden + n * expert + shared;
+            active += (double)c->experts * c->hidden + c->experts_per_tok * expert + shared;
         }
         free(route);
         free(used);
         weights = 2.0 * (weights + (double)c->vocab * c->hidden);
         active += (double)c->vocab * c->hidden;
     }
-    double kv_bytes = (double)batch * (context + steps / 2) * c->layers * 2.0 * c->kv_heads *
+    double kv_bytes = (double)batch * (context + steps / 2) * attn_layers * 2.0 * c->kv_heads *
                       c->head_dim * (mo.kv_dtype == SHOAL_DTYPE_F8_E4M3 ? 1 : 2);
+    /* a hybrid's recurrent states: each stream's slot read and written */
+    double state_bytes = 2.0 * batch * (double)worker_model_slot_bytes(m);
     printf("decode: batch %d at context %d: %.3f ms a step (median of %d), %.1f tokens/s; first "
            "step %.2f ms\n",
            batch, context, step * 1e3, steps - 1, batch / step, first * 1e3);
-    printf("bytes a step: weights %.0f, KV %.0f\n", weights, kv_bytes);
+    printf("bytes a step: weights %.0f, KV %.0f, states %.0f\n", weights, kv_bytes, state_bytes);
     printf("active parameters a token: %.0f (prefill bound at 790 TFLOP/s: %.2f ms for %d "
            "tokens)\n",
            active, 2.0 * active * prefill / 790e12 * 1e3, prefill);
