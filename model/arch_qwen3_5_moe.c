@@ -12,10 +12,7 @@ static const model_tensor_name tensors[] = {
     MODEL_MOE_TENSOR_NAMES_AT(AT),
     MODEL_SHARED_EXPERT_TENSOR_NAMES_AT(AT),
     MODEL_LINEAR_TENSOR_NAMES_AT(AT),
-    {MODEL_ROLE_LIN_QKV, AT "layers.%d.linear_attn.in_proj_qkv.weight"},
-    {MODEL_ROLE_LIN_Z, AT "layers.%d.linear_attn.in_proj_z.weight"},
-    {MODEL_ROLE_LIN_B, AT "layers.%d.linear_attn.in_proj_b.weight"},
-    {MODEL_ROLE_LIN_A, AT "layers.%d.linear_attn.in_proj_a.weight"},
+    MODEL_SPLIT_LINEAR_TENSOR_NAMES_AT(AT),
 };
 
 static shoal_err parse(const cJSON *root, const char *label, model_config *cfg, shoal_diag *diag)

@@ -125,6 +125,13 @@ typedef struct model_tensor_name {
         {MODEL_ROLE_LIN_NORM, at "layers.%d.linear_attn.norm.weight"},                             \
         {MODEL_ROLE_LIN_OUT, at "layers.%d.linear_attn.out_proj.weight"}
 
+/* Qwen3.5's split DeltaNet projections (Qwen3-Next fuses them). */
+#define MODEL_SPLIT_LINEAR_TENSOR_NAMES_AT(at)                                                     \
+    {MODEL_ROLE_LIN_QKV, at "layers.%d.linear_attn.in_proj_qkv.weight"},                           \
+        {MODEL_ROLE_LIN_Z, at "layers.%d.linear_attn.in_proj_z.weight"},                           \
+        {MODEL_ROLE_LIN_B, at "layers.%d.linear_attn.in_proj_b.weight"},                           \
+        {MODEL_ROLE_LIN_A, at "layers.%d.linear_attn.in_proj_a.weight"}
+
 typedef struct model_arch {
     const char *hf_name; /* config.json's architectures[0] */
     model_arch_id id;
