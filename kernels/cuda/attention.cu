@@ -638,6 +638,7 @@ template <int STAGES, typename F> static bool partial_tc_dispatch_stages(int hd,
         TC_CASE(32)
         TC_CASE(64)
         TC_CASE(128)
+        TC_CASE(256)
 #undef TC_CASE
     default: return false;
     }
@@ -1072,7 +1073,7 @@ shoal_err cuda_attention_init(kernels_backend *be)
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0] && e == cudaSuccess; i++)
         e = cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    for (int hd : {32, 64, 128})
+    for (int hd : {32, 64, 128, 256})
         for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
             for (int stages : {2, 3})
                 partial_tc_dispatch(hd, kv, stages, [&](auto kernel, size_t tc_bytes) {
@@ -1184,7 +1185,8 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
     c.args.scale = scale;
     c.args.page_table_stride = batch->page_table_stride;
     c.args.scratch = st->attn_scratch;
-    c.tc = be->act_dtype == SHOAL_DTYPE_BF16 && st->attn_tc && (hd == 32 || hd == 64 || hd == 128);
+    c.tc = be->act_dtype == SHOAL_DTYPE_BF16 && st->attn_tc &&
+           (hd == 32 || hd == 64 || hd == 128 || hd == 256);
     /* the TMA partials where the build, GPU and layout take them */
     c.tma = c.tc && tma_kv_map(be, arena, layout, &c.tma_args.kv_map);
     c.tma_args.early = c.tma && st->attn_early && batch->one_row_per_stream;

@@ -22,8 +22,10 @@
  * accelerator) where a tensor map of the arena can be made, else with
  * every thread copying (attn_prompt_wgmma).
  *
- * bf16 activations and head dims 32, 64 and 128 take these kernels; other
- * shapes, and f32 activations (the exact mode), go to the partial path. */
+ * bf16 activations and head dims 32, 64, 128 and 256 (Qwen3.5's and
+ * Qwen3-Next's full attention: 64-row tiles of 4 warps, 160 KiB of shared
+ * memory, a few spilled registers) take these kernels; other shapes, and
+ * f32 activations (the exact mode), go to the partial path. */
 #include "attention_mma.cuh"
 #include "wgmma.cuh"
 
@@ -1128,6 +1130,7 @@ static bool prompt_dispatch(int hd, shoal_dtype kv, int tile, bool wgmma, F f)
     case 32: prompt_tile_dispatch<32>(tile, wgmma, fp8, f); return true;
     case 64: prompt_tile_dispatch<64>(tile, wgmma, fp8, f); return true;
     case 128: prompt_tile_dispatch<128>(tile, wgmma, fp8, f); return true;
+    case 256: prompt_tile_dispatch<256>(tile, wgmma, fp8, f); return true;
     default: return false;
     }
 }
@@ -1230,7 +1233,7 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be)
      * no tensor map serves (cuda_attention_prompt) */
     cudaError_t e = cudaSuccess;
     for (int tile : {st->prompt_tile, st->prompt_tile == 5 ? 4 : st->prompt_tile})
-        for (int hd : {32, 64, 128})
+        for (int hd : {32, 64, 128, 256})
             for (shoal_dtype kv : {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F8_E4M3})
                 prompt_dispatch(hd, kv, tile, st->prompt_wgmma,
                                 [&](auto kernel, size_t bytes, int, int, bool) {
@@ -1248,7 +1251,7 @@ bool cuda_attention_prompt_fits(kernels_backend *be, int heads, const kernels_kv
 {
     int hd = layout->head_dim;
     return be->act_dtype == SHOAL_DTYPE_BF16 && cuda_of(be)->attn_tc &&
-           (hd == 32 || hd == 64 || hd == 128) && heads % layout->kv_heads == 0;
+           (hd == 32 || hd == 64 || hd == 128 || hd == 256) && heads % layout->kv_heads == 0;
 }
 
 void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int heads,

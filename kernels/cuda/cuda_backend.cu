@@ -208,6 +208,7 @@ static void cuda_close(kernels_backend *be)
         cudaFree(st->sample_parts);
         cudaFree(st->cublas_workspace);
         cudaFree(st->gemm_parts_buf);
+        cudaFree(st->deltanet_runs);
         if (st->cublas)
             cublasDestroy(st->cublas);
         if (st->stream)
@@ -435,6 +436,13 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
                              cudaGetErrorString(e));
         goto out_close;
     }
+    if ((e = cudaMalloc(&st->deltanet_runs, CUDA_DELTANET_RUNS_INTS * sizeof(int32_t))) !=
+        cudaSuccess) {
+        err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                             "cuda: GPU %d: no memory for the DeltaNet run list: %s", device,
+                             cudaGetErrorString(e));
+        goto out_close;
+    }
     if ((cs = cublasCreate(&st->cublas)) != CUBLAS_STATUS_SUCCESS ||
         (cs = cublasSetStream(st->cublas, st->stream)) != CUBLAS_STATUS_SUCCESS ||
         (cs = cublasSetWorkspace(st->cublas, st->cublas_workspace,
@@ -481,6 +489,11 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     be->moe_route = cuda_moe_route;
     be->moe_scratch_bytes = cuda_moe_scratch_bytes;
     be->moe_experts = cuda_moe_experts;
+    be->deltanet_conv = cuda_deltanet_conv;
+    be->deltanet_rule = cuda_deltanet_rule;
+    be->rmsnorm_gated = cuda_rmsnorm_gated;
+    be->mul_sigmoid = cuda_mul_sigmoid;
+    be->add = cuda_add;
     /* the fused norm where the one-row GEMV takes bf16 matmuls */
     be->fused_norm_rows = st->norm_fused && act == SHOAL_DTYPE_BF16 && st->gemv_rows_max >= 1;
     be->scale_columns = cuda_scale_columns;

@@ -19,6 +19,7 @@
 
 extern "C" {
 #include "common/common_assert.h"
+#include "common/common_limits.h"
 #include "kernels/kernels_attention_slices.h"
 }
 
@@ -67,6 +68,19 @@ extern "C" {
 
 /* Recorded graphs a backend holds (graph_end's slots). */
 #define CUDA_GRAPH_SLOTS 1024
+
+/* The gated DeltaNet ops (deltanet.cu) work on a batch's runs (the rows of
+ * one stream). A batch of at most CUDA_DELTANET_WALK_ROWS rows more than
+ * it has streams (a decode round, a few short prompt pieces) takes them
+ * in its kernels: a block per row, which leaves at once unless its row
+ * starts a run, then walks to the run's end; no pass before, no block
+ * left over at one row a stream. A larger one (a prompt chunk, where a
+ * block a row would mostly leave at once) has its runs listed first by
+ * one block into the scratch of CUDA_DELTANET_RUNS_INTS ints (the count,
+ * the conv's items, then SHOAL_BATCH_ROWS_MAX + 1 run starts and as many
+ * item offsets). */
+#define CUDA_DELTANET_WALK_ROWS 16
+#define CUDA_DELTANET_RUNS_INTS (2 + 2 * (SHOAL_BATCH_ROWS_MAX + 1))
 
 typedef struct cuda_alloc_list {
     void **ptr;
@@ -240,6 +254,7 @@ typedef struct cuda_state {
      * (kernels/lab row 29.1) */
     int gemm_parts;
     float *gemm_parts_buf;
+    int32_t *deltanet_runs; /* CUDA_DELTANET_RUNS_INTS (deltanet.cu) */
     int gemm_splitk_s;
     int gemm_splitk_stages;
     /* gemm_rows.cu: matmul_swiglu past the GEMV's rows as one kernel
@@ -554,6 +569,18 @@ void cuda_fill_random(kernels_backend *be, void *dst, size_t n, uint64_t state, 
 void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int heads,
                            const void *arena, const kernels_kv_layout *layout,
                            const kernels_batch *batch, int layer, float scale);
+void cuda_deltanet_conv(kernels_backend *be, void *out, const void *in, int in_stride,
+                        const float *w, int channels, int kernel, void *states,
+                        size_t slot_stride, const int32_t *slots, const kernels_batch *batch);
+void cuda_deltanet_rule(kernels_backend *be, void *out, const void *x, const void *b,
+                        const void *a, int ba_stride, const float *decay, const float *dt_bias,
+                        int k_heads, int v_heads, int k_dim, int v_dim, void *states,
+                        size_t slot_stride, const int32_t *slots, const kernels_batch *batch);
+void cuda_rmsnorm_gated(kernels_backend *be, void *out, const void *x, const void *z,
+                        const float *w, int rows, int heads, int dim, float eps);
+void cuda_mul_sigmoid(kernels_backend *be, void *x, const void *gate, int rows, int n,
+                      int gate_stride, int gate_cols);
+void cuda_add(kernels_backend *be, void *x, const void *y, int rows, int n);
 
 /* arena.cu: shared arenas (VMM, exported as POSIX fds). */
 shoal_err cuda_arena_create(kernels_backend *be, size_t bytes, void **ptr, int *fd,

@@ -215,6 +215,7 @@ static const shape main_shape = {8, 2, 64, 16};  /* GQA 4 */
 static const shape odd_shape = {6, 3, 24, 1};    /* GQA 2, one-token pages */
 static const shape wide_shape = {32, 8, 128, 16}; /* an 8B model's layer */
 static const shape small_pages = {4, 4, 32, 4};   /* no GQA, 4-token pages */
+static const shape hybrid_shape = {24, 4, 256, 16}; /* Qwen3.5-27B's full attention */
 
 static void one_stream_at_every_slice_edge(shoal_dtype kvdt)
 {
@@ -236,6 +237,13 @@ static void one_stream_at_every_slice_edge(shoal_dtype kvdt)
              wide_shape, kvdt, 1, &len, &past);
     len = 200, past = 33;
     run_case("one stream, 200 rows after 33, small pages", small_pages, kvdt, 1, &len, &past);
+    /* head dim 256: the prompt kernel's widest instance */
+    len = test_sanitize ? 129 : 1000, past = test_sanitize ? 0 : 300;
+    run_case(test_sanitize ? "one stream, 129 rows, head dim 256"
+                           : "one stream, 1000 rows after 300, head dim 256",
+             hybrid_shape, kvdt, 1, &len, &past);
+    int one = 1, ctx = test_sanitize ? 200 : 4095;
+    run_case("decode, head dim 256", hybrid_shape, kvdt, 1, &one, &ctx);
 }
 
 /* Decode rows of one 8B layer at long context: segments of whole tiles
