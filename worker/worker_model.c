@@ -41,6 +41,7 @@ typedef struct model_layer {
      * a one-row pass (decode at batch 1) takes each group as one matmul,
      * whose output row is the three (two) outputs back to back. */
     bool qkv_joined, gate_up_joined;
+    bool lin_joined; /* lin_qkv, lin_b and lin_a back to back: one matmul */
     float *attn_norm, *mlp_norm; /* (device) F32 [hidden] */
     float *q_norm, *k_norm;      /* (device) F32 [head_dim], Qwen3 only */
 } model_layer;
@@ -491,11 +492,15 @@ static shoal_err load_linear(worker_model *m, int l, shoal_diag *diag)
             return err;
         }
         free(rows);
-    } else if ((err = load_role_matrix(m, MODEL_ROLE_LIN_QKV, l, &L->lin_qkv, diag)) ||
-               (err = load_role_matrix(m, MODEL_ROLE_LIN_Z, l, &L->lin_z, diag)) ||
-               (err = load_role_matrix(m, MODEL_ROLE_LIN_B, l, &L->lin_b, diag)) ||
-               (err = load_role_matrix(m, MODEL_ROLE_LIN_A, l, &L->lin_a, diag))) {
-        return err;
+    } else {
+        /* [q | k | v], b and a back to back where they can be: one matmul
+         * of cd + 2 nv rows (z's rows go to their own buffer) */
+        static const model_role qkvba[3] = {MODEL_ROLE_LIN_QKV, MODEL_ROLE_LIN_B,
+                                            MODEL_ROLE_LIN_A};
+        model_matrix *const out[3] = {&L->lin_qkv, &L->lin_b, &L->lin_a};
+        if ((err = load_role_joined(m, qkvba, 3, l, out, &L->lin_joined, diag)) ||
+            (err = load_role_matrix(m, MODEL_ROLE_LIN_Z, l, &L->lin_z, diag)))
+            return err;
     }
     return (err = load_f32(m, MODEL_ROLE_LIN_CONV, l, NULL, F32_AS_IS, &L->lin_conv, diag)) ||
                    (err = load_f32(m, MODEL_ROLE_LIN_A_LOG, l, NULL, F32_NEG_EXP, &L->lin_decay,
@@ -1315,21 +1320,39 @@ static void linear_block(worker_model *m, const model_layer *L, const kernels_ba
     const model_config *c = &m->cfg;
     size_t a = kernels_act_bytes(be), r = (size_t)rows;
     int cd = model_config_lin_conv_dim(c), nv = c->lin_v_heads, vd = nv * c->lin_v_dim;
-    unsigned char *proj = m->lin_scratch, *conv = proj + r * (size_t)cd * a,
-                  *z = conv + r * (size_t)cd * a, *b = z + r * (size_t)vd * a,
-                  *av = b + r * (size_t)nv * a;
-    be->matmul(be, proj, be->act_dtype, m->h, L->lin_qkv.data, L->lin_qkv.dtype, rows, cd,
-               c->hidden);
+    /* the scratch: [rows][cd + 2 nv] of the projections, [rows][cd] of the
+     * conv, [rows][vd] of z. Joined weights write rows of [q k v | b | a];
+     * else [q k v] rows, then b's rows, then a's, each packed. */
+    int ps = cd + 2 * nv;
+    unsigned char *proj = m->lin_scratch, *conv = proj + r * (size_t)ps * a,
+                  *z = conv + r * (size_t)cd * a, *b, *av;
+    int in_stride, ba_stride;
+    if (L->lin_joined) {
+        be->matmul(be, proj, be->act_dtype, m->h, L->lin_qkv.data, L->lin_qkv.dtype, rows, ps,
+                   c->hidden);
+        b = proj + (size_t)cd * a;
+        av = b + (size_t)nv * a;
+        in_stride = ba_stride = ps;
+    } else {
+        b = proj + r * (size_t)cd * a;
+        av = b + r * (size_t)nv * a;
+        in_stride = cd;
+        ba_stride = nv;
+        be->matmul(be, proj, be->act_dtype, m->h, L->lin_qkv.data, L->lin_qkv.dtype, rows, cd,
+                   c->hidden);
+        be->matmul(be, b, be->act_dtype, m->h, L->lin_b.data, L->lin_b.dtype, rows, nv,
+                   c->hidden);
+        be->matmul(be, av, be->act_dtype, m->h, L->lin_a.data, L->lin_a.dtype, rows, nv,
+                   c->hidden);
+    }
     be->matmul(be, z, be->act_dtype, m->h, L->lin_z.data, L->lin_z.dtype, rows, vd, c->hidden);
-    be->matmul(be, b, be->act_dtype, m->h, L->lin_b.data, L->lin_b.dtype, rows, nv, c->hidden);
-    be->matmul(be, av, be->act_dtype, m->h, L->lin_a.data, L->lin_a.dtype, rows, nv, c->hidden);
     unsigned char *state = (unsigned char *)m->states +
                            (size_t)L->state_layer * model_cache_state_bytes(c);
-    be->deltanet_conv(be, conv, proj, cd, L->lin_conv, cd, c->lin_conv, state, m->slot_bytes,
-                      m->slots, batch);
-    be->deltanet_rule(be, m->att, conv, b, av, nv, L->lin_decay, L->lin_dt_bias, c->lin_k_heads,
-                      nv, c->lin_k_dim, c->lin_v_dim, state + model_cache_conv_bytes(c),
+    be->deltanet_conv(be, conv, proj, in_stride, L->lin_conv, cd, c->lin_conv, state,
                       m->slot_bytes, m->slots, batch);
+    be->deltanet_rule(be, m->att, conv, b, av, ba_stride, L->lin_decay, L->lin_dt_bias,
+                      c->lin_k_heads, nv, c->lin_k_dim, c->lin_v_dim,
+                      state + model_cache_conv_bytes(c), m->slot_bytes, m->slots, batch);
     be->rmsnorm_gated(be, m->att, m->att, z, L->lin_norm, rows, nv, c->lin_v_dim, c->rms_eps);
 }
 
