@@ -263,6 +263,11 @@ extern "C" unsigned long cuda_backend_gemm_rows_launches(kernels_backend *be)
     return cuda_of(be)->gemm_rows_launches;
 }
 
+extern "C" unsigned long cuda_backend_deltanet_chunk_launches(kernels_backend *be)
+{
+    return cuda_of(be)->deltanet_chunk_launches;
+}
+
 extern "C" int cuda_backend_prompt_ws_rounds(kernels_backend *be)
 {
     return cuda_of(be)->prompt_ws_rounds;
@@ -343,6 +348,7 @@ static void pick_kernels(cuda_state *st)
     st->gate_up_batched = env_int("SHOAL_CUDA_GATE_UP_BATCHED", legacy ? 0 : 1) != 0;
     st->gemm_splitk = env_int("SHOAL_CUDA_GEMM_SPLITK", 0) != 0;
     st->gemm_parts = env_int("SHOAL_CUDA_GEMM_PARTS", legacy ? 0 : 1);
+    st->deltanet_chunk = env_int("SHOAL_CUDA_DELTANET_CHUNK", 0) != 0;
     st->gemm_splitk_s = env_int("SHOAL_CUDA_GEMM_SPLITK_S", 0);
     if (st->gemm_splitk_s > 8)
         st->gemm_splitk_s = 8;
@@ -453,7 +459,8 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     }
     if ((err = alloc_attn_scratch(be, KERNELS_ATTN_SLICE_ROWS, diag)) ||
         (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be)) ||
-        (err = cuda_matmul_splitk_init(be)) || (err = cuda_gemm_rows_init(be))) {
+        (err = cuda_matmul_splitk_init(be)) || (err = cuda_gemm_rows_init(be)) ||
+        (err = cuda_deltanet_init(be))) {
         if (err == SHOAL_ERR_DEVICE)
             shoal_diag_set(diag, err, "%s", st->err_msg);
         goto out_close;

@@ -31,6 +31,11 @@ void cuda_backend_set_attention_fault(kernels_backend *be, kernels_attn_fault fa
  * which path an op took where both give results within its tolerance. */
 unsigned long cuda_backend_gemm_rows_launches(kernels_backend *be);
 
+/* Tests only: how many launches of deltanet_rule's chunked kernel this
+ * backend has made (SHOAL_CUDA_DELTANET_CHUNK), so a test can tell that a
+ * batch's long runs took it. */
+unsigned long cuda_backend_deltanet_chunk_launches(kernels_backend *be);
+
 /* Tests only: the most items (tiles of rows) one block of the warp-
  * specialized prompt kernel has taken in any launch on this backend; 0
  * where that kernel has not run (no sm_90a, another prompt tile). */

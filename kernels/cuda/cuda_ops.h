@@ -255,6 +255,12 @@ typedef struct cuda_state {
     int gemm_parts;
     float *gemm_parts_buf;
     int32_t *deltanet_runs; /* CUDA_DELTANET_RUNS_INTS (deltanet.cu) */
+    /* deltanet_rule's chunked form (deltanet.cu) for runs of at least
+     * 64 rows (SHOAL_CUDA_DELTANET_CHUNK, default 0 until it is measured
+     * and validated on the GPU; 1 = on): the recurrent kernel is latency
+     * bound, each row waiting for the one before */
+    bool deltanet_chunk;
+    unsigned long deltanet_chunk_launches; /* tests: cuda_backend_deltanet_chunk_launches */
     int gemm_splitk_s;
     int gemm_splitk_stages;
     /* gemm_rows.cu: matmul_swiglu past the GEMV's rows as one kernel
@@ -642,6 +648,10 @@ bool cuda_gemm_swiglu(kernels_backend *be, void *out, const void *in, const void
 bool cuda_gemm_parts(kernels_backend *be, float *parts, const void *in, const void *w, int rows,
                      int n, int k, int nparts);
 shoal_err cuda_gemm_rows_init(kernels_backend *be);
+
+/* deltanet.cu: raises the chunked rule's shared-memory limit where
+ * cuda_state.deltanet_chunk is on; once, at open. */
+shoal_err cuda_deltanet_init(kernels_backend *be);
 
 /* attention.cu: raises the kernels' shared-memory limits; once, at open. */
 shoal_err cuda_attention_init(kernels_backend *be);

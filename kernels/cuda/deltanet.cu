@@ -7,7 +7,10 @@
  * work on runs (a stream's consecutive rows in the batch), each run's
  * state read once and written once by the block that owns it. Where the
  * runs come from: CUDA_DELTANET_WALK_ROWS in cuda_ops.h. */
+#include "attention_mma.cuh"
 #include "cuda_ops.h"
+
+#include <limits.h>
 
 /* ---- a batch's runs ---- */
 
@@ -358,7 +361,8 @@ template <typename T, int KPT>
 static __global__ void
 rule_kernel(T *out, const T *x, const T *b, const T *a, int ba_stride, const float *decay,
             const float *dt_bias, int k_heads, int v_heads, int k_dim, int v_dim, float *states,
-            size_t slot_stride, const int32_t *slots, const kernels_batch B, const dn_runs R)
+            size_t slot_stride, const int32_t *slots, const kernels_batch B, const dn_runs R,
+            int long_rows)
 {
     using S = rule_stage<KPT>;
     extern __shared__ float4 rule_smem4[];
@@ -381,8 +385,8 @@ rule_kernel(T *out, const T *x, const T *b, const T *a, int ba_stride, const flo
     const int units = units_of(R, false);
     for (int z = blockIdx.z; z < units; z += gridDim.z) {
         dn_run run;
-        if (!run_at(R, z, &run))
-            continue; /* the same for the whole block */
+        if (!run_at(R, z, &run) || run.r1 - run.r0 >= long_rows)
+            continue; /* the same for the whole block; long runs: rule_chunk_kernel */
         const int r0 = run.r0, r1 = run.r1;
         float *sp = slot_state(states, slot_stride, slots, run.stream) +
                     (size_t)h * (size_t)k_dim * (size_t)v_dim + (size_t)col;
@@ -488,6 +492,390 @@ rule_kernel(T *out, const T *x, const T *b, const T *a, int ba_stride, const flo
     }
 }
 
+/* ---- deltanet_rule, chunked ---- */
+
+/* Runs of at least CHUNK_ROWS rows, where cuda_state.deltanet_chunk says
+ * so, take the chunked (WY) form of the same rule, as flash-linear-
+ * attention's chunk_gated_delta_rule: with S the state before a chunk of
+ * C rows, G_i = sum_{s <= i} g_s the cumulative log decay within it, the
+ * recurrence unrolled gives
+ *   S_i = e^{G_i} S + sum_{j <= i} e^{G_i - G_j} k_j u_j^T,
+ *   u_i + sum_{j < i} beta_i e^{G_i - G_j} (k_i . k_j) u_j
+ *       = beta_i (v_i - e^{G_i} S^T k_i),
+ * so the chunk's u (V') is the solve of (I + A) V' = X with A strictly
+ * lower (A_ij = beta_i e^{G_i - G_j} k_i . k_j) and X_i = beta_i (v_i -
+ * e^{G_i} S^T k_i): the same as fla's T (beta V) - T (beta e^G K) S with
+ * T = (I + A)^-1, solved here on X directly in f32 (no T product). Then
+ * out_i = e^{G_i} S^T q_i + sum_{j <= i} e^{G_i - G_j} (q_i . k_j) V'_j and
+ * the next chunk's S = e^{G_C} S + sum_j e^{G_C - G_j} k_j V'_j^T. Every
+ * exponent there is <= 0 (g <= 0 and j <= i), so nothing overflows.
+ *
+ * A block of CHUNK_WARPS warps takes CHUNK_VT columns of a value head for
+ * a whole run, chunk after chunk; its state tile (k_dim, padded to
+ * CHUNK_KD, x CHUNK_VT) stays in f32 in the warps' mma accumulators (warp
+ * w: k rows 32 w .. 32 w + 31) and is copied to shared memory in bf16 once
+ * a chunk for the products with k and q. The products are mma.sync bf16
+ * with f32 accumulation (q, k and v are bf16 activations; V' and the
+ * state are rounded to bf16 only as operands); the solve, the decays and
+ * the state stay in f32. For the products over the chunk's rows warp w
+ * takes rows 16 w .. 16 w + 15.
+ *
+ * First version, not yet measured: the solve is a thread a column (half
+ * the block), and each chunk's k.k^T, q.k^T and solve, which do not
+ * depend on the state, still run in the chain of chunks (fla runs them
+ * for all chunks at once, at the price of scratch for them). */
+enum { CHUNK_ROWS = 64, CHUNK_KD = 128, CHUNK_VT = 64, CHUNK_WARPS = 4 };
+enum { CK_LD = CHUNK_KD + 8, CV_LD = CHUNK_ROWS + 8, CX_LD = CHUNK_VT + 4, CA_LD = CHUNK_ROWS + 4 };
+static_assert(CHUNK_ROWS == 16 * CHUNK_WARPS && CHUNK_KD == 32 * CHUNK_WARPS,
+              "a warp 16 of the chunk's rows and 32 of the state's");
+static_assert(CHUNK_VT <= CHUNK_WARPS * 32, "the solve: a thread a column");
+
+/* Row strides padded by 16 bytes so that a fragment's eight rows fall in
+ * different banks (and a's rows stay 16-byte aligned for the solve's
+ * float4 reads). */
+struct chunk_smem {
+    bf16 k[CHUNK_ROWS][CK_LD];  /* normalized k, zeros past k_dim and the run */
+    bf16 q[CHUNK_ROWS][CK_LD];  /* normalized q times 1 / sqrt(k_dim) */
+    bf16 s[CHUNK_VT][CK_LD];    /* the state before the chunk, transposed */
+    bf16 vt[CHUNK_VT][CV_LD];   /* V', transposed */
+    float x[CHUNK_ROWS][CX_LD]; /* v, then X */
+    float a[CHUNK_ROWS][CA_LD]; /* A */
+    float beta[CHUNK_ROWS], g[CHUNK_ROWS]; /* g: the log decays, then G */
+};
+
+static __device__ __forceinline__ uint32_t ld_pair(const bf16 *p)
+{
+    return *(const uint32_t *)p;
+}
+
+/* The A fragment (m16n8k16) of rows r0.., columns k0.. of a row-major
+ * bf16 matrix. */
+static __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const bf16 *m, int ld, int r0,
+                                              int k0, int lane)
+{
+    const bf16 *p = m + (r0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
+    a[0] = ld_pair(p);
+    a[1] = ld_pair(p + 8 * ld);
+    a[2] = ld_pair(p + 8);
+    a[3] = ld_pair(p + 8 * ld + 8);
+}
+
+/* The B fragment of columns n0.. (n0 + 7), rows k0.. (k0 + 15) of B, from
+ * B stored transposed (m[n][k]). */
+static __device__ __forceinline__ void frag_b(uint32_t &b0, uint32_t &b1, const bf16 *m, int ld,
+                                              int n0, int k0, int lane)
+{
+    const bf16 *p = m + (n0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
+    b0 = ld_pair(p);
+    b1 = ld_pair(p + 8);
+}
+
+/* acc[nt] (C fragments, 16 rows x 8 nt..) += m1 rows r0.. times m2^T, both
+ * row-major over CHUNK_KD, for the n-tiles below nts (the rest untouched). */
+template <int NT>
+static __device__ __forceinline__ void chunk_mm_kd(float (&acc)[NT][4], const bf16 *m1, int r0,
+                                                   const bf16 *m2, int nts, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < CHUNK_KD / 16; kk++) {
+        uint32_t af[4];
+        frag_a(af, m1, CK_LD, r0, 16 * kk, lane);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            if (nt < nts) {
+                uint32_t b0, b1;
+                frag_b(b0, b1, m2, CK_LD, 8 * nt, 16 * kk, lane);
+                mma::mma_bf16(acc[nt], af, b0, b1);
+            }
+    }
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(CHUNK_WARPS * 32)
+    rule_chunk_kernel(T *out, const T *x, const T *b, const T *a, int ba_stride,
+                      const float *decay, const float *dt_bias, int k_heads, int v_heads,
+                      int k_dim, int v_dim, float *states, size_t slot_stride,
+                      const int32_t *slots, const kernels_batch B, const dn_runs R)
+{
+    extern __shared__ float4 chunk_smem4[];
+    chunk_smem &sm = *(chunk_smem *)chunk_smem4;
+    pdl_trigger(); /* a GEMV after may start fetching its weights */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gr = lane >> 2, tc = 2 * (lane & 3); /* a fragment's row and column pair */
+    const int h = blockIdx.y, kh = h / (v_heads / k_heads), c0 = blockIdx.x * CHUNK_VT;
+    const int kd = k_heads * k_dim, vd = v_heads * v_dim, x_stride = 2 * kd + vd;
+    const float qscale = 1.0f / sqrtf((float)k_dim);
+    const float decay_h = decay[h], dt_bias_h = dt_bias[h];
+    const int i0 = 16 * warp, m0 = 32 * warp; /* the warp's chunk rows, state rows */
+
+    const int units = units_of(R, false);
+    for (int z = blockIdx.z; z < units; z += gridDim.z) {
+        dn_run run;
+        if (!run_at(R, z, &run) || run.r1 - run.r0 < CHUNK_ROWS)
+            continue; /* the same for the whole block; short runs: rule_kernel */
+        const int r0 = run.r0, r1 = run.r1;
+        float *sp = slot_state(states, slot_stride, slots, run.stream) +
+                    (size_t)h * (size_t)k_dim * (size_t)v_dim;
+        const bool zero = B.positions[r0] == 0;
+        /* s[mt][nt]: state rows m0 + 16 mt.., columns c0 + 8 nt.. */
+        float s[2][CHUNK_VT / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < CHUNK_VT / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int m = m0 + 16 * mt + gr + (e >= 2 ? 8 : 0), c = c0 + 8 * nt + tc + (e & 1);
+                    s[mt][nt][e] = !zero && m < k_dim && c < v_dim
+                                       ? sp[(size_t)m * (size_t)v_dim + (size_t)c]
+                                       : 0.0f;
+                }
+
+        for (int rc = r0; rc < r1; rc += CHUNK_ROWS) {
+            const int n = min(CHUNK_ROWS, r1 - rc);
+            __syncthreads(); /* the last chunk's reads of the shared tiles are done */
+            /* The chunk's loads in three round trips, not one a row: v,
+             * beta and g issued together, then q and k eight rows a warp
+             * at a time. */
+            float vv[CHUNK_ROWS * CHUNK_VT / (CHUNK_WARPS * 32)];
+#pragma unroll
+            for (int u = 0; u < CHUNK_ROWS * CHUNK_VT / (CHUNK_WARPS * 32); u++) {
+                int i = tid + u * CHUNK_WARPS * 32, rr = i / CHUNK_VT, c = c0 + i % CHUNK_VT;
+                vv[u] = rr < n && c < v_dim ? to_f32(x[(size_t)(rc + rr) * (size_t)x_stride +
+                                                       (size_t)(2 * kd + h * v_dim + c)])
+                                            : 0.0f;
+            }
+            if (tid < CHUNK_ROWS) {
+                /* rows past the run: beta 0 and g 0, so that their V' is
+                 * zero and G there is the last row's */
+                float bt = 0.0f, gl = 0.0f;
+                if (tid < n) {
+                    size_t ba = (size_t)(rc + tid) * (size_t)ba_stride + (size_t)h;
+                    bt = sigmoid(to_f32(b[ba]));
+                    gl = decay_h * softplus(to_f32(a[ba]) + dt_bias_h);
+                }
+                sm.beta[tid] = bt;
+                sm.g[tid] = gl;
+            }
+#pragma unroll
+            for (int u = 0; u < CHUNK_ROWS * CHUNK_VT / (CHUNK_WARPS * 32); u++) {
+                int i = tid + u * CHUNK_WARPS * 32;
+                sm.x[i / CHUNK_VT][i % CHUNK_VT] = vv[u];
+            }
+            enum { QK_ROWS = 8 }; /* a warp's rows of q and k in flight at once */
+            for (int rr0 = i0; rr0 < i0 + 16; rr0 += QK_ROWS) {
+                float qv[QK_ROWS][CHUNK_KD / 32], kv[QK_ROWS][CHUNK_KD / 32];
+#pragma unroll
+                for (int u = 0; u < QK_ROWS; u++) {
+                    const int rr = rr0 + u;
+                    const T *qp = x + (size_t)(rc + rr) * (size_t)x_stride + (size_t)kh * k_dim;
+#pragma unroll
+                    for (int e = 0; e < CHUNK_KD / 32; e++) {
+                        int i = lane + 32 * e;
+                        bool ok = rr < n && i < k_dim;
+                        qv[u][e] = ok ? to_f32(qp[i]) : 0.0f;
+                        kv[u][e] = ok ? to_f32(qp[kd + i]) : 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < QK_ROWS; u++) {
+                    const int rr = rr0 + u;
+                    float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < CHUNK_KD / 32; e++) {
+                        sq += qv[u][e] * qv[u][e];
+                        sk += kv[u][e] * kv[u][e];
+                    }
+                    sq = warp_reduce(sq, op_add());
+                    sk = warp_reduce(sk, op_add());
+                    const float iq = qscale / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
+#pragma unroll
+                    for (int e = 0; e < CHUNK_KD / 32; e++) {
+                        sm.q[rr][lane + 32 * e] = __float2bfloat16_rn(qv[u][e] * iq);
+                        sm.k[rr][lane + 32 * e] = __float2bfloat16_rn(kv[u][e] * ik);
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < CHUNK_VT / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sm.s[8 * nt + tc + (e & 1)][m0 + 16 * mt + gr + (e >= 2 ? 8 : 0)] =
+                            __float2bfloat16_rn(s[mt][nt][e]);
+            __syncthreads();
+            if (warp == 0) {
+                /* G: the inclusive sum of g, a lane two rows */
+                float g0 = sm.g[2 * lane], g1 = sm.g[2 * lane + 1], incl = g0 + g1;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    float t = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o)
+                        incl += t;
+                }
+                __syncwarp();
+                sm.g[2 * lane] = incl - g1;
+                sm.g[2 * lane + 1] = incl;
+            }
+            __syncthreads();
+
+            /* X = beta (v - e^G K S), and A, for the warp's rows */
+            {
+                float acc[CHUNK_VT / 8][4] = {};
+                chunk_mm_kd(acc, &sm.k[0][0], i0, &sm.s[0][0], CHUNK_VT / 8, lane);
+#pragma unroll
+                for (int nt = 0; nt < CHUNK_VT / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int i = i0 + gr + (e >= 2 ? 8 : 0), c = 8 * nt + tc + (e & 1);
+                        sm.x[i][c] = sm.beta[i] * (sm.x[i][c] - expf(sm.g[i]) * acc[nt][e]);
+                    }
+            }
+            {
+                float acc[CHUNK_ROWS / 8][4] = {};
+                chunk_mm_kd(acc, &sm.k[0][0], i0, &sm.k[0][0], 2 * warp + 2, lane);
+#pragma unroll
+                for (int nt = 0; nt < CHUNK_ROWS / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int i = i0 + gr + (e >= 2 ? 8 : 0), j = 8 * nt + tc + (e & 1);
+                        sm.a[i][j] =
+                            j < i ? sm.beta[i] * expf(sm.g[i] - sm.g[j]) * acc[nt][e] : 0.0f;
+                    }
+            }
+            __syncthreads();
+
+            /* (I + A) V' = X, a thread a column: V'_i = X_i - sum_{j < i}
+             * A_ij V'_j, in f32. Unrolled whole, so the column stays in
+             * registers and only A is read (float4 broadcasts); four sums
+             * a row, so that the chain of dependent adds is a quarter of
+             * the row. */
+            if (tid < CHUNK_VT) {
+                float v[CHUNK_ROWS];
+#pragma unroll
+                for (int i = 0; i < CHUNK_ROWS; i++)
+                    v[i] = sm.x[i][tid];
+#pragma unroll
+                for (int i = 1; i < CHUNK_ROWS; i++) {
+                    float acc[4] = {v[i], 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int j = 0; j + 4 <= i; j += 4) {
+                        const float4 aq = *(const float4 *)&sm.a[i][j];
+                        acc[0] -= aq.x * v[j];
+                        acc[1] -= aq.y * v[j + 1];
+                        acc[2] -= aq.z * v[j + 2];
+                        acc[3] -= aq.w * v[j + 3];
+                    }
+#pragma unroll
+                    for (int j = i & ~3; j < i; j++)
+                        acc[j & 3] -= sm.a[i][j] * v[j];
+                    v[i] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+                }
+#pragma unroll
+                for (int i = 0; i < CHUNK_ROWS; i++)
+                    sm.vt[tid][i] = __float2bfloat16_rn(v[i]);
+            }
+            __syncthreads();
+
+            /* out = e^G Q S + (decayed, causal Q K^T) V' */
+            {
+                float o[CHUNK_VT / 8][4] = {};
+                chunk_mm_kd(o, &sm.q[0][0], i0, &sm.s[0][0], CHUNK_VT / 8, lane);
+                float p[CHUNK_ROWS / 8][4] = {};
+                chunk_mm_kd(p, &sm.q[0][0], i0, &sm.k[0][0], 2 * warp + 2, lane);
+                const int ia = i0 + gr, ib = ia + 8;
+                const float ea = expf(sm.g[ia]), eb = expf(sm.g[ib]);
+#pragma unroll
+                for (int nt = 0; nt < CHUNK_VT / 8; nt++) {
+                    o[nt][0] *= ea;
+                    o[nt][1] *= ea;
+                    o[nt][2] *= eb;
+                    o[nt][3] *= eb;
+                }
+#pragma unroll
+                for (int nt = 0; nt < CHUNK_ROWS / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int i = e >= 2 ? ib : ia, j = 8 * nt + tc + (e & 1);
+                        p[nt][e] = j <= i ? expf(sm.g[i] - sm.g[j]) * p[nt][e] : 0.0f;
+                    }
+#pragma unroll
+                for (int kk = 0; kk < CHUNK_ROWS / 16; kk++)
+                    if (kk <= warp) {
+                        uint32_t af[4];
+                        mma::p_fragment<CHUNK_ROWS / 8>(af, p, kk);
+#pragma unroll
+                        for (int nt = 0; nt < CHUNK_VT / 8; nt++) {
+                            uint32_t b0, b1;
+                            frag_b(b0, b1, &sm.vt[0][0], CV_LD, 8 * nt, 16 * kk, lane);
+                            mma::mma_bf16(o[nt], af, b0, b1);
+                        }
+                    }
+#pragma unroll
+                for (int nt = 0; nt < CHUNK_VT / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int i = e >= 2 ? ib : ia, c = c0 + 8 * nt + tc + (e & 1);
+                        if (i < n && c < v_dim)
+                            out[(size_t)(rc + i) * (size_t)vd + (size_t)(h * v_dim + c)] =
+                                from_f32<T>(o[nt][e]);
+                    }
+            }
+
+            /* S = e^{G_C} S + K^T diag(e^{G_C - G}) V' (rows past the run
+             * have V' = 0) */
+            {
+                const float gc = sm.g[CHUNK_ROWS - 1], ec = expf(gc);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < CHUNK_VT / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            s[mt][nt][e] *= ec;
+#pragma unroll
+                for (int kk = 0; kk < CHUNK_ROWS / 16; kk++) {
+                    const int j = 16 * kk + tc;
+                    const float d0 = expf(gc - sm.g[j]), d1 = expf(gc - sm.g[j + 1]),
+                                d8 = expf(gc - sm.g[j + 8]), d9 = expf(gc - sm.g[j + 9]);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        const int m = m0 + 16 * mt + gr;
+                        /* A[m][j] = e^{G_C - G_j} k_j[m]: k read across its rows */
+                        uint32_t af[4] = {
+                            mma::pack_bf16(d0 * __bfloat162float(sm.k[j][m]),
+                                           d1 * __bfloat162float(sm.k[j + 1][m])),
+                            mma::pack_bf16(d0 * __bfloat162float(sm.k[j][m + 8]),
+                                           d1 * __bfloat162float(sm.k[j + 1][m + 8])),
+                            mma::pack_bf16(d8 * __bfloat162float(sm.k[j + 8][m]),
+                                           d9 * __bfloat162float(sm.k[j + 9][m])),
+                            mma::pack_bf16(d8 * __bfloat162float(sm.k[j + 8][m + 8]),
+                                           d9 * __bfloat162float(sm.k[j + 9][m + 8]))};
+#pragma unroll
+                        for (int nt = 0; nt < CHUNK_VT / 8; nt++) {
+                            uint32_t b0, b1;
+                            frag_b(b0, b1, &sm.vt[0][0], CV_LD, 8 * nt, 16 * kk, lane);
+                            mma::mma_bf16(s[mt][nt], af, b0, b1);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < CHUNK_VT / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int m = m0 + 16 * mt + gr + (e >= 2 ? 8 : 0), c = c0 + 8 * nt + tc + (e & 1);
+                    if (m < k_dim && c < v_dim)
+                        sp[(size_t)m * (size_t)v_dim + (size_t)c] = s[mt][nt][e];
+                }
+    }
+}
+
 void cuda_deltanet_rule(kernels_backend *be, void *out, const void *x, const void *b, const void *a,
                         int ba_stride, const float *decay, const float *dt_bias, int k_heads,
                         int v_heads, int k_dim, int v_dim, void *states, size_t slot_stride,
@@ -507,6 +895,11 @@ void cuda_deltanet_rule(kernels_backend *be, void *out, const void *x, const voi
     SHOAL_ASSERT(slot_stride % 4 == 0);
     if (!cuda_usable(be))
         return;
+    /* runs of CHUNK_ROWS or more take the chunked form where it is on;
+     * both kernels skip the other's runs, so one batch may mix them */
+    const bool chunked =
+        cuda_of(be)->deltanet_chunk && k_dim <= CHUNK_KD && batch->rows >= CHUNK_ROWS;
+    const int long_rows = chunked ? CHUNK_ROWS : INT_MAX;
     int units;
     dn_runs R = runs_for(be, batch, &units);
     /* the widest block (fewest q and k norms per row) that still gives
@@ -534,9 +927,40 @@ void cuda_deltanet_rule(kernels_backend *be, void *out, const void *x, const voi
                                   : rule_kernel<T, 64>;
         kernel<<<grid, (unsigned)(32 * warps), rule_smem_bytes(kpt, warps), cuda_of(be)->stream>>>(
             (T *)out, (const T *)x, (const T *)b, (const T *)a, ba_stride, decay, dt_bias, k_heads,
-            v_heads, k_dim, v_dim, (float *)states, slot_stride, slots, *batch, R);
+            v_heads, k_dim, v_dim, (float *)states, slot_stride, slots, *batch, R, long_rows);
     });
     cuda_launched(be, "deltanet_rule");
+    if (!chunked)
+        return;
+    dim3 cgrid((unsigned)((v_dim + CHUNK_VT - 1) / CHUNK_VT), (unsigned)v_heads, (unsigned)units);
+    cuda_dispatch_act(be->act_dtype, [&](auto act) {
+        using T = decltype(act);
+        rule_chunk_kernel<T><<<cgrid, CHUNK_WARPS * 32, sizeof(chunk_smem), cuda_of(be)->stream>>>(
+            (T *)out, (const T *)x, (const T *)b, (const T *)a, ba_stride, decay, dt_bias, k_heads,
+            v_heads, k_dim, v_dim, (float *)states, slot_stride, slots, *batch, R);
+    });
+    cuda_launched(be, "deltanet_rule: chunked");
+    cuda_of(be)->deltanet_chunk_launches++;
+}
+
+shoal_err cuda_deltanet_init(kernels_backend *be)
+{
+    if (!cuda_of(be)->deltanet_chunk)
+        return SHOAL_OK;
+    /* past the default 48 KiB: two blocks a multiprocessor still fit */
+    static_assert(2 * sizeof(chunk_smem) <= 227 * 1024, "two chunked blocks a multiprocessor");
+    cudaError_t e = cudaFuncSetAttribute(rule_chunk_kernel<bf16>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)sizeof(chunk_smem));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(rule_chunk_kernel<float>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)sizeof(chunk_smem));
+    if (e != cudaSuccess) {
+        cuda_fail(be, "deltanet_rule: raise the chunked kernel's shared-memory limit", e);
+        return cuda_of(be)->err;
+    }
+    return SHOAL_OK;
 }
 
 /* ---- rmsnorm_gated, mul_sigmoid, add ---- */

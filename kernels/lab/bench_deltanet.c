@@ -6,7 +6,9 @@
  *
  * Prints, for each shape:
  *   prefill  deltanet_rule over one stream's T-token prompt (default 8,192)
- *            from position 0: the time, and the TFLOP/s of the chunked form's
+ *            from position 0, with the recurrent kernel and with the chunked
+ *            one (a second backend opened with SHOAL_CUDA_DELTANET_CHUNK=1;
+ *            runs of 64 rows and more): the time, and the TFLOP/s of the chunked form's
  *            work (per value head and chunk of 64: k k^T, the WY solve, the
  *            state pass and the outputs; fla's count, tools/bench/fla_peer.py
  *            prints the same for its Triton kernel);
@@ -225,13 +227,18 @@ int main(int argc, char **argv)
         die(diag.msg);
     if (!be->deltanet_rule || !be->deltanet_conv)
         die("this backend has no gated DeltaNet ops");
+    /* the switch is read at open: a second backend for the chunked form */
+    kernels_backend *be_chunk = NULL;
+    setenv("SHOAL_CUDA_DELTANET_CHUNK", "1", 1);
+    shoal_err e = kernels_backend_open(&opt, &be_chunk, &diag);
+    unsetenv("SHOAL_CUDA_DELTANET_CHUNK");
+    if (e != SHOAL_OK)
+        die(diag.msg);
     static const shape shapes[] = {{"qwen3.5-27b", 16, 48, 128, 4},
                                    {"qwen3.5-35b-a3b", 16, 32, 128, 4}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const shape *sh = &shapes[si];
         run r;
-        setup(&r, be, sh, 1, prefill, 0);
-        double t = time_run(&r, 2);
         /* the chunked form's FLOPs a value head and chunk of C = 64, as fla
          * counts them: k k^T (C^2 K), the WY products (2 C^2 V + C^2 K),
          * the state pass (2 C K V for u - w S, 2 C K V for S += k^T u),
@@ -239,10 +246,15 @@ int main(int argc, char **argv)
         double C = 64, K = sh->dim, V = sh->dim, chunks = ceil(prefill / C);
         double flops = 2.0 * sh->v_heads * chunks *
                        (C * C * K * 3 + C * C * V * 3 + 5 * C * K * V);
-        printf("%-16s prefill: %d tokens in %.3f ms, %.1f TFLOP/s (chunked-form work), %.0f "
-               "tokens/s\n",
-               sh->name, prefill, t * 1e3, flops / t / 1e12, prefill / t);
-        release(&r);
+        for (int chunked = 0; chunked < 2; chunked++) {
+            setup(&r, chunked ? be_chunk : be, sh, 1, prefill, 0);
+            double t = time_run(&r, 2);
+            printf("%-16s prefill (%s): %d tokens in %.3f ms, %.1f TFLOP/s (chunked-form "
+                   "work), %.0f tokens/s\n",
+                   sh->name, chunked ? "chunked" : "recurrent", prefill, t * 1e3,
+                   flops / t / 1e12, prefill / t);
+            release(&r);
+        }
         static const int batches[] = {1, 64};
         for (int bi = 0; bi < 2; bi++) {
             int streams = batches[bi];
@@ -259,6 +271,7 @@ int main(int argc, char **argv)
             release(&r);
         }
     }
+    kernels_backend_close(be_chunk);
     kernels_backend_close(be);
     return 0;
 }

@@ -1,8 +1,8 @@
 /* The gated DeltaNet ops on the GPU against their CPU twins
  * (kernels/cpu/deltanet.c), with bf16 and with f32 activations.
  *
- * The conv and the delta rule run batches of runs of 1, 2, 7, 63, 64, 65
- * and 257 rows; several streams a batch, of different run lengths, in an
+ * The conv and the delta rule run batches of runs of 1, 2, 7, 63, 64, 65,
+ * 127, 128, 257 and 1000 rows; several streams a batch, of different run lengths, in an
  * order that is not their stream ids', with slots that are not their ids;
  * runs from position 0 beside runs that continue a state; a batch cut in
  * two calls (inside a run) against the CPU's one call; at the small shapes
@@ -22,14 +22,23 @@
  * (SHOAL_TEST_ON_CPU=1, seeds 1 to 40): the wrong decay moved the rule's
  * outputs by 0.34 at the least (the bf16 tolerance is 6e-3), the skipped
  * reset and the swapped slots made outputs NaN (an infinite error) and
- * states differ; all red. Then the gated norm, the sigmoid gate and the
- * add. */
+ * states differ; all red. The rule's tests run again on a backend opened
+ * with SHOAL_CUDA_DELTANET_CHUNK=1, where runs of 64 rows and more take the
+ * chunked kernel and the shorter ones in the same call the recurrent one
+ * (the chunked kernel's launches counted; the short runs held to the
+ * recurrent kernel's tolerance), within chunk_tol; a second plant case
+ * puts the skipped reset and the swapped slots on long runs. Then the
+ * gated norm, the sigmoid gate and the add. */
 #include "tests/cuda/cuda_test.h"
 
 #include "common/common_assert.h"
 
 static kernels_backend *cpu, *gpu;
 static shoal_dtype act;
+/* gpu opened with SHOAL_CUDA_DELTANET_CHUNK=1: the rule's runs of 64 rows
+ * and more take the chunked kernel, the shorter the recurrent one */
+static bool chunk;
+enum { CHUNK_ROWS_MIN = 64 };
 
 typedef struct dn_shape {
     int k_heads, v_heads, k_dim, v_dim, kernel;
@@ -91,8 +100,26 @@ static const dn_case cases[] = {
      {{7, false}, {1, true}, {64, false}, {2, false}, {65, true}},
      40,
      true},
+    /* the chunked rule's edges: a partial last chunk, whole chunks, many */
+    {"127 rows", 1, {{127, false}}, 0, true},
+    {"128 rows from position 0", 1, {{128, true}}, 0, false},
+    {"1000 rows", 1, {{1000, false}}, 0, true},
+    {"long runs first, beside short ones",
+     4,
+     {{65, false}, {128, true}, {7, false}, {1, true}},
+     0,
+     true},
+    {"long runs of 127 and 257 in two calls",
+     3,
+     {{127, false}, {2, true}, {257, false}},
+     150,
+     true},
 };
-enum { CASES = sizeof cases / sizeof cases[0], PLANT_CASE = 10 /* long and short runs */ };
+enum {
+    CASES = sizeof cases / sizeof cases[0],
+    PLANT_CASE = 10,     /* long and short runs */
+    PLANT_LONG_CASE = 17 /* long runs first: the reset and slot plants hit chunked runs */
+};
 
 typedef enum plant {
     PLANT_NONE = 0,
@@ -213,6 +240,9 @@ static void plant_batch(const dn_case *c, const dn_batch *b, plant p, int32_t *p
 
 typedef struct dn_result {
     double out_err;    /* ||gpu - cpu|| / ||cpu|| of the outputs */
+    double short_err;  /* the largest of it over the runs shorter than CHUNK_ROWS_MIN */
+    int long_rows;     /* the most rows of one run in one GPU call */
+    bool chunk_ran;    /* the chunked kernel launched (false on a dry run) */
     double state_err;  /* the largest of it over the used slots' rule parts */
     size_t other_diff; /* floats of the states that differ elsewhere */
 } dn_result;
@@ -384,6 +414,15 @@ static dn_result run_rule(const dn_shape *sh, const dn_case *c, plant p)
     int32_t *dslots = b.use_slots ? dev_copy(gpu, slots, sizeof slots) : NULL;
     int bounds[3];
     int calls = calls_of(c, b.rows, bounds);
+    int long_rows = 0;
+    for (int k = 0; k < calls; k++)
+        for (int j = 0; j < c->runs; j++) {
+            int lo = b.run_row0[j], hi = lo + c->run[j].rows;
+            lo = lo > bounds[k] ? lo : bounds[k];
+            hi = hi < bounds[k + 1] ? hi : bounds[k + 1];
+            long_rows = hi - lo > long_rows ? hi - lo : long_rows;
+        }
+    const unsigned long launches = test_dry ? 0 : cuda_backend_deltanet_chunk_launches(gpu);
     for (int k = 0; k < calls; k++) {
         kernels_batch gb = gpu_batch(&b, drs, dpos, bounds[k], bounds[k + 1]);
         size_t r0 = (size_t)bounds[k];
@@ -395,7 +434,13 @@ static dn_result run_rule(const dn_shape *sh, const dn_case *c, plant p)
     f32_from_dev(gpu, got, dout, nout, act);
     CHECK(gpu->download(gpu, st_got, dst, ns * 4) == SHOAL_OK);
 
-    dn_result res = {.out_err = rel_err(got, ref, nout)};
+    dn_result res = {.out_err = rel_err(got, ref, nout), .long_rows = long_rows};
+    res.chunk_ran = !test_dry && cuda_backend_deltanet_chunk_launches(gpu) != launches;
+    for (int j = 0; j < c->runs; j++)
+        if (c->run[j].rows < CHUNK_ROWS_MIN) {
+            size_t at = (size_t)b.run_row0[j] * (size_t)vd, n = (size_t)c->run[j].rows * vd;
+            res.short_err = max_d(res.short_err, rel_err(got + at, ref + at, n));
+        }
     states_compare(st_got, st_ref, c, &b, sl, sl.conv, sl.rule, &res);
 
     gpu->free(gpu, dx);
@@ -431,11 +476,29 @@ static dn_result run_rule(const dn_shape *sh, const dn_case *c, plant p)
  * op's, tol_for); the states stay f32 from the same inputs. The plants move
  * the outputs by 1e-1 and more (the dry run shows it: SHOAL_TEST_ON_CPU=1)
  * or make them NaN. */
-static double rule_tol(void)
+static double recurrent_tol(void)
 {
     return act == SHOAL_DTYPE_BF16 ? tol_for(act) : 2e-4;
 }
-static const double rule_state_tol = 2e-4;
+
+/* The chunked rule (chunk) rounds its products' operands to bf16 whatever
+ * the activations: the normed q and k, the state and V' (each within 2^-9
+ * relative), with f32 sums; the solve and the state stay f32, and the
+ * decay forgets old rounding (a head's memory 30 rows at the longest), so
+ * the error does not grow along a run: a few 1e-3 relative, outputs and
+ * states alike. 2e-2 leaves a margin of four and more and still catches
+ * a wrong decay: the next head's moved the outputs by 0.34 at the least,
+ * over ten times the tolerance (rule_planted_faults_fail checks that). */
+static const double chunk_tol = 2e-2;
+
+static double rule_tol(void)
+{
+    return chunk ? chunk_tol : recurrent_tol();
+}
+static double rule_state_tol(void)
+{
+    return chunk ? chunk_tol : 2e-4;
+}
 
 static int shapes_to_run(void)
 {
@@ -482,11 +545,28 @@ static void rule_matches_cpu_at_run_edges(void)
             char name[96];
             shape_name(&shapes[s], name, sizeof name);
             dn_result r = run_rule(&shapes[s], &cases[i], PLANT_NONE);
-            CHECK_MSG(r.out_err <= rule_tol() && r.state_err <= rule_state_tol && r.other_diff == 0,
-                      "deltanet_rule %s, %s (%s): output error %.3e over %.1e, state error "
+            CHECK_MSG(r.out_err <= rule_tol() && r.state_err <= rule_state_tol() &&
+                          r.other_diff == 0,
+                      "deltanet_rule%s %s, %s (%s): output error %.3e over %.1e, state error "
                       "%.3e over %.1e, %zu floats differ outside the rule's states",
-                      name, cases[i].name, act_name(act), r.out_err, rule_tol(), r.state_err,
-                      rule_state_tol, r.other_diff);
+                      chunk ? " (chunked)" : "", name, cases[i].name, act_name(act), r.out_err,
+                      rule_tol(), r.state_err, rule_state_tol(), r.other_diff);
+            if (!chunk || test_dry)
+                continue;
+            /* the long runs took the chunked kernel, and the short ones
+             * the recurrent: with f32 activations only the recurrent
+             * kernel is within its tolerance (the chunked one rounds its
+             * operands to bf16) */
+            bool want = r.long_rows >= CHUNK_ROWS_MIN;
+            CHECK_MSG(r.chunk_ran == want,
+                      "deltanet_rule (chunked) %s, %s (%s): the chunked kernel %s (the longest "
+                      "run of a call %d rows)",
+                      name, cases[i].name, act_name(act), r.chunk_ran ? "ran" : "did not run",
+                      r.long_rows);
+            CHECK_MSG(r.short_err <= recurrent_tol(),
+                      "deltanet_rule (chunked) %s, %s (%s): the short runs' output error %.3e "
+                      "over the recurrent kernel's %.1e",
+                      name, cases[i].name, act_name(act), r.short_err, recurrent_tol());
         }
 }
 
@@ -494,16 +574,20 @@ static void rule_planted_faults_fail(void)
 {
     static const plant plants[] = {PLANT_DECAY, PLANT_RESET, PLANT_SLOT};
     for (int s = 0; s < shapes_to_run(); s++)
-        for (int k = 0; k < 3; k++) {
-            dn_result r = run_rule(&shapes[s], &cases[PLANT_CASE], plants[k]);
-            bool red = r.out_err > rule_tol() || r.state_err > rule_state_tol || r.other_diff > 0;
+        for (int k = 0; k < 6; k++) {
+            /* the first case's reset and slot plants hit short runs, the
+             * second's long ones (the chunked kernel's where it is on) */
+            int ci = k < 3 ? PLANT_CASE : PLANT_LONG_CASE;
+            dn_result r = run_rule(&shapes[s], &cases[ci], plants[k % 3]);
+            bool red = r.out_err > rule_tol() || r.state_err > rule_state_tol() || r.other_diff > 0;
             CHECK_MSG(red,
-                      "deltanet_rule shape %d: planted fault %d passed (output error %.3e, "
-                      "state error %.3e, %zu floats differ)",
-                      s, (int)plants[k], r.out_err, r.state_err, r.other_diff);
+                      "deltanet_rule%s shape %d, %s: planted fault %d passed (output error "
+                      "%.3e, state error %.3e, %zu floats differ)",
+                      chunk ? " (chunked)" : "", s, cases[ci].name, (int)plants[k % 3], r.out_err,
+                      r.state_err, r.other_diff);
             /* a plant in the decay must show in the outputs themselves:
              * the tolerance is tight enough for a wrong decay */
-            if (plants[k] == PLANT_DECAY)
+            if (k == 0)
                 CHECK_MSG(r.out_err > 10 * rule_tol(),
                           "deltanet_rule shape %d: the next head's decay moved the outputs by "
                           "only %.3e",
@@ -638,6 +722,19 @@ int main(int argc, char **argv)
         TEST_RUN(conv_planted_faults_fail);
         TEST_RUN(rule_matches_cpu_at_run_edges);
         TEST_RUN(rule_planted_faults_fail);
+        if (!test_dry) {
+            /* the same rule tests with the chunked form on */
+            kernels_backend *recurrent = gpu;
+            gpu = open_backend_with(test_gpu, act, "SHOAL_CUDA_DELTANET_CHUNK", "1");
+            chunk = true;
+            printf("-- activations %s, the chunked rule\n", act_name(act));
+            TEST_RUN(rule_matches_cpu_at_run_edges);
+            TEST_RUN(rule_planted_faults_fail);
+            CHECK(gpu->sync(gpu) == SHOAL_OK);
+            kernels_backend_close(gpu);
+            chunk = false;
+            gpu = recurrent;
+        }
         TEST_RUN(rmsnorm_gated_matches_cpu);
         TEST_RUN(mul_sigmoid_matches_cpu);
         TEST_RUN(add_matches_cpu);
