@@ -59,8 +59,10 @@ shoal_err store_page_layout_check(const store_page_layout *l, shoal_diag *diag)
     if (l->head_dim < 1 || l->head_dim > SHOAL_MODEL_HEAD_DIM_MAX)
         return shoal_diag_set(diag, SHOAL_ERR_INVALID, "head_dim %d outside [1, %d]", l->head_dim,
                               SHOAL_MODEL_HEAD_DIM_MAX);
-    if (l->dtype != SHOAL_DTYPE_BF16 && l->dtype != SHOAL_DTYPE_F8_E4M3)
-        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "KV dtype %s is not BF16 or F8_E4M3",
+    if (l->dtype != SHOAL_DTYPE_BF16 && l->dtype != SHOAL_DTYPE_F8_E4M3 &&
+        l->dtype != SHOAL_DTYPE_F32)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "KV dtype %s is not BF16, F8_E4M3 or F32",
                               shoal_dtype_name(l->dtype));
     /* Each factor is bounded above, so the product fits 64 bits. */
     uint64_t want = 2ull * (uint64_t)l->layers * (uint64_t)l->kv_heads * (uint64_t)l->page_tokens *
@@ -91,6 +93,16 @@ void store_record_key(uint8_t *key, const common_hash *fingerprint, const common
     memcpy(key + COMMON_HASH_BYTES, hash->bytes, COMMON_HASH_BYTES);
 }
 
+void store_record_part_hash(const common_hash *block, uint32_t index, common_hash *out)
+{
+    static const char tag[] = "shoal state part";
+    uint8_t be[4] = {(uint8_t)(index >> 24), (uint8_t)(index >> 16), (uint8_t)(index >> 8),
+                     (uint8_t)index};
+    common_hash_part parts[3] = {
+        {tag, sizeof tag - 1}, {block->bytes, COMMON_HASH_BYTES}, {be, sizeof be}};
+    common_hash_parts(parts, 3, out);
+}
+
 static void checksum(const uint8_t *header, const void *payload, size_t page_bytes,
                      common_hash *out)
 {
@@ -106,7 +118,7 @@ static void checksum(const uint8_t *header, const void *payload, size_t page_byt
 
 void store_record_encode(uint8_t *header, const common_hash *fingerprint, const common_hash *hash,
                          const common_hash *parent, const store_page_layout *layout, int tokens,
-                         const void *payload)
+                         const store_record_part *part, const void *payload)
 {
     memset(header, 0, STORE_RECORD_HEADER_BYTES);
     put_u32(header, STORE_RECORD_MAGIC);
@@ -122,7 +134,14 @@ void store_record_encode(uint8_t *header, const common_hash *fingerprint, const 
     const char *name = shoal_dtype_name(layout->dtype);
     memcpy(header + STORE_RECORD_OFF_DTYPE, name, strnlen(name, STORE_RECORD_DTYPE_BYTES));
     put_u64(header + STORE_RECORD_OFF_PAGE_BYTES, (uint64_t)layout->page_bytes);
-    put_u32(header + STORE_RECORD_OFF_TOKENS, (uint32_t)tokens);
+    if (part) {
+        put_u16(header + STORE_RECORD_OFF_KIND, STORE_RECORD_STATE_PART);
+        put_u32(header + STORE_RECORD_OFF_PART, part->index);
+        put_u32(header + STORE_RECORD_OFF_PARTS, part->parts);
+        put_u64(header + STORE_RECORD_OFF_STATE_BYTES, part->state_bytes);
+    } else {
+        put_u32(header + STORE_RECORD_OFF_TOKENS, (uint32_t)tokens);
+    }
     common_hash sum;
     checksum(header, payload, layout->page_bytes, &sum);
     memcpy(header + STORE_RECORD_OFF_CHECKSUM, sum.bytes, COMMON_HASH_BYTES);
@@ -145,9 +164,15 @@ shoal_err store_record_decode(const void *value, size_t bytes, store_record_info
     if (get_u16(h + 6) != STORE_RECORD_HEADER_BYTES)
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "header of %u bytes, expected %d",
                               get_u16(h + 6), STORE_RECORD_HEADER_BYTES);
-    for (int i = STORE_RECORD_OFF_RESERVED; i < STORE_RECORD_HEADER_BYTES; i++)
+    uint16_t kind = get_u16(h + STORE_RECORD_OFF_KIND);
+    if (kind != STORE_RECORD_PAGE && kind != STORE_RECORD_STATE_PART)
+        return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "record kind %u is not a page (0) or a "
+                              "state part (1)", kind);
+    /* a page has zeros past its kind; a part past its kind's two bytes */
+    int zero_to = kind == STORE_RECORD_PAGE ? STORE_RECORD_HEADER_BYTES : STORE_RECORD_OFF_PART;
+    for (int i = STORE_RECORD_OFF_KIND + 2; i < zero_to; i++)
         if (h[i] != 0)
-            return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "reserved header byte %d is not zero", i);
+            return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "unused header byte %d is not zero", i);
     char name[STORE_RECORD_DTYPE_BYTES + 1];
     memcpy(name, h + STORE_RECORD_OFF_DTYPE, STORE_RECORD_DTYPE_BYTES);
     name[STORE_RECORD_DTYPE_BYTES] = '\0';
@@ -176,9 +201,29 @@ shoal_err store_record_decode(const void *value, size_t bytes, store_record_info
     if (store_page_layout_check(&r.layout, &why) != SHOAL_OK)
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "bad layout: %s", why.msg);
     uint32_t tokens = get_u32(h + STORE_RECORD_OFF_TOKENS);
-    if (tokens < 1 || tokens > (uint32_t)r.layout.page_tokens)
-        return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "tokens %u outside [1, page_tokens %d]",
-                              tokens, r.layout.page_tokens);
+    r.kind = (store_record_kind)kind;
+    r.part = (store_record_part){0};
+    if (kind == STORE_RECORD_PAGE) {
+        if (tokens < 1 || tokens > (uint32_t)r.layout.page_tokens)
+            return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "tokens %u outside [1, page_tokens %d]",
+                                  tokens, r.layout.page_tokens);
+    } else {
+        store_record_part p = {.index = get_u32(h + STORE_RECORD_OFF_PART),
+                               .parts = get_u32(h + STORE_RECORD_OFF_PARTS),
+                               .state_bytes = get_u64(h + STORE_RECORD_OFF_STATE_BYTES)};
+        if (tokens != 0)
+            return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "a state part holds %u tokens, not 0",
+                                  tokens);
+        if (p.parts < 1 || p.index >= p.parts ||
+            p.state_bytes <= (uint64_t)(p.parts - 1) * r.layout.page_bytes ||
+            p.state_bytes > (uint64_t)p.parts * r.layout.page_bytes)
+            return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                                  "state part %u of %u of a %llu-byte checkpoint does not fit "
+                                  "pages of %zu bytes",
+                                  p.index, p.parts, (unsigned long long)p.state_bytes,
+                                  r.layout.page_bytes);
+        r.part = p;
+    }
     r.tokens = (int)tokens;
     if (bytes != STORE_RECORD_HEADER_BYTES + r.layout.page_bytes)
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT,

@@ -21,9 +21,23 @@
  *      148     4 head_dim
  *      152     8 KV dtype name, NUL-padded ("BF16", "F8_E4M3")
  *      160     8 page_bytes (the payload's length)
- *      168     4 tokens held (1..page_tokens)
- *      172    20 zero (reserved; a record with a non-zero byte here is refused)
+ *      168     4 tokens held (1..page_tokens; 0 in a state part)
+ *      172     2 kind: 0 a KV page, 1 a part of a state checkpoint
+ *      174     2 zero
+ *      176     4 part index (state parts; zero in a page)
+ *      180     4 parts of the checkpoint (state parts; zero in a page)
+ *      184     8 the checkpoint's bytes (state parts; zero in a page)
  *      192       payload
+ *
+ * A state checkpoint (the recurrent state of a hybrid model's stream at the
+ * end of a block, worker_checkpoints.h) is `parts` records of the page
+ * layout's payload size, the last one zero-padded: part i is keyed by
+ * store_record_part_hash(block, i), and its parent is the block (part 0)
+ * or part i - 1, so the index knows a checkpoint as a chain hanging off
+ * its block: eviction takes its last part first, and a reader that finds
+ * the last part finds the rest unless something failed. A reader of either
+ * kind refuses the other. A build that knew only pages refuses parts (their
+ * bytes past 172 were reserved zeros to it).
  *
  * The checksum covers the header too, so a flipped parent hash or layout
  * field is caught like a flipped payload byte. The dtype is stored by name,
@@ -55,13 +69,28 @@ enum {
     STORE_RECORD_DTYPE_BYTES = 8,
     STORE_RECORD_OFF_PAGE_BYTES = 160,
     STORE_RECORD_OFF_TOKENS = 168,
-    STORE_RECORD_OFF_RESERVED = 172,
+    STORE_RECORD_OFF_KIND = 172,
+    STORE_RECORD_OFF_PART = 176,
+    STORE_RECORD_OFF_PARTS = 180,
+    STORE_RECORD_OFF_STATE_BYTES = 184,
 };
 
 _Static_assert(STORE_RECORD_OFF_CHECKSUM + COMMON_HASH_BYTES == STORE_RECORD_OFF_LAYOUT,
                "checksum precedes the layout");
-_Static_assert(STORE_RECORD_OFF_RESERVED + 20 == STORE_RECORD_HEADER_BYTES,
-               "reserved bytes end the header");
+_Static_assert(STORE_RECORD_OFF_STATE_BYTES + 8 == STORE_RECORD_HEADER_BYTES,
+               "the state part's fields end the header");
+
+typedef enum store_record_kind {
+    STORE_RECORD_PAGE = 0,       /* the KV page of a block */
+    STORE_RECORD_STATE_PART = 1, /* a part of a block's state checkpoint */
+} store_record_kind;
+
+/* Where a state part sits in its checkpoint. */
+typedef struct store_record_part {
+    uint32_t index; /* [0, parts) */
+    uint32_t parts;
+    uint64_t state_bytes; /* of the whole checkpoint: in ((parts - 1), parts] x page_bytes */
+} store_record_part;
 _Static_assert(STORE_RECORD_HEADER_BYTES % 16 == 0, "the payload starts 16-byte aligned");
 
 /* The page layout of a store: what kernels_kv_layout says of one page
@@ -72,7 +101,7 @@ typedef struct store_page_layout {
     int layers;
     int kv_heads;
     int head_dim;
-    shoal_dtype dtype; /* BF16 or F8_E4M3 */
+    shoal_dtype dtype; /* BF16, F8_E4M3 or F32 */
     size_t page_bytes;
 } store_page_layout;
 
@@ -83,7 +112,9 @@ typedef struct store_record_info {
     common_hash parent;
     common_hash checksum;
     store_page_layout layout;
-    int tokens;
+    int tokens; /* 0 in a state part */
+    store_record_kind kind;
+    store_record_part part; /* a state part's; zero in a page */
 } store_record_info;
 
 /* SHOAL_OK when every field is in range and page_bytes is what the other
@@ -101,15 +132,21 @@ static inline size_t store_record_bytes(const store_page_layout *l)
 /* key[STORE_KEY_BYTES] = fingerprint, hash. */
 void store_record_key(uint8_t *key, const common_hash *fingerprint, const common_hash *hash);
 
+/* The key hash of part `index` of the state checkpoint at `block`:
+ * SHA-256 of "shoal state part", the block hash and the index (be32). */
+void store_record_part_hash(const common_hash *block, uint32_t index, common_hash *out);
+
 /* Writes the header of a record (checksum included) into
- * header[STORE_RECORD_HEADER_BYTES]. payload holds layout->page_bytes. */
+ * header[STORE_RECORD_HEADER_BYTES]. payload holds layout->page_bytes.
+ * part NULL: a page of `tokens` tokens; else a state part (tokens 0). */
 void store_record_encode(uint8_t *header, const common_hash *fingerprint, const common_hash *hash,
                          const common_hash *parent, const store_page_layout *layout, int tokens,
-                         const void *payload);
+                         const store_record_part *part, const void *payload);
 
 /* Parses and checks the header of a record value of `bytes` bytes: magic,
- * version, header size, a known dtype, a self-consistent layout, tokens in
- * range, reserved bytes zero, bytes == header + page_bytes. No checksum.
+ * version, header size, a known dtype, a self-consistent layout, a known
+ * kind, tokens in range (a page) or a consistent part (a state part), the
+ * unused fields zero, bytes == header + page_bytes. No checksum.
  * SHOAL_ERR_FORMAT with the reason in diag. */
 shoal_err store_record_decode(const void *value, size_t bytes, store_record_info *out,
                               shoal_diag *diag);

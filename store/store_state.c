@@ -34,6 +34,8 @@ typedef struct slot {
     common_hash hash;
     common_hash parent;
     int tokens;
+    bool is_part; /* a part of a state checkpoint (part says which) */
+    store_record_part part;
     uint64_t seq;                              /* queue order, for flush */
     uint8_t header[STORE_RECORD_HEADER_BYTES]; /* encoded by the writer */
 } slot;
@@ -43,6 +45,8 @@ struct store_state {
     common_hash fingerprint;
     store_page_layout layout;
     uint64_t spill_bytes;
+    size_t state_bytes; /* a state checkpoint's (0: none) */
+    int state_parts;    /* its records */
 
     /* The queue. Puts append at head + count; the writer takes slots from
      * head and works on them without the lock: producers never touch slots
@@ -151,7 +155,7 @@ static void write_batch(store_state *s, int first, int n, int touches)
         int k = (first + i) % s->cap;
         slot *sl = &s->slots[k];
         store_record_encode(sl->header, &s->fingerprint, &sl->hash, &sl->parent, &s->layout,
-                            sl->tokens, s->pages + (size_t)k * s->layout.page_bytes);
+                            sl->tokens, sl->is_part ? &sl->part : NULL, s->pages + (size_t)k * s->layout.page_bytes);
     }
     store_env_write_report rep;
     shoal_diag diag;
@@ -260,6 +264,9 @@ shoal_err store_state_open(const store_state_options *opt, store_state **out, sh
     s->fingerprint = opt->fingerprint;
     s->layout = opt->layout;
     s->spill_bytes = opt->spill_bytes;
+    s->state_bytes = opt->state_bytes;
+    s->state_parts =
+        (int)((opt->state_bytes + opt->layout.page_bytes - 1) / opt->layout.page_bytes);
     shoal_err err;
 
     store_env_options eo = {
@@ -281,6 +288,10 @@ shoal_err store_state_open(const store_state_options *opt, store_state **out, sh
         if (s->cap < 1)
             s->cap = 1;
     }
+    if (s->state_parts > s->cap)
+        LOG_WARN("state store %s: a state checkpoint is %d records, more than the write queue's "
+                 "%d: checkpoints are not stored (a larger --page-tokens makes fewer parts)",
+                 opt->dir, s->state_parts, s->cap);
     s->slots = calloc((size_t)s->cap, sizeof *s->slots);
     s->pages = malloc((size_t)s->cap * opt->layout.page_bytes);
     s->touches = calloc(SHOAL_STORE_TOUCH_QUEUE_MAX, sizeof *s->touches);
@@ -451,8 +462,15 @@ static void will_need(const void *value, size_t bytes)
     (void)madvise((void *)first, (uintptr_t)value + bytes - first, MADV_WILLNEED);
 }
 
-static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int *tokens,
-                     shoal_diag *diag)
+static const char *kind_name(store_record_kind k)
+{
+    return k == STORE_RECORD_PAGE ? "KV page" : "state part";
+}
+
+/* Reads the record of hash, which must be of kind `want`; *out (may be
+ * NULL) gets its header's fields. */
+static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst,
+                     store_record_kind want, store_record_info *out, shoal_diag *diag)
 {
     if (!store_env_owned(s->env))
         return shoal_diag_set(diag, SHOAL_ERR_BROKEN,
@@ -516,6 +534,11 @@ static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int 
         err = SHOAL_ERR_FORMAT;
         snprintf(why.msg, sizeof why.msg, "checksum mismatch");
     }
+    if (err == SHOAL_OK && info.kind != want) {
+        err = SHOAL_ERR_FORMAT;
+        snprintf(why.msg, sizeof why.msg, "a %s where a %s belongs", kind_name(info.kind),
+                 kind_name(want));
+    }
     if (err != SHOAL_OK) {
         atomic_fetch_add(&s->refused, 1);
         if (!atomic_exchange(&s->refusal_logged, true)) {
@@ -531,9 +554,20 @@ static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst, int 
     if (dst->direct)
         atomic_fetch_add(&s->direct_reads, 1);
     touch(s, hash);
-    if (tokens)
-        *tokens = info.tokens;
+    if (out)
+        *out = info;
     return SHOAL_OK;
+}
+
+/* get's result for a page: its tokens. */
+static shoal_err get_page(store_state *s, const common_hash *hash, get_dst *dst, int *tokens,
+                          shoal_diag *diag)
+{
+    store_record_info info;
+    shoal_err err = get(s, hash, dst, STORE_RECORD_PAGE, &info, diag);
+    if (err == SHOAL_OK && tokens)
+        *tokens = info.tokens;
+    return err;
 }
 
 shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, size_t out_bytes,
@@ -543,7 +577,7 @@ shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, si
         return shoal_diag_set(diag, SHOAL_ERR_INVALID, "buffer of %zu bytes for a page of %zu",
                               out_bytes, s->layout.page_bytes);
     get_dst dst = {.page = out};
-    return get(s, hash, &dst, tokens, diag);
+    return get_page(s, hash, &dst, tokens, diag);
 }
 
 size_t store_state_read_bytes(const store_state *s)
@@ -558,9 +592,163 @@ shoal_err store_state_read(store_state *s, const common_hash *hash, void *buf, s
         return shoal_diag_set(diag, SHOAL_ERR_INVALID, "buffer of %zu bytes for a record of %zu",
                               buf_bytes, store_record_bytes(&s->layout));
     get_dst dst = {.buf = buf, .buf_bytes = buf_bytes};
-    shoal_err err = get(s, hash, &dst, tokens, diag);
+    shoal_err err = get_page(s, hash, &dst, tokens, diag);
     *payload_at = dst.record_at + STORE_RECORD_HEADER_BYTES;
     return err;
+}
+
+/* ---- state checkpoints ---- */
+
+int store_state_checkpoint_parts(const store_state *s)
+{
+    return s->state_parts;
+}
+
+shoal_err store_state_put_checkpoint_async(store_state *s, const common_hash *block,
+                                           const void *state, size_t state_bytes)
+{
+    if (!store_env_owned(s->env))
+        return SHOAL_ERR_BROKEN;
+    if (s->state_bytes == 0 || state_bytes != s->state_bytes || !state)
+        return SHOAL_ERR_INVALID;
+    const size_t pb = s->layout.page_bytes;
+    const int parts = s->state_parts;
+    shoal_err err = SHOAL_OK;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        err = SHOAL_ERR_CLOSED;
+    } else if (s->cap - s->count < parts) {
+        atomic_fetch_add(&s->drops, 1);
+        err = SHOAL_ERR_LIMIT;
+    } else {
+        common_hash parent = *block;
+        for (int i = 0; i < parts; i++) {
+            int k = (s->head + s->count) % s->cap;
+            slot *sl = &s->slots[k];
+            store_record_part_hash(block, (uint32_t)i, &sl->hash);
+            sl->parent = parent;
+            parent = sl->hash;
+            sl->tokens = 0;
+            sl->is_part = true;
+            sl->part = (store_record_part){
+                .index = (uint32_t)i, .parts = (uint32_t)parts, .state_bytes = state_bytes};
+            sl->seq = ++s->enqueued_seq;
+            uint8_t *dst = s->pages + (size_t)k * pb;
+            size_t at = (size_t)i * pb, n = state_bytes - at < pb ? state_bytes - at : pb;
+            memcpy(dst, (const uint8_t *)state + at, n);
+            memset(dst + n, 0, pb - n);
+            s->count++;
+        }
+        atomic_fetch_add(&s->puts, (uint64_t)parts);
+        pthread_cond_signal(&s->work);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+/* A part read is the part its key names: index, count, size and parent. */
+static shoal_err check_part(const store_state *s, const common_hash *block, int index,
+                            const store_record_info *info, shoal_diag *diag)
+{
+    common_hash parent = *block;
+    if (index > 0)
+        store_record_part_hash(block, (uint32_t)index - 1, &parent);
+    if (info->part.index != (uint32_t)index || info->part.parts != (uint32_t)s->state_parts ||
+        info->part.state_bytes != s->state_bytes)
+        return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                              "state part %u of %u (%llu bytes) where part %d of %d (%zu bytes) "
+                              "belongs",
+                              info->part.index, info->part.parts,
+                              (unsigned long long)info->part.state_bytes, index, s->state_parts,
+                              s->state_bytes);
+    if (!common_hash_equal(&info->parent, &parent))
+        return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                              "state part %d names another block or part as its parent", index);
+    return SHOAL_OK;
+}
+
+shoal_err store_state_read_part(store_state *s, const common_hash *block, int index, void *buf,
+                                size_t buf_bytes, size_t *payload_at, shoal_diag *diag)
+{
+    if (index < 0 || index >= s->state_parts)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "state part %d of %d", index,
+                              s->state_parts);
+    if (buf_bytes < store_record_bytes(&s->layout))
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "buffer of %zu bytes for a record of %zu",
+                              buf_bytes, store_record_bytes(&s->layout));
+    common_hash h;
+    store_record_part_hash(block, (uint32_t)index, &h);
+    get_dst dst = {.buf = buf, .buf_bytes = buf_bytes};
+    store_record_info info;
+    shoal_err err = get(s, &h, &dst, STORE_RECORD_STATE_PART, &info, diag);
+    *payload_at = dst.record_at + STORE_RECORD_HEADER_BYTES;
+    if (err == SHOAL_OK && (err = check_part(s, block, index, &info, diag)) != SHOAL_OK)
+        atomic_fetch_add(&s->refused, 1);
+    return err;
+}
+
+shoal_err store_state_get_checkpoint(store_state *s, const common_hash *block, void *out,
+                                     size_t out_bytes, shoal_diag *diag)
+{
+    if (s->state_bytes == 0 || out_bytes < s->state_bytes)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "buffer of %zu bytes for a state checkpoint of %zu", out_bytes,
+                              s->state_bytes);
+    const size_t pb = s->layout.page_bytes;
+    uint8_t *page = malloc(pb);
+    if (!page)
+        return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "no memory for a state part");
+    shoal_err err = SHOAL_OK;
+    for (int i = 0; i < s->state_parts && err == SHOAL_OK; i++) {
+        common_hash h;
+        store_record_part_hash(block, (uint32_t)i, &h);
+        get_dst dst = {.page = page};
+        store_record_info info;
+        err = get(s, &h, &dst, STORE_RECORD_STATE_PART, &info, diag);
+        if (err == SHOAL_OK && (err = check_part(s, block, i, &info, diag)) != SHOAL_OK)
+            atomic_fetch_add(&s->refused, 1);
+        if (err == SHOAL_OK) {
+            size_t at = (size_t)i * pb;
+            memcpy((uint8_t *)out + at, page, s->state_bytes - at < pb ? s->state_bytes - at : pb);
+        }
+    }
+    free(page);
+    return err;
+}
+
+shoal_err store_state_checkpoint_last(store_state *s, const common_hash *blocks, int n, int *last,
+                                      shoal_diag *diag)
+{
+    *last = -1;
+    if (s->state_parts == 0)
+        return SHOAL_OK;
+    if (!store_env_owned(s->env))
+        return shoal_diag_set(diag, SHOAL_ERR_BROKEN,
+                              "state store handle used in a process "
+                              "that did not open it (open it after fork)");
+    MDB_txn *txn;
+    store_guard g;
+    shoal_err err = store_env_read_begin(s->env, &txn, &g, diag);
+    if (err != SHOAL_OK)
+        return err;
+    if (sigsetjmp(g.jb, 1) != 0)
+        return store_env_read_fault(s->env, &g, diag);
+    g.armed = 1;
+    MDB_dbi records = store_env_index(s->env)->records;
+    int rc = MDB_NOTFOUND;
+    for (int i = n - 1; i >= 0 && rc == MDB_NOTFOUND; i--) {
+        common_hash h;
+        store_record_part_hash(&blocks[i], (uint32_t)s->state_parts - 1, &h);
+        uint8_t key[STORE_KEY_BYTES];
+        store_record_key(key, &s->fingerprint, &h);
+        MDB_val k = {STORE_KEY_BYTES, key}, v;
+        if ((rc = mdb_get(txn, records, &k, &v)) == 0)
+            *last = i;
+    }
+    store_env_read_end(s->env, txn);
+    if (rc != 0 && rc != MDB_NOTFOUND)
+        return store_env_error(s->env, rc, "looking up state checkpoints", diag);
+    return SHOAL_OK;
 }
 
 /* The leading hashes with a record, checking headers or not. */

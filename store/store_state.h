@@ -42,6 +42,7 @@ typedef struct store_state_options {
     uint64_t spill_bytes;    /* --spill-gib in bytes: records stay under it */
     common_hash fingerprint; /* the model's (worker_fingerprint_compute) */
     store_page_layout layout;
+    size_t state_bytes; /* a state checkpoint's (hybrid models' slot bytes; 0: none) */
     /* Tuning and tests; 0 picks the default. */
     uint64_t map_bytes;     /* initial LMDB map: 2 x spill_bytes + 64 MiB */
     uint64_t map_bytes_max; /* its growth limit: 4 x the initial map */
@@ -117,6 +118,40 @@ shoal_err store_state_get(store_state *s, const common_hash *hash, void *out, si
 size_t store_state_read_bytes(const store_state *s);
 shoal_err store_state_read(store_state *s, const common_hash *hash, void *buf, size_t buf_bytes,
                            size_t *payload_at, int *tokens, shoal_diag *diag);
+
+/* State checkpoints of hybrid models (store_record.h): state_bytes kept
+ * as store_state_checkpoint_parts records of the page layout's size,
+ * keyed by the block they follow. They count against spill_bytes and are
+ * evicted like pages (their last part first). */
+int store_state_checkpoint_parts(const store_state *s);
+
+/* Queues the checkpoint at `block` (state_bytes, copied before the call
+ * returns): every part or none. SHOAL_ERR_LIMIT: the queue has no room
+ * for all its parts (counted once in drops); SHOAL_ERR_INVALID: the size
+ * is not the store's state_bytes; else as store_state_put_async. */
+shoal_err store_state_put_checkpoint_async(store_state *s, const common_hash *block,
+                                           const void *state, size_t state_bytes);
+
+/* Reads part `index` of the checkpoint at `block` as store_state_read
+ * reads a page (buf of store_state_read_bytes; the part's payload at
+ * buf + *payload_at, the last part's tail zero padding). Refuses
+ * (SHOAL_ERR_FORMAT, counted in refused) a record that is no state part,
+ * fails its checks, or is not the part its key names: its index, the
+ * part count and state bytes of this store, and its parent (the block for
+ * part 0, else part index - 1). SHOAL_ERR_NOT_FOUND when missing. */
+shoal_err store_state_read_part(store_state *s, const common_hash *block, int index, void *buf,
+                                size_t buf_bytes, size_t *payload_at, shoal_diag *diag);
+
+/* The whole checkpoint at block into out (out_bytes >= state_bytes): every
+ * part as store_state_read_part checks it, or the first failure. */
+shoal_err store_state_get_checkpoint(store_state *s, const common_hash *block, void *out,
+                                     size_t out_bytes, shoal_diag *diag);
+
+/* The highest i in [0, n) whose checkpoint at blocks[i] has its last part
+ * stored (eviction takes that part first), in *last; -1 when none. One read
+ * transaction; counts nothing. */
+shoal_err store_state_checkpoint_last(store_state *s, const common_hash *blocks, int n, int *last,
+                                      shoal_diag *diag);
 
 /* How many of hashes[0..n) lead the list and are stored (as records of this
  * model and layout whose headers check; the checksums are checked by get),

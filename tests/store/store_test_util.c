@@ -156,6 +156,7 @@ static bool reseal(uint8_t *value, size_t bytes, void *ctx)
     if (store_record_decode(value, bytes, &info, NULL) != SHOAL_OK)
         return false;
     store_record_encode(value, other, &info.hash, &info.parent, &info.layout, info.tokens,
+                        info.kind == STORE_RECORD_STATE_PART ? &info.part : NULL,
                         value + STORE_RECORD_HEADER_BYTES);
     return true;
 }
@@ -164,6 +165,47 @@ bool tu_reseal_with_fingerprint(const char *dir, const common_hash *fp, const co
                                 const common_hash *other)
 {
     return raw_edit(dir, fp, hash, reseal, (void *)other);
+}
+
+bool tu_reseal_copy(const char *dir, const common_hash *fp, const common_hash *from,
+                    const common_hash *to)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    bool done = false;
+    if (mdb_env_create(&env) != 0)
+        return false;
+    mdb_env_set_maxdbs(env, 8);
+    mdb_env_set_mapsize(env, (size_t)1 << 34);
+    if (mdb_env_open(env, dir, 0, 0600) != 0 || mdb_txn_begin(env, NULL, 0, &txn) != 0) {
+        mdb_env_close(env);
+        return false;
+    }
+    uint8_t key[STORE_KEY_BYTES];
+    store_record_key(key, fp, from);
+    MDB_val k = {sizeof key, key}, v;
+    store_record_info info;
+    uint8_t *copy = NULL;
+    if (mdb_dbi_open(txn, "records", 0, &dbi) == 0 && mdb_get(txn, dbi, &k, &v) == 0 &&
+        (copy = malloc(v.mv_size)) != NULL) {
+        memcpy(copy, v.mv_data, v.mv_size);
+        if (store_record_decode(copy, v.mv_size, &info, NULL) == SHOAL_OK) {
+            store_record_encode(copy, fp, to, &info.parent, &info.layout, info.tokens,
+                                info.kind == STORE_RECORD_STATE_PART ? &info.part : NULL,
+                                copy + STORE_RECORD_HEADER_BYTES);
+            store_record_key(key, fp, to);
+            MDB_val nv = {v.mv_size, copy};
+            done = mdb_put(txn, dbi, &k, &nv, 0) == 0;
+        }
+    }
+    if (done)
+        done = mdb_txn_commit(txn) == 0;
+    else
+        mdb_txn_abort(txn);
+    free(copy);
+    mdb_env_close(env);
+    return done;
 }
 
 /* ---- holders ---- */

@@ -37,6 +37,13 @@ bool tu_flip_record_byte(const char *dir, const common_hash *fp, const common_ha
 bool tu_reseal_with_fingerprint(const char *dir, const common_hash *fp, const common_hash *hash,
                                 const common_hash *other);
 
+/* Writes the record (fp, from) again under key (fp, to), its header's
+ * block hash rewritten to `to` and re-sealed: a valid record in the wrong
+ * place, that only what it says of itself (its parent, its part) can give
+ * away. false if the record is missing. */
+bool tu_reseal_copy(const char *dir, const common_hash *fp, const common_hash *from,
+                    const common_hash *to);
+
 /* Starts this test binary again as `self --hold-reader|--hold-writer DIR`:
  * a process that opens the environment with LMDB directly, begins a read
  * (or write) transaction, and then waits until its stdin closes or it is

@@ -824,6 +824,105 @@ static void test_a_file_cut_short_under_an_open_store_is_an_error_not_a_crash(vo
     tu_rmtree(dir);
 }
 
+/* State checkpoints (hybrid models): parts of page size, all or none;
+ * each read checks the part its key names; the last part's presence
+ * finds the latest checkpoint; a page and a part are never taken for
+ * each other; eviction takes a checkpoint's last part first. */
+static void test_state_checkpoints_round_trip_all_or_nothing(void)
+{
+    char dir[128];
+    tu_tempdir(dir, sizeof dir, "ckpt");
+    store_page_layout l = tu_layout(1, 1, 8, 4); /* 128-byte pages */
+    store_state_options o = tu_options(dir, 1 << 20, 1, l);
+    o.state_bytes = 3 * l.page_bytes + 40; /* four parts, the last padded */
+    o.queue_slots = 6;
+    store_state *s = open_store(&o);
+    if (!s)
+        return;
+    CHECK_EQ_INT(store_state_checkpoint_parts(s), 4);
+    uint8_t *state = malloc(o.state_bytes), *back = malloc(o.state_bytes);
+    tu_page(state, o.state_bytes, 9, 1);
+    common_hash block = tu_hash(1, 5), other = tu_hash(1, 6);
+    CHECK_EQ_INT(put_block(s, &l, 1, 5, -1, 4), SHOAL_OK);
+    CHECK_EQ_INT(store_state_put_checkpoint_async(s, &block, state, o.state_bytes), SHOAL_OK);
+    /* a wrong size; and no room for four parts behind the first five, unless
+     * the writer took them already */
+    CHECK_EQ_INT(store_state_put_checkpoint_async(s, &block, state, o.state_bytes - 1),
+                 SHOAL_ERR_INVALID);
+    store_state_stats before = stats_of(s);
+    shoal_err full = store_state_put_checkpoint_async(s, &other, state, o.state_bytes);
+    CHECK(full == SHOAL_OK || full == SHOAL_ERR_LIMIT);
+    CHECK_EQ_INT(store_state_flush(s, 5000), SHOAL_OK);
+    if (full == SHOAL_ERR_LIMIT)
+        CHECK_EQ_INT((int)(stats_of(s).drops - before.drops), 1);
+    shoal_diag d = {{0}};
+    CHECK_EQ_INT(store_state_get_checkpoint(s, &block, back, o.state_bytes, &d), SHOAL_OK);
+    CHECK(memcmp(back, state, o.state_bytes) == 0);
+    common_hash list[3] = {tu_hash(1, 4), block, tu_hash(1, 7)};
+    int last = -2;
+    CHECK_EQ_INT(store_state_checkpoint_last(s, list, 3, &last, &d), SHOAL_OK);
+    CHECK_EQ_INT(last, 1);
+    CHECK_EQ_INT(store_state_checkpoint_last(s, list, 1, &last, &d), SHOAL_OK);
+    CHECK_EQ_INT(last, -1);
+    /* parts read one by one, each its own */
+    size_t rb = store_state_read_bytes(s), at = 0;
+    uint8_t *buf = aligned_alloc(4096, (rb + 4095) / 4096 * 4096);
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ_INT(store_state_read_part(s, &block, i, buf, rb, &at, &d), SHOAL_OK);
+        size_t n = i < 3 ? l.page_bytes : 40;
+        CHECK(memcmp(buf + at, state + (size_t)i * l.page_bytes, n) == 0);
+    }
+    CHECK_EQ_INT(store_state_read_part(s, &block, 4, buf, rb, &at, &d), SHOAL_ERR_INVALID);
+    /* a page is no part and a part no page */
+    common_hash part0;
+    store_record_part_hash(&block, 0, &part0);
+    CHECK_EQ_INT(store_state_get(s, &part0, buf, rb, NULL, &d), SHOAL_ERR_FORMAT);
+    CHECK_HAS(d.msg, "state part where a KV page belongs");
+    store_state_close(s);
+    /* part 2 resealed under part 1's key: a valid record, the wrong part */
+    common_hash part1, part2;
+    store_record_part_hash(&block, 1, &part1);
+    store_record_part_hash(&block, 2, &part2);
+    CHECK(tu_reseal_copy(dir, &o.fingerprint, &part2, &part1));
+    s = open_store(&o);
+    CHECK_EQ_INT(store_state_get_checkpoint(s, &block, back, o.state_bytes, &d), SHOAL_ERR_FORMAT);
+    CHECK_HAS(d.msg, "state part 2 of 4");
+    store_state_close(s);
+    /* a flipped byte in the last part refuses the whole checkpoint */
+    tu_rmtree(dir);
+    s = open_store(&o);
+    CHECK_EQ_INT(store_state_put_checkpoint_async(s, &block, state, o.state_bytes), SHOAL_OK);
+    store_state_close(s);
+    common_hash part3;
+    store_record_part_hash(&block, 3, &part3);
+    CHECK(tu_flip_record_byte(dir, &o.fingerprint, &part3, STORE_RECORD_HEADER_BYTES + 3));
+    s = open_store(&o);
+    CHECK_EQ_INT(store_state_get_checkpoint(s, &block, back, o.state_bytes, &d), SHOAL_ERR_FORMAT);
+    CHECK_HAS(d.msg, "checksum");
+    store_state_close(s);
+    /* eviction: the last part goes first, and the checkpoint is not found */
+    tu_rmtree(dir);
+    o.spill_bytes = 5 * store_record_bytes(&l);
+    s = open_store(&o);
+    CHECK_EQ_INT(put_block(s, &l, 1, 5, -1, 4), SHOAL_OK);
+    CHECK_EQ_INT(store_state_put_checkpoint_async(s, &block, state, o.state_bytes), SHOAL_OK);
+    CHECK_EQ_INT(store_state_flush(s, 5000), SHOAL_OK);
+    CHECK_EQ_INT(store_state_checkpoint_last(s, list, 3, &last, &d), SHOAL_OK);
+    CHECK_EQ_INT(last, 1);
+    CHECK_EQ_INT(put_block(s, &l, 2, 0, -1, 4), SHOAL_OK); /* a sixth record */
+    CHECK_EQ_INT(store_state_flush(s, 5000), SHOAL_OK);
+    CHECK_EQ_INT(store_state_checkpoint_last(s, list, 3, &last, &d), SHOAL_OK);
+    CHECK_EQ_INT(last, -1);
+    CHECK_EQ_INT(store_state_get_checkpoint(s, &block, back, o.state_bytes, &d),
+                 SHOAL_ERR_NOT_FOUND);
+    CHECK(stored(s, 1, 5)); /* the block stays: its checkpoint was its chain's end */
+    store_state_close(s);
+    free(buf);
+    free(state);
+    free(back);
+    tu_rmtree(dir);
+}
+
 int main(int argc, char **argv)
 {
     tu_holder_main(argc, argv);
@@ -840,5 +939,6 @@ int main(int argc, char **argv)
     TEST_RUN(test_reader_slots_of_a_killed_reader_are_cleared);
     TEST_RUN(test_handle_refuses_use_after_fork);
     TEST_RUN(test_gets_from_many_threads_while_the_writer_writes);
+    TEST_RUN(test_state_checkpoints_round_trip_all_or_nothing);
     return TEST_EXIT();
 }
