@@ -8,6 +8,8 @@ enum { NONE = -1 };
 typedef struct entry {
     common_hash hash;
     bool held;
+    bool keep;   /* a turn's: the store keeps it when it leaves */
+    bool stored; /* the store has it already */
     int prev, next; /* LRU list of held entries: head the oldest */
     int chain;      /* next held entry in the same bucket */
 } entry;
@@ -21,6 +23,8 @@ struct worker_checkpoints {
     int free_head; /* free entries, linked through chain */
     int held;
     uint64_t added, hits, evictions, dropped;
+    worker_checkpoints_evict_fn on_evict;
+    void *on_evict_ctx;
 };
 
 static uint32_t bucket_of(const worker_checkpoints *c, const common_hash *h)
@@ -131,12 +135,29 @@ int worker_checkpoints_find(worker_checkpoints *c, const common_hash *hash, bool
     return c->first_slot + i;
 }
 
-int worker_checkpoints_add(worker_checkpoints *c, const common_hash *hash)
+void worker_checkpoints_on_evict(worker_checkpoints *c, worker_checkpoints_evict_fn fn,
+                                 void *ctx)
+{
+    c->on_evict = fn;
+    c->on_evict_ctx = ctx;
+}
+
+/* Entry i leaves for room or with its page: the hook sees a kept one the
+ * store lacks while its slot still holds it. */
+static void evict(worker_checkpoints *c, int i)
+{
+    const entry *x = &c->e[i];
+    if (c->on_evict && x->keep && !x->stored)
+        c->on_evict(c->on_evict_ctx, &x->hash, c->first_slot + i);
+    release(c, i);
+}
+
+int worker_checkpoints_add(worker_checkpoints *c, const common_hash *hash, bool keep)
 {
     if (c->count == 0 || find_entry(c, hash) != NONE)
         return -1;
     if (c->free_head == NONE) {
-        release(c, c->lru_head);
+        evict(c, c->lru_head);
         c->evictions++;
     }
     int i = c->free_head;
@@ -144,6 +165,8 @@ int worker_checkpoints_add(worker_checkpoints *c, const common_hash *hash)
     entry *x = &c->e[i];
     x->hash = *hash;
     x->held = true;
+    x->keep = keep;
+    x->stored = false;
     uint32_t b = bucket_of(c, hash);
     x->chain = c->buckets[b];
     c->buckets[b] = i;
@@ -160,6 +183,34 @@ void worker_checkpoints_drop(worker_checkpoints *c, const common_hash *hash)
         release(c, i);
         c->dropped++;
     }
+}
+
+void worker_checkpoints_evict(worker_checkpoints *c, const common_hash *hash)
+{
+    int i = find_entry(c, hash);
+    if (i != NONE) {
+        evict(c, i);
+        c->dropped++;
+    }
+}
+
+void worker_checkpoints_mark_stored(worker_checkpoints *c, const common_hash *hash)
+{
+    int i = find_entry(c, hash);
+    if (i != NONE)
+        c->e[i].stored = true;
+}
+
+int worker_checkpoints_each_unstored(worker_checkpoints *c, worker_checkpoints_evict_fn fn,
+                                     void *ctx)
+{
+    int n = 0;
+    for (int i = c->lru_head; i != NONE; i = c->e[i].next)
+        if (c->e[i].keep && !c->e[i].stored) {
+            fn(ctx, &c->e[i].hash, c->first_slot + i);
+            n++;
+        }
+    return n;
 }
 
 void worker_checkpoints_stats_get(const worker_checkpoints *c, worker_checkpoints_stats *out)

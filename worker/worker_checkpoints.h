@@ -11,8 +11,15 @@
  * The slots [first_slot, first_slot + count) of the model are the table's;
  * when all hold checkpoints, adding one evicts the least recently used. A
  * checkpoint goes with its block's page: when the page is evicted, so is
- * the checkpoint (worker_checkpoints_drop). One thread (the engine's) uses
- * it. */
+ * the checkpoint (worker_checkpoints_evict).
+ *
+ * A checkpoint is kept (`keep`) when it is a turn's: at a prompt's last
+ * full block or a stream's latest decode block, what a conversation's next
+ * turn starts from. With --learn-conversations the state store takes a
+ * kept checkpoint the store lacks as it leaves (the eviction hook); those
+ * taken every checkpoint_interval tokens of a long prompt only serve
+ * prompts that share a head, and are not worth a slot's bytes on disk
+ * each. One thread (the engine's) uses the table. */
 #ifndef SHOAL_WORKER_CHECKPOINTS_H
 #define SHOAL_WORKER_CHECKPOINTS_H
 
@@ -43,13 +50,31 @@ void worker_checkpoints_close(worker_checkpoints *c);
 int worker_checkpoints_find(worker_checkpoints *c, const common_hash *hash, bool count_hit);
 
 /* A slot for a new checkpoint under hash, whose state the caller copies
- * in next: a free slot, else the least recently used one's. -1 when the
- * hash has a checkpoint already or the table has no slots. */
-int worker_checkpoints_add(worker_checkpoints *c, const common_hash *hash);
+ * in next: a free slot, else the least recently used one's (evicted). -1
+ * when the hash has a checkpoint already or the table has no slots. */
+int worker_checkpoints_add(worker_checkpoints *c, const common_hash *hash, bool keep);
 
-/* Forgets the checkpoint under hash, if any (its block's page went, or the
- * copy into its slot failed). */
+/* Called with a kept checkpoint the store lacks as it leaves (for room,
+ * or with its block's page), while its slot still holds its state. */
+typedef void (*worker_checkpoints_evict_fn)(void *ctx, const common_hash *hash, int slot);
+void worker_checkpoints_on_evict(worker_checkpoints *c, worker_checkpoints_evict_fn fn,
+                                 void *ctx);
+
+/* The checkpoint under hash, if any, leaves with its block's page (the
+ * eviction hook sees it). */
+void worker_checkpoints_evict(worker_checkpoints *c, const common_hash *hash);
+
+/* Forgets the checkpoint under hash, if any, without the hook: a
+ * stream's later block replaced it, or the copy into its slot failed. */
 void worker_checkpoints_drop(worker_checkpoints *c, const common_hash *hash);
+
+/* The store has the checkpoint under hash: its leaving writes nothing. */
+void worker_checkpoints_mark_stored(worker_checkpoints *c, const common_hash *hash);
+
+/* Calls fn for each kept checkpoint the store lacks, least recently used
+ * first (a shutdown writes them); returns how many. */
+int worker_checkpoints_each_unstored(worker_checkpoints *c, worker_checkpoints_evict_fn fn,
+                                     void *ctx);
 
 void worker_checkpoints_stats_get(const worker_checkpoints *c, worker_checkpoints_stats *out);
 

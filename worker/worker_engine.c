@@ -167,7 +167,7 @@ static void drop_checkpoint(void *ctx, int page, const common_hash *hash,
                             const common_hash *parent)
 {
     (void)page, (void)parent;
-    worker_checkpoints_drop(ctx, hash);
+    worker_checkpoints_evict(ctx, hash);
 }
 
 void worker_engine_size_model(const worker_engine_options *opt, worker_model_options *mo)
@@ -446,6 +446,11 @@ worker_pages *worker_engine_pages_mut(worker_engine *e)
     return e->pages;
 }
 
+worker_checkpoints *worker_engine_checkpoints(worker_engine *e)
+{
+    return e->hybrid ? e->ckpts : NULL;
+}
+
 static void stream_info(const stream *s, bool running, worker_stream_info *out)
 {
     out->id = s->id;
@@ -613,7 +618,9 @@ static void take_checkpoint(worker_engine *e, stream *s)
     if (!on_interval && !tail && c != last_full_block_end(e, s))
         return;
     const common_hash *h = block_hash(e, s, c / pt - 1);
-    int slot = worker_checkpoints_add(e->ckpts, h);
+    /* a turn's (its prompt's last full block, its latest decode block) is
+     * what the state store keeps */
+    int slot = worker_checkpoints_add(e->ckpts, h, tail || c == last_full_block_end(e, s));
     if (slot >= 0) {
         shoal_diag d = {{0}};
         if (worker_model_slot_copy(e->m, slot, s->state_slot, &d) != SHOAL_OK) {
@@ -631,6 +638,56 @@ static void take_checkpoint(worker_engine *e, stream *s)
     }
 }
 
+/* Hybrids: a restore that failed leaves the stream at its local hit: the
+ * job's pages go back, and its slot gets that hit's checkpoint again (the
+ * failed restore may have written it); without one the stream starts over. */
+static void back_to_local_hit(worker_engine *e, stream *s)
+{
+    int hits = s->job_first;
+    end_job(e, s, false);
+    while (s->n_pages > hits)
+        worker_pages_unref(e->pages, s->pages[--s->n_pages]);
+    s->job_blocks = 0;
+    int slot = hits > 0 ? worker_checkpoints_find(e->ckpts, block_hash(e, s, hits - 1), false) : -1;
+    shoal_diag d = {{0}};
+    if (slot >= 0 && worker_model_slot_copy(e->m, s->state_slot, slot, &d) == SHOAL_OK)
+        return;
+    while (s->n_pages > 0)
+        worker_pages_unref(e->pages, s->pages[--s->n_pages]);
+    s->computed = s->published = 0;
+}
+
+/* Hybrids: a restore is all or nothing. The stream waits until every
+ * block of the job is in its page and the state checkpoint at the last
+ * one is in its slot, then goes on past them; when anything failed it
+ * computes them from its local hit. */
+static int hybrid_job_chunk(worker_engine *e, stream *s, int n)
+{
+    const worker_async_source *src = &e->o.restore;
+    worker_take t = WORKER_TAKE_READY;
+    for (int b = 0; b < s->job_blocks && t == WORKER_TAKE_READY; b++)
+        t = src->take(src->ctx, s->job, b, 0, e->speed);
+    if (t == WORKER_TAKE_READY)
+        t = src->state(src->ctx, s->job, s->state_slot);
+    if (t == WORKER_TAKE_WAIT)
+        return 0;
+    if (t == WORKER_TAKE_READY) {
+        int tokens = s->job_blocks * e->pt;
+        SHOAL_ASSERT(s->published == s->computed / e->pt);
+        s->computed += tokens;
+        s->published += s->job_blocks;
+        e->stats.restore_tokens += (uint64_t)tokens;
+        if (s->first_admission) {
+            s->cached_tokens += tokens;
+            e->stats.cached_tokens += (uint64_t)tokens;
+        }
+        end_job(e, s, true);
+    } else {
+        back_to_local_hit(e, s);
+    }
+    return n < s->len - s->computed ? n : s->len - s->computed;
+}
+
 /* A prompt chunk of s, as long as the budget, the pages and a restore in
  * progress allow. */
 static void add_prefill(worker_engine *e, batch_build *b, int idx, stream *s)
@@ -638,7 +695,7 @@ static void add_prefill(worker_engine *e, batch_build *b, int idx, stream *s)
     int n = s->len - s->computed;
     if (n > b->budget)
         n = b->budget;
-    if (s->job && (n = job_chunk(e, s, n)) == 0)
+    if (s->job && (n = e->hybrid ? hybrid_job_chunk(e, s, n) : job_chunk(e, s, n)) == 0)
         return;
     if (e->hybrid)
         n = checkpoint_chunk(e, s, n);
@@ -721,8 +778,10 @@ static int take_prefix(worker_engine *e, stream *s, int budget, int *imported, i
     int max_blocks = (s->len - 1) / e->pt;
     int hits = 0;
     if (e->hybrid) {
-        *imported = *job_blocks = 0;
-        return take_hybrid_prefix(e, s, max_blocks);
+        *imported = 0;
+        hits = take_hybrid_prefix(e, s, max_blocks);
+        *job_blocks = e->o.restore.state ? start_job(e, s, hits, max_blocks, budget) : 0;
+        return hits;
     }
     while (hits < max_blocks) {
         int pg = worker_pages_lookup(e->pages, block_hash(e, s, hits));

@@ -28,8 +28,9 @@
  * together. So a repeated prompt or a conversation's next turn reuses all
  * but its last partial block (one page is the smallest reusable prefix),
  * and prompts that share only a head reuse it up to a multiple of the
- * interval. Other workers' pages and the state store are not taken for
- * hybrids. */
+ * interval. The state store (restore.state) serves them too: a job of
+ * pages and the checkpoint at its end, taken whole or not at all. Other
+ * workers' pages are not taken for hybrids. */
 #ifndef SHOAL_WORKER_ENGINE_H
 #define SHOAL_WORKER_ENGINE_H
 
@@ -84,6 +85,12 @@ typedef struct worker_prefix_source {
  *   pump   once a step, before the batch is built, on the engine's thread:
  *          puts what was read into its pages; with wait_ms > 0 (nothing
  *          else to do) it first waits up to that long for a read.
+ *   state  hybrids, whose jobs are all or nothing (take says WAIT until
+ *          every block is READY, COMPUTE for all once any failed): every
+ *          block is READY; puts the state checkpoint at the job's last
+ *          block into model state slot `slot`: READY done, WAIT still
+ *          being read, COMPUTE failed (the slot may have been written: the
+ *          engine restores it from its local hit).
  * All calls come from the engine's thread. */
 /* How fast the engine computes: a step costs fixed_s plus a block of
  * prompt per 1 / bps seconds (0: not measured yet). */
@@ -105,6 +112,7 @@ typedef struct worker_async_source {
     worker_take (*take)(void *ctx, void *job, int block, int claimed, worker_speed speed);
     void (*end)(void *ctx, void *job, bool passed);
     void (*pump)(void *ctx, int wait_ms);
+    worker_take (*state)(void *ctx, void *job, int slot);
     void *ctx;
 } worker_async_source;
 
@@ -223,6 +231,10 @@ void worker_engine_stats_get(const worker_engine *e, worker_engine_stats *out);
 /* The page pool, for accounting and tests. */
 const worker_pages *worker_engine_pages(const worker_engine *e);
 worker_pages *worker_engine_pages_mut(worker_engine *e);
+
+/* Hybrids: the checkpoint table (the state store spills from it); NULL
+ * for other models. */
+worker_checkpoints *worker_engine_checkpoints(worker_engine *e);
 
 /* A running or waiting stream, for the stream table (shoalctl streams). */
 typedef struct worker_stream_info {

@@ -283,15 +283,6 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
         eo.import = worker_cluster_import_source(cl);
         so.cluster = cl;
     }
-    if (learn.on && worker_model_slot_bytes(m) > 0) {
-        /* a hybrid's pages are no prefix without their state checkpoints,
-         * which the store does not keep yet: conversations stay in memory */
-        LOG_WARN("worker %d: --learn-conversations: %s has recurrent states, which the state "
-                 "store does not keep yet; conversations reuse this worker's checkpoints "
-                 "in memory only",
-                 index, worker_model_config(m)->arch_name);
-        learn.on = false;
-    }
     if (learn.on) { /* opened here, in the worker process, never across a fork */
         shoal_err serr = worker_states_open(&learn.o, m, &states, &diag);
         if (serr == SHOAL_ERR_FORMAT) {
@@ -330,7 +321,7 @@ static int run_serve(worker_model_options *mo, const char *connect, const char *
         goto out;
     }
     if (states)
-        worker_states_attach(states, worker_engine_pages_mut(e));
+        worker_states_attach(states, worker_engine_pages_mut(e), worker_engine_checkpoints(e));
     LOG_INFO("worker %d: %d KV pages (%s), context %d tokens", index, worker_model_kv_pages(m),
              shoal_dtype_name(worker_model_kv_layout(m)->dtype), max_model_len);
     if (worker_serve_run(&so, m, e, &diag)) {

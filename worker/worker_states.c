@@ -26,7 +26,10 @@ enum {
 };
 
 /* One stream's restore (worker_async_source's job). Readers take its
- * blocks from the top down; the engine takes them from the bottom up. */
+ * blocks from the top down; the engine takes them from the bottom up.
+ * A hybrid model's job has `parts` more items above its k blocks: the
+ * parts of the state checkpoint at its last block, read into ckpt; it is
+ * all or nothing (the engine computes none of it while it runs). */
 typedef struct restore_job {
     struct restore_job *next; /* st->jobs, oldest first */
     worker_pages *pages;
@@ -37,7 +40,11 @@ typedef struct restore_job {
     int *computed;
     common_hash *computed_keys;
     int k;         /* blocks of the job: every candidate */
-    int top;       /* the next block a reader may take, counting down */
+    int parts;     /* hybrids: state parts, items [k, k + parts) */
+    uint8_t *ckpt; /* hybrids: the checkpoint, slot_bytes */
+    common_hash ckpt_block; /* whose checkpoint is read (the job's last block) */
+    bool failed;   /* hybrids: an item is missing or refused: the job is computed */
+    int top;       /* the next item a reader may take, counting down */
     int holds;     /* slots that still name the job */
     bool ended;    /* the engine let go: nothing more goes into its pages */
     uint64_t t0;
@@ -45,6 +52,11 @@ typedef struct restore_job {
     uint64_t last_read_ns; /* when the last one finished */
     bool warm;            /* in the page cache: read whole */
 } restore_job;
+
+/* Restore faults a test plants (SHOAL_TEST_RESTORE_FAULT, test builds):
+ * a hybrid's KV restored without its state, or with the state of an
+ * earlier block. */
+enum { FAULT_NONE, FAULT_NO_STATE, FAULT_WRONG_BLOCK };
 
 /* A staging buffer of one page. */
 enum { SLOT_FREE, SLOT_READING, SLOT_READ, SLOT_PLACING, SLOT_INFLIGHT };
@@ -77,6 +89,14 @@ struct worker_states {
     size_t staging_bytes;
     bool pinned; /* staging is pinned: uploads are async, sync before reuse */
     uint8_t *spill_buf;
+    /* Hybrids: the model's state slot bytes (0: none), its parts in the
+     * store, a host buffer for a checkpoint's spill, and the table whose
+     * checkpoints it spills. */
+    size_t state_bytes;
+    int parts;
+    uint8_t *ckpt_buf;
+    worker_checkpoints *ckpts;
+    int fault; /* test builds: a planted restore fault (SHOAL_TEST_RESTORE_FAULT) */
     /* readers; everything below is under mu */
     pthread_t *threads;
     int n_threads;
@@ -127,6 +147,8 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
         threads = SHOAL_STATES_READ_THREADS_MAX;
     store_state_options so = {
         .dir = o->dir, .spill_bytes = o->spill_bytes, .fingerprint = *worker_model_fingerprint(m)};
+    st->state_bytes = worker_model_slot_bytes(m);
+    so.state_bytes = st->state_bytes;
     so.layout = (store_page_layout){.page_tokens = kv->page_tokens,
                                     .layers = kv->layers,
                                     .kv_heads = kv->kv_heads,
@@ -135,6 +157,20 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
                                     .page_bytes = kv->page_bytes};
     if ((err = store_state_open(&so, &st->store, diag)))
         goto out_close;
+    st->parts = store_state_checkpoint_parts(st->store);
+    if (st->state_bytes > 0 && !(st->ckpt_buf = malloc(st->state_bytes))) {
+        err = shoal_diag_set(diag, SHOAL_ERR_NOMEM,
+                             "state store: no memory for a state checkpoint of %zu bytes",
+                             st->state_bytes);
+        goto out_close;
+    }
+#ifdef SHOAL_TESTING /* a test's fault: test builds only */
+    const char *fault = getenv("SHOAL_TEST_RESTORE_FAULT");
+    st->fault = !fault                          ? FAULT_NONE
+                : strcmp(fault, "no-state") == 0 ? FAULT_NO_STATE
+                : strcmp(fault, "wrong-block") == 0 ? FAULT_WRONG_BLOCK
+                                                    : FAULT_NONE;
+#endif
     st->slot_bytes = (store_state_read_bytes(st->store) + 4095) / 4096 * 4096;
     size_t cap = SHOAL_STATES_STAGING_BYTES_MAX / st->slot_bytes;
     if (cap > SHOAL_STATES_STAGING_PAGES_MAX)
@@ -164,7 +200,12 @@ shoal_err worker_states_open(const worker_states_options *o, worker_model *m, wo
     LOG_INFO("state store %s: learning conversations (spill limit %.2f GiB, pages of %zu "
              "bytes, %d reader threads, %d staging pages, restores %s)",
              o->dir, (double)o->spill_bytes / (1ull << 30), st->page_bytes, threads, st->slots,
-             st->read_all ? "read every stored block" : "overlap with computing the head");
+             st->state_bytes ? "read every block and the state checkpoint at its end"
+             : st->read_all  ? "read every stored block"
+                             : "overlap with computing the head");
+    if (st->state_bytes)
+        LOG_INFO("state store %s: a turn's state checkpoint is %d records (%.1f MiB)", o->dir,
+                 st->parts, (double)st->state_bytes / 1048576.0);
     *out = st;
     return SHOAL_OK;
 out_close:
@@ -179,6 +220,7 @@ static void job_free(restore_job *j)
         free(j->state);
         free(j->computed);
         free(j->computed_keys);
+        free(j->ckpt);
         free(j);
     }
 }
@@ -215,6 +257,7 @@ void worker_states_close(worker_states *st)
     }
     free(st->staging);
     free(st->spill_buf);
+    free(st->ckpt_buf);
     free(st->slot);
     free(st->placing);
     free(st->threads);
@@ -243,7 +286,7 @@ static bool next_read(worker_states *st, restore_job **job, int *block, int *slo
     for (restore_job *j = st->jobs; j; j = j->next) {
         while (!j->ended && j->top >= 0 && j->state[j->top] != BLOCK_OPEN)
             j->top--; /* the engine claimed it */
-        if (j->ended || j->top < 0)
+        if (j->ended || j->top < 0 || j->failed)
             continue;
         *job = j;
         *block = j->top--;
@@ -276,9 +319,12 @@ static void *reader_main(void *arg)
         /* A refusal's reason is logged (once) and counted by the store. */
         int tokens = 0;
         size_t payload_at = 0;
-        shoal_err err = store_state_read(st->store, &j->chain[b + 1],
-                                         st->staging + (size_t)i * st->slot_bytes, st->slot_bytes,
-                                         &payload_at, &tokens, NULL);
+        uint8_t *buf = st->staging + (size_t)i * st->slot_bytes;
+        shoal_err err =
+            b < j->k ? store_state_read(st->store, &j->chain[b + 1], buf, st->slot_bytes,
+                                        &payload_at, &tokens, NULL)
+                     : store_state_read_part(st->store, &j->ckpt_block, b - j->k, buf,
+                                             st->slot_bytes, &payload_at, NULL);
         pthread_mutex_lock(&st->mu);
         sl->err = err;
         sl->tokens = tokens;
@@ -362,13 +408,21 @@ static void restore_pump(void *ctx, int wait_ms)
             slot_release(st, sl);
         } else if (sl->err == SHOAL_ERR_NOT_FOUND) {
             j->state[sl->block] = BLOCK_MISSING;
+            j->failed = j->parts > 0;
             slot_release(st, sl);
-        } else if (sl->err != SHOAL_OK || sl->tokens != st->page_tokens) {
+        } else if (sl->err != SHOAL_OK || (sl->block < j->k && sl->tokens != st->page_tokens)) {
             /* Refused (counted by the store), or a partial block: the
              * engine computes it. */
             st->stats.refused += sl->err == SHOAL_ERR_FORMAT;
             st->stats.restore_stops++;
             j->state[sl->block] = BLOCK_FAILED;
+            j->failed = j->parts > 0;
+            slot_release(st, sl);
+        } else if (sl->block >= j->k) { /* a state part: into the job's checkpoint */
+            size_t at = (size_t)(sl->block - j->k) * st->page_bytes;
+            size_t n = st->state_bytes - at < st->page_bytes ? st->state_bytes - at : st->page_bytes;
+            memcpy(j->ckpt + at, st->staging + (size_t)i * st->slot_bytes + sl->payload_at, n);
+            j->state[sl->block] = BLOCK_READY;
             slot_release(st, sl);
         } else {
             sl->state = SLOT_PLACING; /* readers leave it alone now */
@@ -424,12 +478,95 @@ static int engine_share(const worker_states *st, const restore_job *j, int open,
     return x > 0 ? (int)x : 0;
 }
 
+static restore_job *job_alloc(int n, int parts, size_t state_bytes)
+{
+    restore_job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->chain = malloc((size_t)(n + 1) * sizeof *j->chain);
+        j->state = calloc((size_t)(n + parts), 1);
+        j->computed = malloc((size_t)n * sizeof *j->computed);
+        j->computed_keys = malloc((size_t)n * sizeof *j->computed_keys);
+        j->ckpt = state_bytes ? malloc(state_bytes) : NULL;
+    }
+    if (!j || !j->chain || !j->state || !j->computed || !j->computed_keys ||
+        (state_bytes && !j->ckpt)) {
+        job_free(j);
+        LOG_WARN("state store: no memory for a restore of up to %d blocks; computing them", n);
+        return NULL;
+    }
+    return j;
+}
+
+static void job_queue(worker_states *st, restore_job *j)
+{
+    restore_job **p = &st->jobs;
+    while (*p)
+        p = &(*p)->next;
+    *p = j;
+    pthread_cond_broadcast(&st->work);
+}
+
+/* A hybrid's restore: the blocks up to the last one whose checkpoint the
+ * store has, each from this worker's cache or the store, and that
+ * checkpoint. The state at a block's end needs every token before it run
+ * through every layer, so nothing of the job is computed while it is read
+ * (an overlap as pages have would recompute it all): the stream waits for
+ * the reads, which run on every reader thread, parts and pages alike. */
+static int restore_start_hybrid(worker_states *st, worker_pages *pages, uint64_t stream,
+                                const common_hash *hashes, const common_hash *parent, int n,
+                                int32_t *pages_out, void **job)
+{
+    int last = -1;
+    shoal_diag diag;
+    if (store_state_checkpoint_last(st->store, hashes, n, &last, &diag) != SHOAL_OK) {
+        LOG_WARN("state store: lookup failed: %s", diag.msg);
+        return 0;
+    }
+    if (last < 0)
+        return 0;
+    int k = last + 1, ckpt_at = last;
+    if (st->fault == FAULT_WRONG_BLOCK &&
+        (store_state_checkpoint_last(st->store, hashes, last, &ckpt_at, &diag) != SHOAL_OK ||
+         ckpt_at < 0))
+        ckpt_at = last;
+    restore_job *j = job_alloc(k, st->parts, st->state_bytes);
+    if (!j)
+        return 0;
+    j->k = k;
+    j->parts = st->parts;
+    j->ckpt_block = hashes[ckpt_at];
+    j->pages = pages;
+    j->pages_out = pages_out;
+    j->chain[0] = *parent;
+    memcpy(j->chain + 1, hashes, (size_t)k * sizeof *hashes);
+    for (int b = 0; b < k; b++) {
+        int page = worker_pages_lookup(pages, &hashes[b]); /* cached here: no read */
+        j->state[b] = page >= 0 ? BLOCK_READY : BLOCK_OPEN;
+        if (page < 0 && (page = worker_pages_alloc(pages, stream)) < 0) {
+            while (b > 0)
+                worker_pages_unref(pages, pages_out[--b]);
+            job_free(j);
+            return 0;
+        }
+        pages_out[b] = page;
+    }
+    j->top = k + j->parts - 1;
+    j->t0 = common_mono_ns();
+    pthread_mutex_lock(&st->mu);
+    job_queue(st, j);
+    pthread_mutex_unlock(&st->mu);
+    *job = j;
+    return k;
+}
+
 static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
                          const common_hash *hashes, const common_hash *parent, int n,
                          int claim, worker_speed speed, int32_t *pages_out, void **job)
 {
     worker_states *st = ctx;
     *job = NULL;
+    if (st->state_bytes)
+        return restore_start_hybrid(st, pages, stream, hashes, parent, n, pages_out, job);
     /* Only the first block here (a new conversation's miss is one B-tree
      * walk); the readers find out about the others as they get them (a
      * block not stored is a quick miss, and the engine computes it), so no
@@ -442,18 +579,9 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
     }
     if (first == 0)
         return 0;
-    restore_job *j = calloc(1, sizeof *j);
-    if (j) {
-        j->chain = malloc((size_t)(n + 1) * sizeof *j->chain);
-        j->state = calloc((size_t)n, 1);
-        j->computed = malloc((size_t)n * sizeof *j->computed);
-        j->computed_keys = malloc((size_t)n * sizeof *j->computed_keys);
-    }
-    if (!j || !j->chain || !j->state || !j->computed || !j->computed_keys) {
-        job_free(j);
-        LOG_WARN("state store: no memory for a restore of up to %d blocks; computing them", n);
+    restore_job *j = job_alloc(n, 0, 0);
+    if (!j)
         return 0;
-    }
     /* the job's pages, taken now (evictions may spill other pages): every
      * candidate block's, whoever fills it */
     int k = 0;
@@ -487,11 +615,7 @@ static int restore_start(void *ctx, worker_pages *pages, uint64_t stream,
     int share = !st->read_all && !j->warm && k <= claim ? k : engine_share(st, j, k, speed);
     for (int b = 0; b < claim && b < share; b++)
         j->state[b] = BLOCK_COMPUTE;
-    restore_job **p = &st->jobs;
-    while (*p)
-        p = &(*p)->next;
-    *p = j;
-    pthread_cond_broadcast(&st->work);
+    job_queue(st, j);
     pthread_mutex_unlock(&st->mu);
     *job = j;
     return k;
@@ -505,6 +629,13 @@ static worker_take restore_take(void *ctx, void *job, int block, int claimed,
     SHOAL_ASSERT(block >= 0 && block < j->k);
     pthread_mutex_lock(&st->mu);
     worker_take t;
+    if (j->parts > 0) { /* a hybrid's: all or nothing, none shared with the engine */
+        t = j->failed                         ? WORKER_TAKE_COMPUTE
+            : j->state[block] == BLOCK_READY ? WORKER_TAKE_READY
+                                              : WORKER_TAKE_WAIT;
+        pthread_mutex_unlock(&st->mu);
+        return t;
+    }
     switch (j->state[block]) {
     case BLOCK_OPEN: {
         /* blocks between the engine and the readers, this chunk's claims
@@ -588,12 +719,41 @@ static void restore_end(void *ctx, void *job, bool passed)
     pthread_mutex_unlock(&st->mu);
 }
 
+/* A hybrid job's blocks are all in their pages: its checkpoint goes into
+ * the stream's state slot once every part is read. */
+static worker_take restore_state(void *ctx, void *job, int state_slot)
+{
+    worker_states *st = ctx;
+    restore_job *j = job;
+    pthread_mutex_lock(&st->mu);
+    bool ready = !j->failed;
+    for (int i = 0; ready && i < j->parts; i++)
+        ready = j->state[j->k + i] == BLOCK_READY;
+    bool failed = j->failed;
+    pthread_mutex_unlock(&st->mu);
+    if (failed)
+        return WORKER_TAKE_COMPUTE;
+    if (!ready)
+        return WORKER_TAKE_WAIT;
+    if (st->fault == FAULT_NO_STATE)
+        return WORKER_TAKE_READY;
+    shoal_diag d = {{0}};
+    if (worker_model_slot_write(st->m, state_slot, j->ckpt, &d) != SHOAL_OK) {
+        LOG_ERROR("state store: restoring a state checkpoint failed: %s", d.msg);
+        return WORKER_TAKE_COMPUTE;
+    }
+    st->stats.restored_checkpoints++;
+    st->stats.restore_bytes += st->state_bytes;
+    return WORKER_TAKE_READY;
+}
+
 worker_async_source worker_states_restore_source(worker_states *st)
 {
     return (worker_async_source){.start = restore_start,
                                  .take = restore_take,
                                  .end = restore_end,
                                  .pump = restore_pump,
+                                 .state = restore_state,
                                  .ctx = st};
 }
 
@@ -631,10 +791,36 @@ static void on_evict(void *ctx, int page, const common_hash *hash, const common_
         st->stats.spill_drops++; /* the store counts it too; the page is recomputed later */
 }
 
-void worker_states_attach(worker_states *st, worker_pages *pages)
+/* Downloads the checkpoint in model slot `state_slot` and queues it as the
+ * checkpoint at block hash. */
+static shoal_err put_checkpoint(worker_states *st, int state_slot, const common_hash *hash)
+{
+    shoal_diag d = {{0}};
+    if (worker_model_slot_read(st->m, state_slot, st->ckpt_buf, &d) != SHOAL_OK) {
+        LOG_ERROR("state store: downloading a state checkpoint failed: %s", d.msg);
+        return SHOAL_ERR_DEVICE;
+    }
+    return store_state_put_checkpoint_async(st->store, hash, st->ckpt_buf, st->state_bytes);
+}
+
+static void on_checkpoint_evict(void *ctx, const common_hash *hash, int state_slot)
+{
+    worker_states *st = ctx;
+    shoal_err err = put_checkpoint(st, state_slot, hash);
+    if (err == SHOAL_OK)
+        st->stats.spilled_checkpoints++;
+    else if (err == SHOAL_ERR_LIMIT)
+        st->stats.checkpoint_drops++;
+}
+
+void worker_states_attach(worker_states *st, worker_pages *pages, worker_checkpoints *ckpts)
 {
     st->evict_pages = pages;
     worker_pages_on_evict(pages, on_evict, st);
+    if (st->state_bytes && ckpts) {
+        st->ckpts = ckpts;
+        worker_checkpoints_on_evict(ckpts, on_checkpoint_evict, st);
+    }
 }
 
 /* ---- write at shutdown ---- */
@@ -673,6 +859,44 @@ static int left_ms(uint64_t deadline_ns)
         return -1;
     uint64_t now = common_mono_ns();
     return now >= deadline_ns ? 0 : (int)((deadline_ns - now) / 1000000);
+}
+
+typedef struct write_ckpt {
+    worker_states *st;
+    uint64_t deadline;
+    shoal_err err;
+    int done;
+} write_ckpt;
+
+static void write_one_checkpoint(void *ctx, const common_hash *hash, int state_slot)
+{
+    write_ckpt *w = ctx;
+    while (w->err == SHOAL_OK) {
+        shoal_err err = put_checkpoint(w->st, state_slot, hash);
+        if (err == SHOAL_OK) {
+            w->done++;
+            return;
+        }
+        int ms = left_ms(w->deadline);
+        if (err != SHOAL_ERR_LIMIT || ms == 0) {
+            w->err = err == SHOAL_ERR_LIMIT ? SHOAL_ERR_TIMEOUT : err;
+            return;
+        }
+        /* no room for its parts yet: at shutdown we wait for the disk */
+        store_state_flush(w->st->store, ms < 0 || ms > 1000 ? 1000 : ms);
+    }
+}
+
+/* The turns' checkpoints the store lacks, after their pages. */
+static shoal_err write_checkpoints(worker_states *st, uint64_t deadline)
+{
+    write_ckpt w = {.st = st, .deadline = deadline};
+    int n = worker_checkpoints_each_unstored(st->ckpts, write_one_checkpoint, &w);
+    if (n > 0)
+        LOG_INFO("state store: %d of %d state checkpoints (%.1f MiB each) queued", w.done, n,
+                 (double)st->state_bytes / 1048576.0);
+    st->stats.written_checkpoints += (uint64_t)w.done;
+    return w.err;
 }
 
 shoal_err worker_states_write_all(worker_states *st, worker_pages *pages, int timeout_ms,
@@ -736,6 +960,10 @@ shoal_err worker_states_write_all(worker_states *st, worker_pages *pages, int ti
     st->stats.written_pages += (uint64_t)done;
     if (written)
         *written = done;
+    if (err == SHOAL_OK && st->ckpts && (err = write_checkpoints(st, deadline)) != SHOAL_OK &&
+        err != SHOAL_ERR_TIMEOUT)
+        return shoal_diag_set(diag, err, "state store: writing state checkpoints failed: %s",
+                              shoal_strerror(err));
     if (err != SHOAL_ERR_TIMEOUT) {
         int ms = left_ms(deadline);
         err = ms == 0 ? SHOAL_ERR_TIMEOUT : store_state_flush(st->store, ms);

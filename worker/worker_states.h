@@ -22,8 +22,18 @@
  *            store is flushed, so conversations survive a restart of the
  *            whole cluster.
  *
+ * Hybrid models (worker_checkpoints.h): a turn's state checkpoint goes to
+ * the store when it leaves the table (for room, or with its block's page)
+ * and at the shutdown write, as records of its own kind (store_record.h).
+ * Their restore is all or nothing: the blocks up to the last one whose
+ * checkpoint is stored, each from this worker's cache or the store, and
+ * that checkpoint, all read before the stream goes on (the state at a
+ * block's end is the whole history run through every layer: there is no
+ * head to compute meanwhile); when any of it is missing or refused, the
+ * stream computes those blocks instead.
+ *
  * The store is opened in the worker process (never across a fork), for the
- * model's fingerprint and KV page layout. */
+ * model's fingerprint, KV page layout and state slot bytes. */
 #ifndef SHOAL_WORKER_STATES_H
 #define SHOAL_WORKER_STATES_H
 
@@ -60,6 +70,11 @@ typedef struct worker_states_stats {
     uint64_t written_pages;  /* queued by worker_states_write_all */
     uint64_t refused;        /* records refused on restore (checksum, fingerprint,
                                 layout; logged once by the store) */
+    /* hybrids */
+    uint64_t restored_checkpoints; /* state checkpoints restored into a stream's slot */
+    uint64_t spilled_checkpoints;  /* queued as they left the table */
+    uint64_t checkpoint_drops;     /* refused by a queue without room for their parts */
+    uint64_t written_checkpoints;  /* queued by worker_states_write_all */
 } worker_states_stats;
 
 /* Opens the store in o->dir for model m (its fingerprint, KV layout,
@@ -77,12 +92,14 @@ void worker_states_close(worker_states *st);
 /* The engine's restore source. */
 worker_async_source worker_states_restore_source(worker_states *st);
 
-/* Registers the spill hook on the engine's pool (worker_pages_on_evict). */
-void worker_states_attach(worker_states *st, worker_pages *pages);
+/* Registers the spill hooks on the engine's pool (worker_pages_on_evict)
+ * and, for hybrids, its checkpoint table (NULL: none). */
+void worker_states_attach(worker_states *st, worker_pages *pages, worker_checkpoints *ckpts);
 
 /* Queues every published page of `pages` that the store lacks, oldest use
- * first and at most spill_bytes of them (the newest), waiting for room in
- * the queue, then waits until the store wrote them, within timeout_ms in
+ * first and at most spill_bytes of them (the newest), then the kept state
+ * checkpoints it lacks, waiting for room in the queue, then waits until
+ * the store wrote them, within timeout_ms in
  * all (< 0: no limit). Logs progress every two seconds. *written (may be
  * NULL) gets how many pages were queued. SHOAL_ERR_TIMEOUT when time ran
  * out (what was queued is still written by close). Engine thread, with no
