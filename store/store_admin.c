@@ -62,6 +62,27 @@ static void split_key(const uint8_t *key, common_hash *fp, common_hash *hash)
     memcpy(hash->bytes, key + COMMON_HASH_BYTES, COMMON_HASH_BYTES);
 }
 
+/* Whether block key (its entry b) is part 0 of a state checkpoint by the
+ * index: a state part (0 tokens) whose parent is no state part (a KV page,
+ * or not stored). The rule store_admin_chain's comment states. */
+static int is_first_part(MDB_txn *txn, const store_index *ix, const uint8_t *key,
+                         const store_block *b, bool *first)
+{
+    *first = false;
+    if (b->tokens != 0)
+        return 0;
+    uint8_t pk[STORE_KEY_BYTES];
+    memcpy(pk, key, COMMON_HASH_BYTES);
+    memcpy(pk + COMMON_HASH_BYTES, b->parent.bytes, COMMON_HASH_BYTES);
+    store_block p;
+    int rc = store_index_block(txn, ix, pk, &p);
+    if (rc == MDB_NOTFOUND || (rc == 0 && p.tokens > 0)) {
+        *first = true;
+        return 0;
+    }
+    return rc;
+}
+
 /* ---- stats ---- */
 
 static int count_reader_line(const char *msg, void *ctx)
@@ -74,6 +95,35 @@ static int count_reader_line(const char *msg, void *ctx)
     if (isdigit((unsigned char)*p))
         (*n)++;
     return 0;
+}
+
+/* KV pages, state parts and checkpoints of the `blocks` database. */
+static int count_kinds(MDB_txn *txn, const store_index *ix, store_admin_stats *out)
+{
+    MDB_cursor *c;
+    int rc = store_guard_cursor_open(txn, ix->blocks, &c);
+    if (rc != 0)
+        return rc;
+    MDB_val k, v;
+    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        store_block b;
+        bool first;
+        if (k.mv_size != STORE_KEY_BYTES || !store_block_decode(&v, &b))
+            continue; /* verify reports it */
+        if (b.tokens > 0) {
+            out->kv_pages++;
+            out->kv_page_bytes += b.bytes;
+            continue;
+        }
+        out->state_parts++;
+        out->state_part_bytes += b.bytes;
+        if ((rc = is_first_part(txn, ix, k.mv_data, &b, &first)) != 0)
+            break;
+        out->checkpoints += first;
+    }
+    store_guard_cursor_close(c);
+    return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
 shoal_err store_admin_stats_get(store_admin *a, store_admin_stats *out, shoal_diag *diag)
@@ -96,6 +146,8 @@ shoal_err store_admin_stats_get(store_admin *a, store_admin_stats *out, shoal_di
         out->records = st.ms_entries;
         out->page_bytes = st.ms_psize;
     }
+    if (rc == 0)
+        rc = count_kinds(txn, ix_of(a), out);
     /* LMDB's free list is database 0: each value lists page numbers,
      * the first word being their count. */
     if (rc == 0) {
@@ -168,9 +220,18 @@ static int walk_chain(MDB_txn *txn, const store_index *ix, const uint8_t *key, s
             return rc;
         if (i == 0)
             c->used_ms = b.used_ms;
-        c->blocks++;
         c->bytes += b.bytes;
-        c->tokens += (uint64_t)b.tokens;
+        if (b.tokens > 0) {
+            c->blocks++;
+            c->tokens += (uint64_t)b.tokens;
+        } else {
+            bool first;
+            if ((rc = is_first_part(txn, ix, cur, &b, &first)) != 0)
+                return rc;
+            c->state_parts++;
+            c->state_part_bytes += b.bytes;
+            c->checkpoints += first;
+        }
         memcpy(c->root.bytes, cur + COMMON_HASH_BYTES, COMMON_HASH_BYTES);
         memcpy(cur + COMMON_HASH_BYTES, b.parent.bytes, COMMON_HASH_BYTES);
     }
@@ -198,7 +259,7 @@ shoal_err store_admin_chains(store_admin *a, bool (*fn)(void *ctx, const store_a
                 store_admin_chain c;
                 if ((rc = walk_chain(txn, ix_of(a), (const uint8_t *)k.mv_data + 8, &c)) != 0)
                     break;
-                if (c.blocks > 0 && !fn(ctx, &c))
+                if (c.blocks + c.state_parts > 0 && !fn(ctx, &c))
                     break;
             }
             r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
@@ -330,9 +391,12 @@ shoal_err store_admin_show(store_admin *a, const common_hash *fingerprint, const
         out.children = (int)kids;
         MDB_val k = {STORE_KEY_BYTES, (void *)key}, v;
         store_record_info info;
+        out.kind = b.tokens == 0 ? STORE_RECORD_STATE_PART : STORE_RECORD_PAGE;
         if (mdb_get(txn, ix_of(a)->records, &k, &v) == 0 &&
             store_record_check(key, v.mv_data, v.mv_size, NULL, false, &info, NULL) == SHOAL_OK) {
             out.header_ok = true;
+            out.kind = info.kind;
+            out.part = info.part;
             out.layout = info.layout;
         }
         if (!fn(ctx, &out))
@@ -350,10 +414,13 @@ shoal_err store_admin_show(store_admin *a, const common_hash *fingerprint, const
 
 /* ---- verify ---- */
 
-/* Calls each(ctx, key, value) for every record, in read transactions of
- * about VERIFY_CHUNK_BYTES each, resuming after the last key seen. */
+/* Calls each(ctx, txn, key, value) for every record, in read transactions
+ * of about VERIFY_CHUNK_BYTES each, resuming after the last key seen; txn
+ * is the snapshot the record was read in. An LMDB error from each (never
+ * MDB_NOTFOUND) ends the scan with it. */
 static shoal_err scan_records(store_admin *a,
-                              void (*each)(void *ctx, const MDB_val *k, const MDB_val *v),
+                              int (*each)(void *ctx, MDB_txn *txn, const MDB_val *k,
+                                          const MDB_val *v),
                               void *ctx, shoal_diag *diag)
 {
     uint8_t last[KEY_BYTES_MAX];
@@ -382,7 +449,8 @@ static shoal_err scan_records(store_admin *a,
             }
             uint64_t chunk = 0;
             while (rc == 0) {
-                each(ctx, &k, &v);
+                if ((rc = each(ctx, txn, &k, &v)) != 0)
+                    break;
                 last_bytes = k.mv_size <= KEY_BYTES_MAX ? k.mv_size : KEY_BYTES_MAX;
                 memcpy(last, k.mv_data, last_bytes);
                 chunk += v.mv_size;
@@ -406,6 +474,7 @@ typedef struct fp_layout {
 } fp_layout;
 
 typedef struct verify_ctx {
+    const store_index *ix;
     void (*fn)(void *ctx, const store_admin_problem *p);
     void *fn_ctx;
     store_admin_verify_result *res;
@@ -451,7 +520,99 @@ static void report(verify_ctx *c, bool record, const uint8_t *key, const char *f
     c->fn(c->fn_ctx, &p);
 }
 
-static void check_record(void *ctx, const MDB_val *k, const MDB_val *v)
+/* Every record of one model must share one layout: false (reported) when
+ * info's differs from the first one seen of its fingerprint. */
+static bool check_layout(verify_ctx *c, const uint8_t *key, const store_record_info *info)
+{
+    for (int i = 0; i < c->n_layouts; i++) {
+        const store_page_layout *l = &c->layouts[i].layout;
+        if (!common_hash_equal(&c->layouts[i].fingerprint, &info->fingerprint))
+            continue;
+        if (store_page_layout_equal(l, &info->layout))
+            return true;
+        report(c, true, key,
+               "page layout %d x %d x %d x %d %s differs from its model's other "
+               "records (%d x %d x %d x %d %s)",
+               info->layout.page_tokens, info->layout.layers, info->layout.kv_heads,
+               info->layout.head_dim, shoal_dtype_name(info->layout.dtype), l->page_tokens,
+               l->layers, l->kv_heads, l->head_dim, shoal_dtype_name(l->dtype));
+        return false;
+    }
+    if (c->n_layouts == c->cap_layouts) {
+        int grown = c->cap_layouts ? 2 * c->cap_layouts : 8;
+        fp_layout *p = realloc(c->layouts, (size_t)grown * sizeof *p);
+        if (!p) {
+            c->nomem = true;
+            return true;
+        }
+        c->layouts = p;
+        c->cap_layouts = grown;
+    }
+    c->layouts[c->n_layouts].fingerprint = info->fingerprint;
+    c->layouts[c->n_layouts].layout = info->layout;
+    c->n_layouts++;
+    return true;
+}
+
+/* A state part against its place in the index, in the snapshot txn it was
+ * read in: the index's parents of key lead through `above` state parts to
+ * the block B the checkpoint follows (a KV page, or not stored); the part
+ * must say it is part `above`, be keyed store_record_part_hash(B, above),
+ * and name the index's parent as its own (what store_state_read_part
+ * expects of it). The walk stops one part past what the header says, so
+ * a checkpoint of n parts costs about n^2 / 2 lookups of the index (n is
+ * at most SHOAL_STORE_QUEUE_SLOTS_MAX), little beside their checksums.
+ * *ok false when it reported the part; a record missing from the index is
+ * left to check_index. */
+static int check_place(verify_ctx *c, MDB_txn *txn, const uint8_t *key,
+                       const store_record_info *info, bool *ok)
+{
+    *ok = true;
+    store_block b;
+    int rc = store_index_block(txn, c->ix, key, &b);
+    if (rc != 0)
+        return rc == MDB_NOTFOUND ? 0 : rc;
+    uint8_t cur[STORE_KEY_BYTES];
+    memcpy(cur, key, COMMON_HASH_BYTES);
+    memcpy(cur + COMMON_HASH_BYTES, b.parent.bytes, COMMON_HASH_BYTES);
+    uint32_t above = 0;
+    while (above <= info->part.index && above < SHOAL_STORE_CHAIN_BLOCKS_MAX) {
+        store_block p;
+        rc = store_index_block(txn, c->ix, cur, &p);
+        if (rc == MDB_NOTFOUND || (rc == 0 && p.tokens > 0))
+            break;
+        if (rc != 0)
+            return rc;
+        above++;
+        memcpy(cur + COMMON_HASH_BYTES, p.parent.bytes, COMMON_HASH_BYTES);
+    }
+    const uint32_t index = info->part.index, parts = info->part.parts;
+    common_hash block, want;
+    memcpy(block.bytes, cur + COMMON_HASH_BYTES, COMMON_HASH_BYTES);
+    store_record_part_hash(&block, index, &want);
+    *ok = false;
+    if (above < index) {
+        report(c, true, key, "header says state part %u of %u; its place in the index is part %u",
+               index, parts, above);
+    } else if (above > index) {
+        report(c, true, key,
+               "header says state part %u of %u; its place in the index is past part %u", index,
+               parts, index);
+    } else if (memcmp(want.bytes, key + COMMON_HASH_BYTES, COMMON_HASH_BYTES) != 0) {
+        char bh[2 * COMMON_HASH_BYTES + 1];
+        common_hash_hex(&block, bh);
+        report(c, true, key, "state part %u of %u not keyed as part %u of block %.16s, its block",
+               index, parts, index, bh);
+    } else if (!common_hash_equal(&info->parent, &b.parent)) {
+        report(c, true, key, "state part %u of %u names another parent than its index entry", index,
+               parts);
+    } else {
+        *ok = true;
+    }
+    return 0;
+}
+
+static int check_record(void *ctx, MDB_txn *txn, const MDB_val *k, const MDB_val *v)
 {
     verify_ctx *c = ctx;
     c->res->records++;
@@ -459,43 +620,26 @@ static void check_record(void *ctx, const MDB_val *k, const MDB_val *v)
     if (k->mv_size != STORE_KEY_BYTES) {
         report(c, false, NULL, "a record with a key of %zu bytes (not fingerprint + hash)",
                k->mv_size);
-        return;
+        return 0;
     }
     store_record_info info;
     shoal_diag why;
     if (store_record_check(k->mv_data, v->mv_data, v->mv_size, NULL, true, &info, &why) !=
         SHOAL_OK) {
         report(c, true, k->mv_data, "%s", why.msg);
-        return;
+        return 0;
     }
-    /* every record of one model must share one layout */
-    for (int i = 0; i < c->n_layouts; i++) {
-        if (common_hash_equal(&c->layouts[i].fingerprint, &info.fingerprint)) {
-            if (!store_page_layout_equal(&c->layouts[i].layout, &info.layout))
-                report(c, true, k->mv_data,
-                       "page layout %d x %d x %d x %d %s differs from its model's other "
-                       "records (%d x %d x %d x %d %s)",
-                       info.layout.page_tokens, info.layout.layers, info.layout.kv_heads,
-                       info.layout.head_dim, shoal_dtype_name(info.layout.dtype),
-                       c->layouts[i].layout.page_tokens, c->layouts[i].layout.layers,
-                       c->layouts[i].layout.kv_heads, c->layouts[i].layout.head_dim,
-                       shoal_dtype_name(c->layouts[i].layout.dtype));
-            return;
-        }
-    }
-    if (c->n_layouts == c->cap_layouts) {
-        int grown = c->cap_layouts ? 2 * c->cap_layouts : 8;
-        fp_layout *p = realloc(c->layouts, (size_t)grown * sizeof *p);
-        if (!p) {
-            c->nomem = true;
-            return;
-        }
-        c->layouts = p;
-        c->cap_layouts = grown;
-    }
-    c->layouts[c->n_layouts].fingerprint = info.fingerprint;
-    c->layouts[c->n_layouts].layout = info.layout;
-    c->n_layouts++;
+    if (!check_layout(c, k->mv_data, &info))
+        return 0;
+    bool ok = true;
+    int rc = 0;
+    if (info.kind == STORE_RECORD_STATE_PART)
+        rc = check_place(c, txn, k->mv_data, &info, &ok);
+    if (ok && info.kind == STORE_RECORD_STATE_PART)
+        c->res->state_parts++;
+    else if (ok)
+        c->res->kv_pages++;
+    return rc;
 }
 
 /* One `blocks` entry: its record, its end entry when it has no children,
@@ -685,7 +829,7 @@ static shoal_err verify_run(store_admin *a, verify_ctx *c, shoal_diag *diag)
 shoal_err store_admin_verify(store_admin *a, void (*fn)(void *ctx, const store_admin_problem *p),
                              void *ctx, store_admin_verify_result *res, shoal_diag *diag)
 {
-    verify_ctx c = {.fn = fn, .fn_ctx = ctx, .res = res};
+    verify_ctx c = {.ix = ix_of(a), .fn = fn, .fn_ctx = ctx, .res = res};
     shoal_err err = verify_run(a, &c, diag);
     free(c.layouts);
     return err;
@@ -755,7 +899,7 @@ shoal_err store_admin_remove_corrupt(store_admin *a, uint64_t *removed, shoal_di
 {
     *removed = 0;
     store_admin_verify_result res;
-    verify_ctx c = {.res = &res, .cap_bad = 64};
+    verify_ctx c = {.ix = ix_of(a), .res = &res, .cap_bad = 64};
     c.bad = malloc(c.cap_bad * STORE_KEY_BYTES);
     if (!c.bad)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "out of memory");

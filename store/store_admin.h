@@ -28,6 +28,11 @@ typedef struct store_admin_stats {
     uint32_t format;
     uint64_t records;
     uint64_t bytes; /* record bytes */
+    /* records and bytes by kind, as the index knows them (a state part has
+     * 0 tokens); checkpoints counted as store_admin_chain counts them */
+    uint64_t kv_pages, kv_page_bytes;
+    uint64_t state_parts, state_part_bytes;
+    uint64_t checkpoints;
     uint64_t chains;
     /* lifetime totals of every process that wrote the store */
     uint64_t writes, duplicates, evictions, removed, drops, hits, misses, refused, map_full,
@@ -40,17 +45,30 @@ typedef struct store_admin_stats {
     int readers; /* read transactions running now, in every process */
 } store_admin_stats;
 
+/* One read transaction for the totals and the index; the kinds come from
+ * a pass over the index (not the records), so stats stays quick. */
 shoal_err store_admin_stats_get(store_admin *a, store_admin_stats *out, shoal_diag *diag);
 
 /* A chain: the blocks from a root (a block whose parent is not stored) to
- * an end (a block nothing stored extends). */
+ * an end (a block nothing stored extends). A state checkpoint hangs off
+ * its block as a chain of parts (store_record.h), so a chain that ends in
+ * one ends at its last part; when the conversation went on past that
+ * block, its blocks up to it are also in the chain of the later end.
+ *
+ * checkpoints counts the chain's parts whose parent is no state part (a
+ * KV page, or not stored): part 0 of each checkpoint. That is exact for
+ * complete checkpoints; one that lost its last parts (eviction takes them
+ * last first) counts as well, with the parts it kept (show names them). */
 typedef struct store_admin_chain {
     common_hash fingerprint;
     common_hash end;
     common_hash root;
-    int blocks;
-    uint64_t tokens;
-    uint64_t bytes;
+    int blocks;      /* KV page blocks (state parts not included) */
+    uint64_t tokens; /* in those blocks */
+    uint64_t bytes;  /* record bytes of the chain: pages and state parts */
+    int state_parts;
+    uint64_t state_part_bytes; /* their record bytes (headers included) */
+    int checkpoints;
     uint64_t used_ms; /* the end's last use, unix ms */
 } store_admin_chain;
 
@@ -68,11 +86,13 @@ shoal_err store_admin_find(store_admin *a, const char *hex, common_hash *fingerp
 typedef struct store_admin_block {
     common_hash hash;
     common_hash parent;
-    int tokens;
+    int tokens; /* 0: a state part */
     uint64_t bytes;
     uint64_t used_ms;
     int children;             /* stored blocks extending it */
     bool header_ok;           /* the record's header decodes and matches its key */
+    store_record_kind kind;   /* the header's; without header_ok, the index's (tokens 0: part) */
+    store_record_part part;   /* a state part's index, parts and state bytes, when header_ok */
     store_page_layout layout; /* when header_ok */
 } store_admin_block;
 
@@ -93,16 +113,21 @@ typedef struct store_admin_problem {
 typedef struct store_admin_verify_result {
     uint64_t records; /* records checked */
     uint64_t bytes;
+    uint64_t kv_pages; /* records that pass every record check, by kind */
+    uint64_t state_parts;
     uint64_t corrupt; /* records that fail a check: a get refuses them */
     uint64_t index_problems;
 } store_admin_verify_result;
 
 /* Checks every record (header, key, layout against its fingerprint's
- * other records, SHA-256 checksum), in read transactions of a bounded size
- * so a long check does not pin old pages, then the index in one snapshot
- * (totals, blocks, chain ends, children against the records). fn (may be
- * NULL) gets each problem. SHOAL_OK when the check ran, whatever it found:
- * look at *res. */
+ * other records, SHA-256 checksum; a state part also against its place:
+ * part i of the checkpoint at block B is keyed store_record_part_hash(B, i)
+ * and names the index's parent as its own, which is B for part 0 and
+ * otherwise part i - 1, as a reader expects), in read transactions of a
+ * bounded size so a long check does not pin old pages, then the index in
+ * one snapshot (totals, blocks, chain ends, children against the records).
+ * fn (may be NULL) gets each problem. SHOAL_OK when the check ran,
+ * whatever it found: look at *res. */
 shoal_err store_admin_verify(store_admin *a, void (*fn)(void *ctx, const store_admin_problem *p),
                              void *ctx, store_admin_verify_result *res, shoal_diag *diag);
 
@@ -111,8 +136,9 @@ shoal_err store_admin_verify(store_admin *a, void (*fn)(void *ctx, const store_a
 shoal_err store_admin_remove(store_admin *a, const common_hash *fingerprint,
                              const common_hash *hash, uint64_t *removed, shoal_diag *diag);
 
-/* Removes every record that fails verify's record checks, and the blocks
- * stored after each (they cannot be restored without it). */
+/* Removes every record that fails verify's record checks (a misplaced
+ * state part included), and the blocks stored after each (they cannot be
+ * restored without it). */
 shoal_err store_admin_remove_corrupt(store_admin *a, uint64_t *removed, shoal_diag *diag);
 
 /* Removes every record. */

@@ -19,14 +19,16 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: shoalctl states VERB --state-dir DIR [ARGS]\n"
                "\n"
-               "  list                 chains (conversations), least recently used first\n"
+               "  list                 chains (conversations), least recently used first, with\n"
+               "                       their KV page blocks and state checkpoints\n"
                "  show HASH            the blocks of the chain ending at HASH (8+ hex digits)\n"
                "  rm HASH...           remove chains (their blocks that no other chain uses)\n"
                "  rm --corrupt         remove every record that fails verify\n"
                "  rm --all             remove every record\n"
                "  verify               check every record's checksum and the index;\n"
                "                       exit status 1 when anything is wrong\n"
-               "  stats                records, bytes, lifetime counters, file and map sizes\n"
+               "  stats                records (KV pages, state parts), bytes, lifetime\n"
+               "                       counters, file and map sizes\n"
                "  compact [--to NEW]   rewrite the file without free pages; in place only\n"
                "                       while no process has the store open, or into a new\n"
                "                       directory NEW at any time\n"
@@ -73,23 +75,34 @@ static void hex16(char *buf, const common_hash *h)
 /* ---- list ---- */
 
 typedef struct list_ctx {
-    uint64_t chains, blocks, bytes;
+    uint64_t chains, blocks, bytes, checkpoints, state_parts, state_part_bytes;
 } list_ctx;
+
+/* BYTES is every record of the chain; STATE BYTES the checkpoints' part. */
+#define LIST_ROW "%-16s  %-8s  %6s  %8s  %10s  %11s  %5s  %11s  %s\n"
 
 static bool print_chain(void *ctx, const store_admin_chain *c)
 {
     list_ctx *l = ctx;
-    char end[17], model[17], size[32], when[32];
+    char end[17], model[17], size[32], state[32], when[32];
+    char blocks[16], tokens[24], checkpoints[16], parts[16];
     hex16(end, &c->end);
     hex16(model, &c->fingerprint);
     model[8] = '\0';
     format_bytes(size, sizeof size, c->bytes);
+    format_bytes(state, sizeof state, c->state_part_bytes);
     format_time(when, sizeof when, c->used_ms);
-    printf("%-16s  %-8s  %6d  %8llu  %10s  %s\n", end, model, c->blocks,
-           (unsigned long long)c->tokens, size, when);
+    snprintf(blocks, sizeof blocks, "%d", c->blocks);
+    snprintf(tokens, sizeof tokens, "%llu", (unsigned long long)c->tokens);
+    snprintf(checkpoints, sizeof checkpoints, "%d", c->checkpoints);
+    snprintf(parts, sizeof parts, "%d", c->state_parts);
+    printf(LIST_ROW, end, model, blocks, tokens, size, checkpoints, parts, state, when);
     l->chains++;
     l->blocks += (uint64_t)c->blocks;
     l->bytes += c->bytes;
+    l->checkpoints += (uint64_t)c->checkpoints;
+    l->state_parts += (uint64_t)c->state_parts;
+    l->state_part_bytes += c->state_part_bytes;
     return true;
 }
 
@@ -97,15 +110,17 @@ static int cmd_list(store_admin *a)
 {
     shoal_diag d;
     list_ctx l = {0};
-    printf("%-16s  %-8s  %6s  %8s  %10s  %s\n", "END", "MODEL", "BLOCKS", "TOKENS", "BYTES",
-           "LAST USE (oldest first: evicted first)");
+    printf(LIST_ROW, "END", "MODEL", "BLOCKS", "TOKENS", "BYTES", "CHECKPOINTS", "PARTS",
+           "STATE BYTES", "LAST USE (oldest first: evicted first)");
     if (store_admin_chains(a, print_chain, &l, &d) != SHOAL_OK)
         return fail(&d);
-    char size[32];
+    char size[32], state[32];
     format_bytes(size, sizeof size, l.bytes);
+    format_bytes(state, sizeof state, l.state_part_bytes);
     printf("%llu chain(s), %llu block(s) along them (a shared prefix counts once per chain), "
-           "%s\n",
-           (unsigned long long)l.chains, (unsigned long long)l.blocks, size);
+           "%s; %llu checkpoint(s) in %llu state part(s), %s\n",
+           (unsigned long long)l.chains, (unsigned long long)l.blocks, size,
+           (unsigned long long)l.checkpoints, (unsigned long long)l.state_parts, state);
     return SHOALCTL_OK;
 }
 
@@ -118,8 +133,14 @@ typedef struct show_ctx {
 static bool print_block(void *ctx, const store_admin_block *b)
 {
     show_ctx *s = ctx;
-    char full[2 * COMMON_HASH_BYTES + 1], size[32], when[32], layout[96];
+    char full[2 * COMMON_HASH_BYTES + 1], size[32], when[32], layout[96], kind[32];
     common_hash_hex(&b->hash, full);
+    if (b->kind == STORE_RECORD_PAGE)
+        snprintf(kind, sizeof kind, "KV page");
+    else if (b->header_ok)
+        snprintf(kind, sizeof kind, "state %u/%u", b->part.index, b->part.parts);
+    else
+        snprintf(kind, sizeof kind, "state ?");
     format_bytes(size, sizeof size, b->bytes);
     format_time(when, sizeof when, b->used_ms);
     if (b->header_ok)
@@ -128,8 +149,8 @@ static bool print_block(void *ctx, const store_admin_block *b)
                  shoal_dtype_name(b->layout.dtype));
     else
         snprintf(layout, sizeof layout, "BAD HEADER (run verify)");
-    printf("%5d  %s  %3d  %10s  %s  %d  %s\n", s->index++, full, b->tokens, size, when, b->children,
-           layout);
+    printf("%5d  %s  %3d  %10s  %-19s  %8d  %-11s  %s\n", s->index++, full, b->tokens, size, when,
+           b->children, kind, layout);
     return true;
 }
 
@@ -142,8 +163,8 @@ static int cmd_show(store_admin *a, const char *hex)
     char model[2 * COMMON_HASH_BYTES + 1];
     common_hash_hex(&fp, model);
     printf("model fingerprint %s\n", model);
-    printf("%5s  %-64s  %3s  %10s  %-19s  %s  %s\n", "#", "BLOCK HASH", "TOK", "BYTES", "LAST USE",
-           "CHILDREN", "LAYOUT");
+    printf("%5s  %-64s  %3s  %10s  %-19s  %8s  %-11s  %s\n", "#", "BLOCK HASH", "TOK", "BYTES",
+           "LAST USE", "CHILDREN", "KIND", "LAYOUT");
     show_ctx s = {0};
     if (store_admin_show(a, &fp, &hash, print_block, &s, &d) != SHOAL_OK)
         return fail(&d);
@@ -226,8 +247,10 @@ static int cmd_verify(store_admin *a, const char *dir)
         printf("... and %llu more\n", (unsigned long long)v.hidden);
     char size[32];
     format_bytes(size, sizeof size, r.bytes);
-    printf("checked %llu record(s), %s: %llu corrupt, %llu index problem(s)\n",
-           (unsigned long long)r.records, size, (unsigned long long)r.corrupt,
+    printf("checked %llu record(s), %s: %llu KV page(s) and %llu state part(s) sound, "
+           "%llu corrupt, %llu index problem(s)\n",
+           (unsigned long long)r.records, size, (unsigned long long)r.kv_pages,
+           (unsigned long long)r.state_parts, (unsigned long long)r.corrupt,
            (unsigned long long)r.index_problems);
     if (r.corrupt || r.index_problems) {
         /* the fix, named: workers never use a corrupt record, but it takes room */
@@ -254,13 +277,18 @@ static int cmd_stats(store_admin *a, const char *dir)
     store_admin_stats s;
     if (store_admin_stats_get(a, &s, &d) != SHOAL_OK)
         return fail(&d);
-    char b1[32], b2[32], b3[32], b4[32];
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
     format_bytes(b1, sizeof b1, s.bytes);
+    format_bytes(b5, sizeof b5, s.kv_page_bytes);
+    format_bytes(b6, sizeof b6, s.state_part_bytes);
     format_bytes(b2, sizeof b2, s.file_bytes);
     format_bytes(b3, sizeof b3, s.map_bytes);
     format_bytes(b4, sizeof b4, s.free_pages * s.page_bytes);
     printf("state store  %s (format %u)\n", dir, s.format);
     printf("records      %llu (%s)\n", (unsigned long long)s.records, b1);
+    printf("KV pages     %llu (%s)\n", (unsigned long long)s.kv_pages, b5);
+    printf("state parts  %llu (%s) of %llu checkpoint(s)\n", (unsigned long long)s.state_parts, b6,
+           (unsigned long long)s.checkpoints);
     printf("chains       %llu\n", (unsigned long long)s.chains);
     printf("file         %s on disk, %s free for reuse (compact returns it), map %s\n", b2, b4, b3);
     printf("readers      %d read transaction(s) running\n", s.readers);
