@@ -23,6 +23,7 @@
 #include "common/common_hash.h"
 #include "coordinator/coordinator_cluster.h"
 #include "store/store_state.h"
+#include "tests/states/conv_test_util.h"
 #include "tests/store/store_test_util.h"
 #include "tests/stream_test_util.h"
 #include "tests/test.h"
@@ -42,112 +43,9 @@
 #include <unistd.h>
 
 #define MODEL test_model_dir("llama3-scaled-bf16")
-#define VOCAB test_model_vocab("llama3-scaled-bf16")
-enum { PT = 16, KV_PAGES = 24, GEN = 20, LEN_MAX = 400 };
+enum { PT = CU_PT, KV_PAGES = CU_KV_PAGES, GEN = CU_GEN, LEN_MAX = CU_LEN_MAX };
 
 extern char **environ;
-
-/* ---- the reference: each prompt alone in a fresh in-process engine ---- */
-
-static worker_model *ref_model;
-static common_hash fingerprint;
-static store_page_layout layout;
-
-static void reference(const int32_t *prompt, int len, int32_t *out)
-{
-    worker_engine_options eo = {
-        .max_batch_tokens = 256, .parallel = 1, .max_queued = 4, .max_model_len = 1024};
-    worker_engine *e = NULL;
-    shoal_diag diag = {{0}};
-    CHECK_MSG(worker_engine_open(ref_model, &eo, &e, &diag) == SHOAL_OK, "%s", diag.msg);
-    if (!e)
-        return;
-    worker_request r = {
-        .id = 1, .prompt = prompt, .prompt_len = len, .max_tokens = GEN, .ignore_eos = true};
-    r.sampling.top_p = 1.0f;
-    r.sampling.repetition_penalty = 1.0f;
-    CHECK(worker_engine_submit(e, &r, &diag) == SHOAL_OK);
-    worker_event ev[8];
-    int n = 0;
-    while (worker_engine_busy(e)) {
-        int k;
-        CHECK(worker_engine_step(e, ev, &k, &diag) == SHOAL_OK);
-        for (int i = 0; i < k; i++)
-            if (ev[i].token >= 0 && n < GEN)
-                out[n++] = ev[i].token;
-    }
-    CHECK_EQ_INT(n, GEN);
-    worker_engine_close(e);
-}
-
-static void open_reference_model(void)
-{
-    worker_engine_options eo = {
-        .max_batch_tokens = 256, .parallel = 1, .max_queued = 4, .max_model_len = 1024};
-    worker_model_options mo;
-    worker_model_options_default(&mo);
-    mo.model_dir = MODEL;
-    mo.kv_pages = 64;
-    mo.threads = 1;
-    worker_engine_size_model(&eo, &mo);
-    shoal_diag diag = {{0}};
-    CHECK_MSG(worker_model_open(&mo, &ref_model, &diag) == SHOAL_OK, "%s", diag.msg);
-    if (!ref_model)
-        exit(1);
-    fingerprint = *worker_model_fingerprint(ref_model);
-    const kernels_kv_layout *kv = worker_model_kv_layout(ref_model);
-    layout = (store_page_layout){.page_tokens = kv->page_tokens,
-                                 .layers = kv->layers,
-                                 .kv_heads = kv->kv_heads,
-                                 .head_dim = kv->head_dim,
-                                 .dtype = kv->dtype,
-                                 .page_bytes = kv->page_bytes};
-}
-
-/* ---- the conversation ---- */
-
-static uint64_t rng = 99;
-
-static int32_t next_token(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (int32_t)((rng >> 33) % VOCAB);
-}
-
-/* conv[t] is turn t's prompt: the last prompt, its answer, a new message. */
-static int32_t conv[3][LEN_MAX];
-static int conv_len[3];
-static int32_t answer[3][GEN]; /* the reference's */
-static int32_t filler[4][KV_PAGES * PT];
-static const int user_len[3] = {100, 30, 25};
-
-static void make_conversation(void)
-{
-    int len = 0;
-    for (int t = 0; t < 3; t++) {
-        if (t > 0) {
-            memcpy(conv[t], conv[t - 1], (size_t)conv_len[t - 1] * 4);
-            memcpy(conv[t] + conv_len[t - 1], answer[t - 1], GEN * 4);
-            len = conv_len[t - 1] + GEN;
-        }
-        for (int k = 0; k < user_len[t]; k++)
-            conv[t][len++] = next_token();
-        conv_len[t] = len;
-        reference(conv[t], len, answer[t]);
-    }
-    for (int f = 0; f < 4; f++)
-        for (int k = 0; k < KV_PAGES * PT; k++)
-            filler[f][k] = next_token();
-}
-
-/* The chain hashes of the first n blocks of tokens, as the engine makes them. */
-static void chain(const int32_t *tokens, int n, common_hash *out)
-{
-    common_hash root;
-    common_block_root(&fingerprint, NULL, &root);
-    for (int b = 0; b < n; b++)
-        common_block_hash(b == 0 ? &root : &out[b - 1], tokens + b * PT, PT, &out[b]);
-}
 
 /* Blocks an engine computed (and published) for a prompt and GEN tokens:
  * the last token is sampled, never run through the model. */
@@ -167,21 +65,8 @@ static char runtime_dir[64];
 static coordinator_cluster *start_with(const char *state_dir, const char *restore_mode, int batch)
 {
     coordinator_cluster_options o;
-    coordinator_cluster_options_default(&o);
-    o.model_dir = MODEL;
-    o.workers = "cpu";
-    o.runtime_dir = runtime_dir;
-    o.worker_path = SHOAL_WORKER_BIN;
-    o.threads = 1;
-    o.parallel = 4;
-    o.kv_pages = KV_PAGES;
-    o.max_model_len = 1024;
+    cu_cluster_options(&o, MODEL, SHOAL_WORKER_BIN, runtime_dir, state_dir);
     o.max_batch_tokens = batch;
-    o.heartbeat_ms = 50;
-    o.dead_after_ms = 5000; /* generous: CI shares two cores */
-    o.start_timeout_ms = 60000;
-    o.state_dir = state_dir;
-    o.spill_gib = "0.25";
     o.restore_mode = restore_mode;
     coordinator_cluster *c = NULL;
     shoal_diag diag = {{0}};
@@ -194,56 +79,14 @@ static coordinator_cluster *start(const char *state_dir)
     return start_with(state_dir, "read", 256);
 }
 
-/* Runs one greedy stream to its end; false on a timeout or an error. */
-static bool run(coordinator_cluster *c, const int32_t *prompt, int len, int max_tokens, result *r)
-{
-    ts_stream_init(r);
-    coordinator_stream_request q;
-    memset(&q, 0, sizeof q);
-    q.prompt = prompt;
-    q.prompt_len = len;
-    q.max_tokens = max_tokens;
-    q.ignore_eos = true;
-    q.sampling.top_p = 1.0f;
-    q.sampling.repetition_penalty = 1.0f;
-    uint64_t id;
-    shoal_diag diag = {{0}};
-    if (coordinator_cluster_submit(c, &q, ts_stream_event, r, &id, &diag) != SHOAL_OK) {
-        fprintf(stderr, "  submit: %s\n", diag.msg);
-        return false;
-    }
-    for (int t = 0; t < 60000 && !atomic_load(&r->done); t += 5)
-        usleep(5000);
-    if (!atomic_load(&r->done) || r->finish == COORDINATOR_FINISH_ERROR) {
-        fprintf(stderr, "  stream: %s\n", atomic_load(&r->done) ? r->error : "timed out");
-        return false;
-    }
-    return true;
-}
-
-static shm_load load_of(coordinator_cluster *c)
-{
-    coordinator_cluster_stats st;
-    coordinator_cluster_stats_get(c, &st);
-    return st.worker[0].load;
-}
-
-/* Waits until the worker's load shows the last step (STEP and HEARTBEAT
- * carry it; the stream's last event may come before the next). */
-static shm_load settled_load(coordinator_cluster *c)
-{
-    usleep(200000);
-    return load_of(c);
-}
-
 /* Turn t through the cluster: the answer equals the reference; returns the
  * prompt tokens that came from the worker's caches. */
 static int turn(coordinator_cluster *c, int t)
 {
     result r;
-    CHECK(run(c, conv[t], conv_len[t], GEN, &r));
+    CHECK(cu_run(c, cu_conv[t], cu_conv_len[t], GEN, &r));
     CHECK_EQ_INT(r.n, GEN);
-    CHECK_MSG(memcmp(r.tokens, answer[t], sizeof answer[t]) == 0,
+    CHECK_MSG(memcmp(r.tokens, cu_answer[t], sizeof cu_answer[t]) == 0,
               "turn %d's answer differs from a full recomputation", t + 1);
     return r.cached;
 }
@@ -261,7 +104,7 @@ static void turn_expect(coordinator_cluster *c, int t, int cached)
 static void evict_all(coordinator_cluster *c, int f)
 {
     result r;
-    CHECK(run(c, filler[f], KV_PAGES * PT - 8, 1, &r));
+    CHECK(cu_run(c, cu_filler[f], KV_PAGES * PT - 8, 1, &r));
 }
 
 /* How many of hashes[0..n) lead and are stored for this model. */
@@ -269,8 +112,8 @@ static int stored(const char *dir, const common_hash *hashes, int n)
 {
     store_state_options o = {.dir = dir,
                              .spill_bytes = 1ull << 30,
-                             .fingerprint = fingerprint,
-                             .layout = layout,
+                             .fingerprint = cu_fingerprint,
+                             .layout = cu_layout,
                              .queue_slots = 1};
     store_state *s = NULL;
     shoal_diag diag = {{0}};
@@ -289,7 +132,7 @@ static int stored(const char *dir, const common_hash *hashes, int n)
 static bool wait_stored(const char *dir, const int32_t *tokens, int n)
 {
     common_hash h[LEN_MAX / PT];
-    chain(tokens, n, h);
+    cu_chain(tokens, n, h);
     for (int t = 0; t < 20000; t += 20) {
         if (stored(dir, h, n) == n)
             return true;
@@ -310,19 +153,19 @@ static void three_turns_restore_from_lmdb_and_after_a_restart(void)
         return;
     turn_expect(c, 0, 0);
     evict_all(c, 0);
-    int b1 = blocks_after(conv_len[0]); /* turn 1's blocks, answer included */
-    CHECK(wait_stored(dir, conv[1], b1));
-    uint64_t before = load_of(c).restore_tokens;
+    int b1 = blocks_after(cu_conv_len[0]); /* turn 1's blocks, answer included */
+    CHECK(wait_stored(dir, cu_conv[1], b1));
+    uint64_t before = cu_load(c).restore_tokens;
     /* turn 2: its history comes from LMDB, not from the evicted pages */
     turn_expect(c, 1, b1 * PT);
-    shm_load l = settled_load(c);
+    shm_load l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens - before, b1 * PT);
     evict_all(c, 1);
-    int b2 = blocks_after(conv_len[1]);
-    CHECK(wait_stored(dir, conv[2], b2));
-    before = load_of(c).restore_tokens;
+    int b2 = blocks_after(cu_conv_len[1]);
+    CHECK(wait_stored(dir, cu_conv[2], b2));
+    before = cu_load(c).restore_tokens;
     turn_expect(c, 2, b2 * PT);
-    l = settled_load(c);
+    l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens - before, b2 * PT);
     CHECK(l.states_spilled >= (uint64_t)b2);
     CHECK_EQ_INT(l.states_refused, 0);
@@ -330,15 +173,15 @@ static void three_turns_restore_from_lmdb_and_after_a_restart(void)
            (unsigned long long)l.states_spilled);
     /* Stop the whole cluster: the worker writes turn 3's pages too. */
     coordinator_cluster_close(c);
-    int b3 = (conv_len[2] - 1) / PT; /* all of turn 3's prompt but its last token */
-    CHECK(wait_stored(dir, conv[2], b3));
+    int b3 = (cu_conv_len[2] - 1) / PT; /* all of turn 3's prompt but its last token */
+    CHECK(wait_stored(dir, cu_conv[2], b3));
     c = start(dir);
     if (!c)
         goto out;
     turn_expect(c, 2, b3 * PT);
-    l = settled_load(c);
+    l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens, b3 * PT);
-    printf("  after a restart turn 3 restored %d of %d prompt tokens\n", b3 * PT, conv_len[2]);
+    printf("  after a restart turn 3 restored %d of %d prompt tokens\n", b3 * PT, cu_conv_len[2]);
     coordinator_cluster_close(c);
     char text[4096];
     const char *args[] = {"states", "verify", "--state-dir", dir, NULL};
@@ -357,19 +200,19 @@ static void refused_states_are_never_used(void)
     common_hash other;
     common_hash_bytes("another model", 13, &other);
     common_hash h[LEN_MAX / PT];
-    int b1 = blocks_after(conv_len[0]);
-    chain(conv[1], b1, h);
+    int b1 = blocks_after(cu_conv_len[0]);
+    cu_chain(cu_conv[1], b1, h);
     store_state_options so = {
-        .dir = dir, .spill_bytes = 1ull << 30, .fingerprint = other, .layout = layout};
+        .dir = dir, .spill_bytes = 1ull << 30, .fingerprint = other, .layout = cu_layout};
     store_state *s = NULL;
     shoal_diag diag = {{0}};
     CHECK_MSG(store_state_open(&so, &s, &diag) == SHOAL_OK, "%s", diag.msg);
-    uint8_t *page = malloc(layout.page_bytes);
+    uint8_t *page = malloc(cu_layout.page_bytes);
     common_hash root;
-    common_block_root(&fingerprint, NULL, &root);
+    common_block_root(&cu_fingerprint, NULL, &root);
     for (int b = 0; s && page && b < b1; b++) {
-        tu_page(page, layout.page_bytes, 5, (uint64_t)b);
-        CHECK(store_state_put_async(s, &h[b], b ? &h[b - 1] : &root, PT, page, layout.page_bytes) ==
+        tu_page(page, cu_layout.page_bytes, 5, (uint64_t)b);
+        CHECK(store_state_put_async(s, &h[b], b ? &h[b - 1] : &root, PT, page, cu_layout.page_bytes) ==
               SHOAL_OK);
     }
     free(page);
@@ -381,20 +224,20 @@ static void refused_states_are_never_used(void)
     if (!c)
         goto out;
     turn_expect(c, 0, 0); /* nothing restored: they are another model's */
-    shm_load l = settled_load(c);
+    shm_load l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens, 0);
     evict_all(c, 2);
-    CHECK(wait_stored(dir, conv[1], b1));
+    CHECK(wait_stored(dir, cu_conv[1], b1));
     coordinator_cluster_close(c);
 
     /* One flipped payload byte in block 3: it is refused and computed, the
      * blocks before and after it restore (their own checksums hold). */
-    CHECK(tu_flip_record_byte(dir, &fingerprint, &h[3], STORE_RECORD_HEADER_BYTES + 100));
+    CHECK(tu_flip_record_byte(dir, &cu_fingerprint, &h[3], STORE_RECORD_HEADER_BYTES + 100));
     c = start(dir);
     if (!c)
         goto out;
     turn_expect(c, 1, (b1 - 1) * PT);
-    l = settled_load(c);
+    l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens, (b1 - 1) * PT);
     CHECK_EQ_INT(l.states_refused, 1);
     coordinator_cluster_close(c);
@@ -408,16 +251,16 @@ static void refused_states_are_never_used(void)
     /* Block 1 resealed as another model's (its checksum is right): refused
      * the same way; block 3 restores again, and so do the rest of the
      * prompt's blocks, turn 2's own stored at the stop included. */
-    CHECK(tu_reseal_with_fingerprint(dir, &fingerprint, &h[1], &other));
+    CHECK(tu_reseal_with_fingerprint(dir, &cu_fingerprint, &h[1], &other));
     rc = tu_shoalctl(text, sizeof text, args);
     CHECK_MSG(rc == 1, "shoalctl states verify: %d: %s", rc, text);
     CHECK_HAS(text, "fingerprint");
     c = start(dir);
     if (!c)
         goto out;
-    int prompt_blocks = (conv_len[1] - 1) / PT;
+    int prompt_blocks = (cu_conv_len[1] - 1) / PT;
     turn_expect(c, 1, (prompt_blocks - 1) * PT);
-    l = settled_load(c);
+    l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens, (prompt_blocks - 1) * PT);
     CHECK_EQ_INT(l.states_refused, 1);
     coordinator_cluster_close(c);
@@ -434,14 +277,14 @@ out:
 static int overlap_turn(coordinator_cluster *c, const char *dir, int t, int *history)
 {
     evict_all(c, t);
-    int prompt_blocks = (conv_len[t] - 1) / PT;
+    int prompt_blocks = (cu_conv_len[t] - 1) / PT;
     common_hash h[LEN_MAX / PT];
-    chain(conv[t], prompt_blocks, h);
-    CHECK(wait_stored(dir, conv[t], blocks_after(conv_len[t - 1])));
+    cu_chain(cu_conv[t], prompt_blocks, h);
+    CHECK(wait_stored(dir, cu_conv[t], blocks_after(cu_conv_len[t - 1])));
     *history = stored(dir, h, prompt_blocks);
-    uint64_t before = load_of(c).restore_tokens;
+    uint64_t before = cu_load(c).restore_tokens;
     int got = turn(c, t);
-    shm_load l = settled_load(c);
+    shm_load l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens - before, got);
     CHECK_MSG(got % PT == 0 && got <= (*history - 2) * PT,
               "turn %d restored %d tokens of a %d-block history", t + 1, got, *history);
@@ -517,11 +360,11 @@ static void a_history_computed_whole_is_not_written_again(void)
         goto out;
     turn_expect(c, 0, 0);
     coordinator_cluster_close(c); /* the worker writes what it learned */
-    int history = blocks_after(conv_len[0]);
+    int history = blocks_after(cu_conv_len[0]);
     common_hash h[LEN_MAX / PT];
-    chain(conv[1], history, h);
+    cu_chain(cu_conv[1], history, h);
     CHECK_EQ_INT(stored(dir, h, history), history);
-    CHECK(conv_len[1] <= 256);
+    CHECK(cu_conv_len[1] <= 256);
     if (!drop_store_from_cache(dir)) {
         printf("  skipped: the store's file system keeps it in memory\n");
         goto out;
@@ -530,10 +373,10 @@ static void a_history_computed_whole_is_not_written_again(void)
     if (!c)
         goto out;
     turn(c, 1);
-    shm_load l = settled_load(c);
+    shm_load l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens, 0); /* computed, not read */
     evict_all(c, 2);
-    uint64_t skipped = settled_load(c).states_skipped - l.states_skipped;
+    uint64_t skipped = cu_settled_load(c).states_skipped - l.states_skipped;
     CHECK_MSG(skipped >= (uint64_t)history,
               "evicting a turn of %d stored history blocks skipped %llu of them", history,
               (unsigned long long)skipped);
@@ -552,15 +395,15 @@ static void sigterm_writes_what_the_worker_learned(void)
     if (!c)
         goto out;
     turn_expect(c, 0, 0); /* its pages stay cached: nothing spilled */
-    int b1 = blocks_after(conv_len[0]);
+    int b1 = blocks_after(cu_conv_len[0]);
     common_hash h[LEN_MAX / PT];
-    chain(conv[1], b1, h);
+    cu_chain(cu_conv[1], b1, h);
     int n = stored(dir, h, b1);
     CHECK_EQ_INT(n, 0);
     coordinator_cluster_stats st;
     coordinator_cluster_stats_get(c, &st);
     CHECK(st.worker[0].pid > 0 && kill(st.worker[0].pid, SIGTERM) == 0);
-    CHECK(wait_stored(dir, conv[1], b1));
+    CHECK(wait_stored(dir, cu_conv[1], b1));
     coordinator_cluster_close(c);
 out:
     tu_rmtree(dir);
@@ -589,9 +432,9 @@ static void a_restarted_worker_writes_what_it_learned_at_the_stop(void)
     }
     CHECK_MSG(back, "worker 0 was not restarted after a SIGKILL");
     turn_expect(c, 0, 0); /* its pages stay cached: nothing spilled */
-    int b1 = blocks_after(conv_len[0]);
+    int b1 = blocks_after(cu_conv_len[0]);
     common_hash h[LEN_MAX / PT];
-    chain(conv[1], b1, h);
+    cu_chain(cu_conv[1], b1, h);
     CHECK_EQ_INT(stored(dir, h, b1), 0);
     coordinator_cluster_close(c);
     CHECK_MSG(stored(dir, h, b1) == b1, "%d of %d blocks stored by the restarted worker",
@@ -683,7 +526,7 @@ static void a_damaged_store_leaves_the_worker_serving_without_states(void)
         goto out;
     turn_expect(c, 0, 0);
     evict_all(c, 0);
-    CHECK(wait_stored(dir, conv[1], blocks_after(conv_len[0])));
+    CHECK(wait_stored(dir, cu_conv[1], blocks_after(cu_conv_len[0])));
     coordinator_cluster_close(c);
     snprintf(path, sizeof path, "%s/data.mdb", dir);
     struct stat st;
@@ -692,7 +535,7 @@ static void a_damaged_store_leaves_the_worker_serving_without_states(void)
     if (!c)
         goto out;
     turn_expect(c, 1, 0); /* served, nothing restored */
-    CHECK_EQ_INT(settled_load(c).restore_tokens, 0);
+    CHECK_EQ_INT(cu_settled_load(c).restore_tokens, 0);
     coordinator_cluster_close(c);
 out:
     tu_rmtree(dir);
@@ -704,8 +547,7 @@ int main(void)
     snprintf(runtime_dir, sizeof runtime_dir, "/tmp/shoal-states-XXXXXX");
     if (!mkdtemp(runtime_dir))
         return 1;
-    open_reference_model();
-    make_conversation();
+    cu_open(MODEL, 99);
     TEST_RUN(flags_are_checked_by_name);
     TEST_RUN(three_turns_restore_from_lmdb_and_after_a_restart);
     TEST_RUN(refused_states_are_never_used);
@@ -714,7 +556,7 @@ int main(void)
     TEST_RUN(sigterm_writes_what_the_worker_learned);
     TEST_RUN(a_restarted_worker_writes_what_it_learned_at_the_stop);
     TEST_RUN(a_damaged_store_leaves_the_worker_serving_without_states);
-    worker_model_close(ref_model);
+    cu_close();
     rmdir(runtime_dir);
     return TEST_EXIT();
 }
