@@ -400,6 +400,7 @@ shoal_err store_state_put_async(store_state *s, const common_hash *hash, const c
         sl->hash = *hash;
         sl->parent = *parent;
         sl->tokens = tokens;
+        sl->is_part = false; /* the slot may have held a state part */
         sl->seq = ++s->enqueued_seq;
         memcpy(s->pages + (size_t)k * page_bytes, page, page_bytes);
         s->count++;

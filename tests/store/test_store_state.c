@@ -873,6 +873,14 @@ static void test_state_checkpoints_round_trip_all_or_nothing(void)
         CHECK(memcmp(buf + at, state + (size_t)i * l.page_bytes, n) == 0);
     }
     CHECK_EQ_INT(store_state_read_part(s, &block, 4, buf, rb, &at, &d), SHOAL_ERR_INVALID);
+    /* pages queued into the slots the parts used are pages again */
+    for (uint64_t i = 0; i < 8; i++) { /* four at a time: the queue holds six */
+        CHECK_EQ_INT(put_block(s, &l, 3, i, i ? (long)i - 1 : -1, 4), SHOAL_OK);
+        if (i % 4 == 3)
+            CHECK_EQ_INT(store_state_flush(s, 5000), SHOAL_OK);
+    }
+    for (uint64_t i = 0; i < 8; i++)
+        CHECK_EQ_INT(get_block(s, &l, 3, i, NULL, &d), SHOAL_OK);
     /* a page is no part and a part no page */
     common_hash part0;
     store_record_part_hash(&block, 0, &part0);
