@@ -348,7 +348,6 @@ static void pick_kernels(cuda_state *st)
     st->gate_up_batched = env_int("SHOAL_CUDA_GATE_UP_BATCHED", legacy ? 0 : 1) != 0;
     st->gemm_splitk = env_int("SHOAL_CUDA_GEMM_SPLITK", 0) != 0;
     st->gemm_parts = env_int("SHOAL_CUDA_GEMM_PARTS", legacy ? 0 : 1);
-    st->deltanet_chunk = env_int("SHOAL_CUDA_DELTANET_CHUNK", 0) != 0;
     st->gemm_splitk_s = env_int("SHOAL_CUDA_GEMM_SPLITK_S", 0);
     if (st->gemm_splitk_s > 8)
         st->gemm_splitk_s = 8;
@@ -457,6 +456,10 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
                              cublasGetStatusString(cs));
         goto out_close;
     }
+    /* The chunked delta rule multiplies bf16 operands on tensor cores: it
+     * serves bf16 activations; f32 ones (the exact parity runs) keep the
+     * recurrent rule unless SHOAL_CUDA_DELTANET_CHUNK=1 asks for it. */
+    st->deltanet_chunk = env_int("SHOAL_CUDA_DELTANET_CHUNK", act == SHOAL_DTYPE_BF16) != 0;
     if ((err = alloc_attn_scratch(be, KERNELS_ATTN_SLICE_ROWS, diag)) ||
         (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be)) ||
         (err = cuda_matmul_splitk_init(be)) || (err = cuda_gemm_rows_init(be)) ||

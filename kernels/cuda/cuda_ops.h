@@ -256,9 +256,10 @@ typedef struct cuda_state {
     float *gemm_parts_buf;
     int32_t *deltanet_runs; /* CUDA_DELTANET_RUNS_INTS (deltanet.cu) */
     /* deltanet_rule's chunked form (deltanet.cu) for runs of at least
-     * 64 rows (SHOAL_CUDA_DELTANET_CHUNK, default 0 until it is measured
-     * and validated on the GPU; 1 = on): the recurrent kernel is latency
-     * bound, each row waiting for the one before */
+     * 64 rows (SHOAL_CUDA_DELTANET_CHUNK: default on with bf16
+     * activations, off with f32 ones, whose parity it would loosen to
+     * bf16's): the recurrent kernel is latency bound, each row waiting
+     * for the one before */
     bool deltanet_chunk;
     unsigned long deltanet_chunk_launches; /* tests: cuda_backend_deltanet_chunk_launches */
     int gemm_splitk_s;

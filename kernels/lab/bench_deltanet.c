@@ -223,7 +223,10 @@ int main(int argc, char **argv)
     kernels_backend_options opt = {.device = device, .act_dtype = SHOAL_DTYPE_BF16};
     kernels_backend *be = NULL;
     shoal_diag diag = {{0}};
-    if (kernels_backend_open(&opt, &be, &diag) != SHOAL_OK)
+    setenv("SHOAL_CUDA_DELTANET_CHUNK", "0", 1); /* the recurrent rule (bf16's default is chunked) */
+    shoal_err opened = kernels_backend_open(&opt, &be, &diag);
+    unsetenv("SHOAL_CUDA_DELTANET_CHUNK");
+    if (opened != SHOAL_OK)
         die(diag.msg);
     if (!be->deltanet_rule || !be->deltanet_conv)
         die("this backend has no gated DeltaNet ops");

@@ -705,7 +705,9 @@ int main(int argc, char **argv)
     static const shoal_dtype acts[] = {SHOAL_DTYPE_BF16, SHOAL_DTYPE_F32};
     for (int a = 0; a < 2; a++) {
         act = acts[a];
-        gpu = open_backend(test_gpu, act);
+        /* the recurrent rule first (bf16 activations take the chunked one
+         * by default) */
+        gpu = open_backend_with(test_gpu, act, "SHOAL_CUDA_DELTANET_CHUNK", "0");
         if (gpu->act_dtype != act) { /* a dry run: the CPU computes in f32 alone */
             kernels_backend_close(gpu);
             continue;
