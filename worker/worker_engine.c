@@ -657,6 +657,22 @@ static void back_to_local_hit(worker_engine *e, stream *s)
     s->computed = s->published = 0;
 }
 
+/* Hybrids: the state a restore put into s's slot is a checkpoint here
+ * too, as its pages are cached here (the store has it already), so the
+ * next stream on that prefix takes both from memory. */
+static void keep_restored_checkpoint(worker_engine *e, stream *s)
+{
+    const common_hash *h = block_hash(e, s, s->computed / e->pt - 1);
+    int slot = worker_checkpoints_add(e->ckpts, h, true);
+    if (slot < 0)
+        return;
+    shoal_diag d = {{0}};
+    if (worker_model_slot_copy(e->m, slot, s->state_slot, &d) == SHOAL_OK)
+        worker_checkpoints_mark_stored(e->ckpts, h);
+    else
+        worker_checkpoints_drop(e->ckpts, h);
+}
+
 /* Hybrids: a restore is all or nothing. The stream waits until every
  * block of the job is in its page and the state checkpoint at the last
  * one is in its slot, then goes on past them; when anything failed it
@@ -682,6 +698,7 @@ static int hybrid_job_chunk(worker_engine *e, stream *s, int n)
             e->stats.cached_tokens += (uint64_t)tokens;
         }
         end_job(e, s, true);
+        keep_restored_checkpoint(e, s);
     } else {
         back_to_local_hit(e, s);
     }

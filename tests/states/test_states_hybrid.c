@@ -140,6 +140,18 @@ static void turns_restore_pages_and_state_from_lmdb_and_after_a_restart(void)
     CHECK_EQ_INT(l.restore_tokens, b1 * PT);
     CHECK_EQ_INT(l.states_refused, 0);
     printf("  turn 2 restored %d tokens and a %zu-byte state\n", b1 * PT, cu_state_bytes);
+    /* the restored state is this worker's checkpoint now: a prompt that
+     * ends just past it takes it and the pages from memory */
+    {
+        int got;
+        ts_stream r;
+        CHECK(cu_run(c, cu_conv[1], b1 * PT + 5, 1, &r));
+        got = r.cached;
+        shm_load again = cu_settled_load(c);
+        CHECK_MSG(got == b1 * PT, "a prompt on the restored prefix: %d tokens cached, expected %d",
+                  got, b1 * PT);
+        CHECK_EQ_INT(again.restore_tokens, b1 * PT); /* none read again */
+    }
     /* a stop writes turn 2's pages and checkpoints; a new process restores
      * turn 3 from disk alone */
     coordinator_cluster_close(c);
