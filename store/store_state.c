@@ -612,6 +612,8 @@ shoal_err store_state_put_checkpoint_async(store_state *s, const common_hash *bl
         return SHOAL_ERR_BROKEN;
     if (s->state_bytes == 0 || state_bytes != s->state_bytes || !state)
         return SHOAL_ERR_INVALID;
+    if (s->state_parts > s->cap) /* never fits: said at open */
+        return SHOAL_ERR_UNSUPPORTED;
     const size_t pb = s->layout.page_bytes;
     const int parts = s->state_parts;
     shoal_err err = SHOAL_OK;

@@ -127,8 +127,10 @@ int store_state_checkpoint_parts(const store_state *s);
 
 /* Queues the checkpoint at `block` (state_bytes, copied before the call
  * returns): every part or none. SHOAL_ERR_LIMIT: the queue has no room
- * for all its parts (counted once in drops); SHOAL_ERR_INVALID: the size
- * is not the store's state_bytes; else as store_state_put_async. */
+ * for all its parts (counted once in drops); SHOAL_ERR_UNSUPPORTED: its
+ * parts outnumber the queue's slots, so it never fits (open warns);
+ * SHOAL_ERR_INVALID: the size is not the store's state_bytes; else as
+ * store_state_put_async. */
 shoal_err store_state_put_checkpoint_async(store_state *s, const common_hash *block,
                                            const void *state, size_t state_bytes);
 

@@ -873,8 +873,8 @@ static void write_one_checkpoint(void *ctx, const common_hash *hash, int state_s
     write_ckpt *w = ctx;
     while (w->err == SHOAL_OK) {
         shoal_err err = put_checkpoint(w->st, state_slot, hash);
-        if (err == SHOAL_OK) {
-            w->done++;
+        if (err == SHOAL_OK || err == SHOAL_ERR_UNSUPPORTED) { /* stored, or never storable */
+            w->done += err == SHOAL_OK;
             return;
         }
         int ms = left_ms(w->deadline);

@@ -925,6 +925,13 @@ static void test_state_checkpoints_round_trip_all_or_nothing(void)
                  SHOAL_ERR_NOT_FOUND);
     CHECK(stored(s, 1, 5)); /* the block stays: its checkpoint was its chain's end */
     store_state_close(s);
+    /* a queue of fewer slots than a checkpoint's parts never takes one */
+    tu_rmtree(dir);
+    o.queue_slots = 3;
+    s = open_store(&o);
+    CHECK_EQ_INT(store_state_put_checkpoint_async(s, &block, state, o.state_bytes),
+                 SHOAL_ERR_UNSUPPORTED);
+    store_state_close(s);
     free(buf);
     free(state);
     free(back);
