@@ -99,6 +99,14 @@ static uint64_t counter_of(store_state *s, store_total t)
     }
 }
 
+/* A handle used in another process than the one that opened it. */
+static shoal_err foreign(shoal_diag *diag)
+{
+    return shoal_diag_set(diag, SHOAL_ERR_BROKEN,
+                          "state store handle used in a process that did not open it (open it "
+                          "after fork)");
+}
+
 /* ---- the writer ---- */
 
 typedef struct batch {
@@ -474,9 +482,7 @@ static shoal_err get(store_state *s, const common_hash *hash, get_dst *dst,
                      store_record_kind want, store_record_info *out, shoal_diag *diag)
 {
     if (!store_env_owned(s->env))
-        return shoal_diag_set(diag, SHOAL_ERR_BROKEN,
-                              "state store handle used in a process "
-                              "that did not open it (open it after fork)");
+        return foreign(diag);
     uint8_t key[STORE_KEY_BYTES];
     store_record_key(key, &s->fingerprint, hash);
     MDB_txn *txn;
@@ -670,6 +676,20 @@ static shoal_err check_part(const store_state *s, const common_hash *block, int 
     return SHOAL_OK;
 }
 
+/* Part `index` of the checkpoint at block into dst, checked as the part
+ * its key names (a part that is not is refused and counted). */
+static shoal_err get_part(store_state *s, const common_hash *block, int index, get_dst *dst,
+                          shoal_diag *diag)
+{
+    common_hash h;
+    store_record_part_hash(block, (uint32_t)index, &h);
+    store_record_info info;
+    shoal_err err = get(s, &h, dst, STORE_RECORD_STATE_PART, &info, diag);
+    if (err == SHOAL_OK && (err = check_part(s, block, index, &info, diag)) != SHOAL_OK)
+        atomic_fetch_add(&s->refused, 1);
+    return err;
+}
+
 shoal_err store_state_read_part(store_state *s, const common_hash *block, int index, void *buf,
                                 size_t buf_bytes, size_t *payload_at, shoal_diag *diag)
 {
@@ -679,14 +699,9 @@ shoal_err store_state_read_part(store_state *s, const common_hash *block, int in
     if (buf_bytes < store_record_bytes(&s->layout))
         return shoal_diag_set(diag, SHOAL_ERR_INVALID, "buffer of %zu bytes for a record of %zu",
                               buf_bytes, store_record_bytes(&s->layout));
-    common_hash h;
-    store_record_part_hash(block, (uint32_t)index, &h);
     get_dst dst = {.buf = buf, .buf_bytes = buf_bytes};
-    store_record_info info;
-    shoal_err err = get(s, &h, &dst, STORE_RECORD_STATE_PART, &info, diag);
+    shoal_err err = get_part(s, block, index, &dst, diag);
     *payload_at = dst.record_at + STORE_RECORD_HEADER_BYTES;
-    if (err == SHOAL_OK && (err = check_part(s, block, index, &info, diag)) != SHOAL_OK)
-        atomic_fetch_add(&s->refused, 1);
     return err;
 }
 
@@ -703,13 +718,8 @@ shoal_err store_state_get_checkpoint(store_state *s, const common_hash *block, v
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "no memory for a state part");
     shoal_err err = SHOAL_OK;
     for (int i = 0; i < s->state_parts && err == SHOAL_OK; i++) {
-        common_hash h;
-        store_record_part_hash(block, (uint32_t)i, &h);
         get_dst dst = {.page = page};
-        store_record_info info;
-        err = get(s, &h, &dst, STORE_RECORD_STATE_PART, &info, diag);
-        if (err == SHOAL_OK && (err = check_part(s, block, i, &info, diag)) != SHOAL_OK)
-            atomic_fetch_add(&s->refused, 1);
+        err = get_part(s, block, i, &dst, diag);
         if (err == SHOAL_OK) {
             size_t at = (size_t)i * pb;
             memcpy((uint8_t *)out + at, page, s->state_bytes - at < pb ? s->state_bytes - at : pb);
@@ -726,9 +736,7 @@ shoal_err store_state_checkpoint_last(store_state *s, const common_hash *blocks,
     if (s->state_parts == 0)
         return SHOAL_OK;
     if (!store_env_owned(s->env))
-        return shoal_diag_set(diag, SHOAL_ERR_BROKEN,
-                              "state store handle used in a process "
-                              "that did not open it (open it after fork)");
+        return foreign(diag);
     MDB_txn *txn;
     store_guard g;
     shoal_err err = store_env_read_begin(s->env, &txn, &g, diag);
@@ -760,9 +768,7 @@ static shoal_err lookup(store_state *s, const common_hash *hashes, int n, bool h
 {
     *stored = 0;
     if (!store_env_owned(s->env))
-        return shoal_diag_set(diag, SHOAL_ERR_BROKEN,
-                              "state store handle used in a process "
-                              "that did not open it (open it after fork)");
+        return foreign(diag);
     MDB_txn *txn;
     store_guard g;
     shoal_err err = store_env_read_begin(s->env, &txn, &g, diag);
@@ -876,9 +882,7 @@ shoal_err store_state_stats_get(store_state *s, store_state_stats *out, shoal_di
     out->queue_slots = s->cap;
     pthread_mutex_unlock(&s->mu);
     if (!store_env_owned(s->env))
-        return shoal_diag_set(diag, SHOAL_ERR_BROKEN,
-                              "state store handle used in a process "
-                              "that did not open it (open it after fork)");
+        return foreign(diag);
     out->map_bytes = store_env_map_bytes(s->env);
     MDB_txn *txn;
     store_guard g;
@@ -901,8 +905,6 @@ shoal_err store_state_stats_get(store_state *s, store_state_stats *out, shoal_di
 shoal_err store_state_reader_check(store_state *s, int *cleared, shoal_diag *diag)
 {
     if (!store_env_owned(s->env))
-        return shoal_diag_set(diag, SHOAL_ERR_BROKEN,
-                              "state store handle used in a process "
-                              "that did not open it (open it after fork)");
+        return foreign(diag);
     return store_env_reader_check(s->env, cleared, diag);
 }

@@ -638,6 +638,24 @@ static void take_checkpoint(worker_engine *e, stream *s)
     }
 }
 
+/* A hybrid's prefix hit: its slot starts from the checkpoint in model
+ * slot `from`. Without one (-1), or when the copy fails, the pages go too
+ * and the stream computes from its start. */
+static bool start_from_checkpoint(worker_engine *e, stream *s, int from)
+{
+    shoal_diag d = {{0}};
+    bool ok = from >= 0 && worker_model_slot_copy(e->m, s->state_slot, from, &d) == SHOAL_OK;
+    if (!ok) {
+        if (from >= 0)
+            LOG_WARN("stream %llu: %s; it computes its prompt from the start",
+                     (unsigned long long)s->id, d.msg);
+        for (int i = 0; i < s->n_pages; i++)
+            worker_pages_unref(e->pages, s->pages[i]);
+        s->n_pages = s->computed = s->published = 0;
+    }
+    return ok;
+}
+
 /* Hybrids: a restore that failed leaves the stream at its local hit: the
  * job's pages go back, and its slot gets that hit's checkpoint again (the
  * failed restore may have written it); without one the stream starts over. */
@@ -648,13 +666,9 @@ static void back_to_local_hit(worker_engine *e, stream *s)
     while (s->n_pages > hits)
         worker_pages_unref(e->pages, s->pages[--s->n_pages]);
     s->job_blocks = 0;
-    int slot = hits > 0 ? worker_checkpoints_find(e->ckpts, block_hash(e, s, hits - 1), false) : -1;
-    shoal_diag d = {{0}};
-    if (slot >= 0 && worker_model_slot_copy(e->m, s->state_slot, slot, &d) == SHOAL_OK)
-        return;
-    while (s->n_pages > 0)
-        worker_pages_unref(e->pages, s->pages[--s->n_pages]);
-    s->computed = s->published = 0;
+    if (hits > 0)
+        start_from_checkpoint(
+            e, s, worker_checkpoints_find(e->ckpts, block_hash(e, s, hits - 1), false));
 }
 
 /* Hybrids: the state a restore put into s's slot is a checkpoint here
@@ -680,9 +694,7 @@ static void keep_restored_checkpoint(worker_engine *e, stream *s)
 static int hybrid_job_chunk(worker_engine *e, stream *s, int n)
 {
     const worker_async_source *src = &e->o.restore;
-    worker_take t = WORKER_TAKE_READY;
-    for (int b = 0; b < s->job_blocks && t == WORKER_TAKE_READY; b++)
-        t = src->take(src->ctx, s->job, b, 0, e->speed);
+    worker_take t = src->take(src->ctx, s->job, 0, 0, e->speed); /* the whole job's */
     if (t == WORKER_TAKE_READY)
         t = src->state(src->ctx, s->job, s->state_slot);
     if (t == WORKER_TAKE_WAIT)
@@ -835,23 +847,6 @@ static bool computing_elsewhere(worker_engine *e, stream *s)
     return false;
 }
 
-/* A hybrid's prefix hit: its slot starts from the checkpoint. When the
- * copy fails the pages go too and the stream computes from its start. */
-static bool start_from_checkpoint(worker_engine *e, stream *s)
-{
-    shoal_diag d = {{0}};
-    bool ok = worker_model_slot_copy(e->m, s->state_slot, s->hit_slot, &d) == SHOAL_OK;
-    if (!ok) {
-        LOG_WARN("stream %llu: %s; it computes its prompt from the start",
-                 (unsigned long long)s->id, d.msg);
-        for (int i = 0; i < s->n_pages; i++)
-            worker_pages_unref(e->pages, s->pages[i]);
-        s->n_pages = s->computed = s->published = 0;
-    }
-    s->hit_slot = -1;
-    return ok;
-}
-
 static void admit(worker_engine *e, batch_build *b)
 {
     /* each waiting stream is looked at once a step: one that would compute
@@ -877,8 +872,9 @@ static void admit(worker_engine *e, batch_build *b)
         if (e->hybrid) {
             SHOAL_ASSERT(e->n_free_slots > 0); /* as many slots as running streams */
             s->state_slot = e->free_slots[--e->n_free_slots];
-            if (hits > 0 && !start_from_checkpoint(e, s))
+            if (hits > 0 && !start_from_checkpoint(e, s, s->hit_slot))
                 hits = 0;
+            s->hit_slot = -1;
         }
         if (!s->admitted_once) {
             s->admitted_once = true;

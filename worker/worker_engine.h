@@ -85,12 +85,13 @@ typedef struct worker_prefix_source {
  *   pump   once a step, before the batch is built, on the engine's thread:
  *          puts what was read into its pages; with wait_ms > 0 (nothing
  *          else to do) it first waits up to that long for a read.
- *   state  hybrids, whose jobs are all or nothing (take says WAIT until
- *          every block is READY, COMPUTE for all once any failed): every
- *          block is READY; puts the state checkpoint at the job's last
- *          block into model state slot `slot`: READY done, WAIT still
- *          being read, COMPUTE failed (the slot may have been written: the
- *          engine restores it from its local hit).
+ *   state  hybrids, whose jobs are all or nothing (take, of any block,
+ *          says of the whole job: WAIT until every block is READY,
+ *          COMPUTE once any failed): every block is READY; puts the state
+ *          checkpoint at the job's last block into model state slot
+ *          `slot`: READY done, WAIT still being read, COMPUTE failed (the
+ *          slot may have been written: the engine restores it from its
+ *          local hit).
  * All calls come from the engine's thread. */
 /* How fast the engine computes: a step costs fixed_s plus a block of
  * prompt per 1 / bps seconds (0: not measured yet). */

@@ -630,9 +630,10 @@ static worker_take restore_take(void *ctx, void *job, int block, int claimed,
     pthread_mutex_lock(&st->mu);
     worker_take t;
     if (j->parts > 0) { /* a hybrid's: all or nothing, none shared with the engine */
-        t = j->failed                         ? WORKER_TAKE_COMPUTE
-            : j->state[block] == BLOCK_READY ? WORKER_TAKE_READY
-                                              : WORKER_TAKE_WAIT;
+        bool ready = true;
+        for (int b = 0; ready && b < j->k; b++)
+            ready = j->state[b] == BLOCK_READY;
+        t = j->failed ? WORKER_TAKE_COMPUTE : ready ? WORKER_TAKE_READY : WORKER_TAKE_WAIT;
         pthread_mutex_unlock(&st->mu);
         return t;
     }

@@ -161,6 +161,22 @@ void cu_cluster_options(coordinator_cluster_options *o, const char *model, const
     o->spill_gib = "0.25";
 }
 
+bool cu_turn(coordinator_cluster *c, int t, int *cached)
+{
+    ts_stream r;
+    *cached = -1;
+    if (!cu_run(c, cu_conv[t], cu_conv_len[t], CU_GEN, &r) || r.n != CU_GEN)
+        return false;
+    *cached = r.cached;
+    return memcmp(r.tokens, cu_answer[t], sizeof cu_answer[t]) == 0;
+}
+
+bool cu_evict_all(coordinator_cluster *c, int f)
+{
+    ts_stream r;
+    return cu_run(c, cu_filler[f], CU_KV_PAGES * CU_PT - 8, 1, &r);
+}
+
 shm_load cu_load(coordinator_cluster *c)
 {
     coordinator_cluster_stats st;

@@ -53,6 +53,15 @@ bool cu_run(coordinator_cluster *c, const int32_t *prompt, int len, int max_toke
 void cu_cluster_options(coordinator_cluster_options *o, const char *model, const char *worker_path,
                         const char *runtime_dir, const char *state_dir);
 
+/* Turn t's prompt through c: whether it answered cu_answer[t] (false on
+ * an error too); *cached gets the prompt tokens that came from the
+ * caches (-1 on an error). */
+bool cu_turn(coordinator_cluster *c, int t, int *cached);
+
+/* Runs filler prompt f, which takes every page of the pool: what was
+ * cached is evicted (and spilled). */
+bool cu_evict_all(coordinator_cluster *c, int f);
+
 /* Worker 0's load now, and after the report of its last step came. */
 shm_load cu_load(coordinator_cluster *c);
 shm_load cu_settled_load(coordinator_cluster *c);

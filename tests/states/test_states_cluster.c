@@ -56,8 +56,6 @@ static int blocks_after(int prompt_len)
 
 /* ---- the cluster ---- */
 
-typedef ts_stream result;
-
 static char runtime_dir[64];
 
 /* A cluster on state_dir; restore_mode "read" or "overlap", chunks of at
@@ -83,12 +81,10 @@ static coordinator_cluster *start(const char *state_dir)
  * prompt tokens that came from the worker's caches. */
 static int turn(coordinator_cluster *c, int t)
 {
-    result r;
-    CHECK(cu_run(c, cu_conv[t], cu_conv_len[t], GEN, &r));
-    CHECK_EQ_INT(r.n, GEN);
-    CHECK_MSG(memcmp(r.tokens, cu_answer[t], sizeof cu_answer[t]) == 0,
-              "turn %d's answer differs from a full recomputation", t + 1);
-    return r.cached;
+    int cached;
+    CHECK_MSG(cu_turn(c, t, &cached), "turn %d's answer differs from a full recomputation",
+              t + 1);
+    return cached;
 }
 
 /* Turn t, whose prompt must find exactly `cached` tokens in the caches. */
@@ -97,14 +93,6 @@ static void turn_expect(coordinator_cluster *c, int t, int cached)
     int got = turn(c, t);
     CHECK_MSG(got == cached, "turn %d: %d prompt tokens from the caches, expected %d", t + 1, got,
               cached);
-}
-
-/* A long unrelated prompt that takes every page of the pool: whatever was
- * cached is evicted, and spilled. */
-static void evict_all(coordinator_cluster *c, int f)
-{
-    result r;
-    CHECK(cu_run(c, cu_filler[f], KV_PAGES * PT - 8, 1, &r));
 }
 
 /* How many of hashes[0..n) lead and are stored for this model. */
@@ -152,7 +140,7 @@ static void three_turns_restore_from_lmdb_and_after_a_restart(void)
     if (!c)
         return;
     turn_expect(c, 0, 0);
-    evict_all(c, 0);
+    CHECK(cu_evict_all(c, 0));
     int b1 = blocks_after(cu_conv_len[0]); /* turn 1's blocks, answer included */
     CHECK(wait_stored(dir, cu_conv[1], b1));
     uint64_t before = cu_load(c).restore_tokens;
@@ -160,7 +148,7 @@ static void three_turns_restore_from_lmdb_and_after_a_restart(void)
     turn_expect(c, 1, b1 * PT);
     shm_load l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens - before, b1 * PT);
-    evict_all(c, 1);
+    CHECK(cu_evict_all(c, 1));
     int b2 = blocks_after(cu_conv_len[1]);
     CHECK(wait_stored(dir, cu_conv[2], b2));
     before = cu_load(c).restore_tokens;
@@ -226,7 +214,7 @@ static void refused_states_are_never_used(void)
     turn_expect(c, 0, 0); /* nothing restored: they are another model's */
     shm_load l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens, 0);
-    evict_all(c, 2);
+    CHECK(cu_evict_all(c, 2));
     CHECK(wait_stored(dir, cu_conv[1], b1));
     coordinator_cluster_close(c);
 
@@ -276,7 +264,7 @@ out:
  * the restored tokens; *history gets the stored blocks it could use. */
 static int overlap_turn(coordinator_cluster *c, const char *dir, int t, int *history)
 {
-    evict_all(c, t);
+    CHECK(cu_evict_all(c, t));
     int prompt_blocks = (cu_conv_len[t] - 1) / PT;
     common_hash h[LEN_MAX / PT];
     cu_chain(cu_conv[t], prompt_blocks, h);
@@ -375,7 +363,7 @@ static void a_history_computed_whole_is_not_written_again(void)
     turn(c, 1);
     shm_load l = cu_settled_load(c);
     CHECK_EQ_INT(l.restore_tokens, 0); /* computed, not read */
-    evict_all(c, 2);
+    CHECK(cu_evict_all(c, 2));
     uint64_t skipped = cu_settled_load(c).states_skipped - l.states_skipped;
     CHECK_MSG(skipped >= (uint64_t)history,
               "evicting a turn of %d stored history blocks skipped %llu of them", history,
@@ -525,7 +513,7 @@ static void a_damaged_store_leaves_the_worker_serving_without_states(void)
     if (!c)
         goto out;
     turn_expect(c, 0, 0);
-    evict_all(c, 0);
+    CHECK(cu_evict_all(c, 0));
     CHECK(wait_stored(dir, cu_conv[1], blocks_after(cu_conv_len[0])));
     coordinator_cluster_close(c);
     snprintf(path, sizeof path, "%s/data.mdb", dir);

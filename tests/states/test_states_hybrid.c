@@ -53,33 +53,13 @@ static coordinator_cluster *start(const char *state_dir)
     return c;
 }
 
-/* Turn t through the cluster: whether its answer equals the reference's;
- * *cached gets the prompt tokens that came from the caches. */
-static bool turn_matches(coordinator_cluster *c, int t, int *cached)
-{
-    ts_stream r;
-    *cached = -1;
-    if (!cu_run(c, cu_conv[t], cu_conv_len[t], GEN, &r) || r.n != GEN)
-        return false;
-    *cached = r.cached;
-    return memcmp(r.tokens, cu_answer[t], sizeof cu_answer[t]) == 0;
-}
-
 static void turn_expect(coordinator_cluster *c, int t, int cached)
 {
     int got;
-    CHECK_MSG(turn_matches(c, t, &got), "turn %d's answer differs from a full recomputation",
+    CHECK_MSG(cu_turn(c, t, &got), "turn %d's answer differs from a full recomputation",
               t + 1);
     CHECK_MSG(got == cached, "turn %d: %d prompt tokens from the caches, expected %d", t + 1, got,
               cached);
-}
-
-/* A long unrelated prompt takes every page: the cached ones are evicted,
- * and spilled with their checkpoints. */
-static void evict_all(coordinator_cluster *c, int f)
-{
-    ts_stream r;
-    CHECK(cu_run(c, cu_filler[f], KV_PAGES * PT - 8, 1, &r));
 }
 
 /* Whether the store holds the first n blocks of tokens and the state
@@ -131,7 +111,7 @@ static void turns_restore_pages_and_state_from_lmdb_and_after_a_restart(void)
     if (!c)
         return;
     turn_expect(c, 0, 0);
-    evict_all(c, 0);
+    CHECK(cu_evict_all(c, 0));
     int b1 = turn_blocks(0);
     CHECK(wait_restorable(dir, cu_conv[1], b1));
     /* turn 2: its history and the state at its end come from LMDB */
@@ -241,7 +221,7 @@ static void planted_faults_answer_differently(void)
             unsetenv("SHOAL_TEST_RESTORE_FAULT");
             int cached = -1;
             if (c) {
-                bool same = turn_matches(c, 1, &cached);
+                bool same = cu_turn(c, 1, &cached);
                 CHECK_MSG(cached == turn_blocks(0) * PT, "fault %s: %d tokens restored",
                           faults[f], cached);
                 CHECK_MSG(!same, "fault %s: the answer still equals a full recomputation",

@@ -94,8 +94,10 @@ store_state_options tu_options(const char *dir, uint64_t spill_bytes, uint64_t f
 
 typedef bool (*edit_fn)(uint8_t *value, size_t bytes, void *ctx);
 
-static bool raw_edit(const char *dir, const common_hash *fp, const common_hash *hash, edit_fn fn,
-                     void *ctx)
+/* Reads the record (fp, from), lets fn edit a copy and writes that under
+ * (fp, to); false when the record is missing or fn refuses. */
+static bool raw_edit_to(const char *dir, const common_hash *fp, const common_hash *from,
+                        const common_hash *to, edit_fn fn, void *ctx)
 {
     MDB_env *env;
     MDB_txn *txn;
@@ -112,7 +114,7 @@ static bool raw_edit(const char *dir, const common_hash *fp, const common_hash *
     if (mdb_dbi_open(txn, "records", 0, &dbi) != 0)
         goto out_txn;
     uint8_t key[STORE_KEY_BYTES];
-    store_record_key(key, fp, hash);
+    store_record_key(key, fp, from);
     MDB_val k = {sizeof key, key}, v;
     if (mdb_get(txn, dbi, &k, &v) != 0)
         goto out_txn;
@@ -121,7 +123,10 @@ static bool raw_edit(const char *dir, const common_hash *fp, const common_hash *
         goto out_txn;
     memcpy(copy, v.mv_data, v.mv_size);
     MDB_val nv = {v.mv_size, copy};
-    if (fn(copy, v.mv_size, ctx) && mdb_put(txn, dbi, &k, &nv, 0) == 0)
+    uint8_t to_key[STORE_KEY_BYTES];
+    store_record_key(to_key, fp, to);
+    MDB_val tk = {sizeof to_key, to_key};
+    if (fn(copy, v.mv_size, ctx) && mdb_put(txn, dbi, &tk, &nv, 0) == 0)
         done = mdb_txn_commit(txn) == 0;
     else
         mdb_txn_abort(txn);
@@ -133,6 +138,12 @@ out_txn:
 out_env:
     mdb_env_close(env);
     return false;
+}
+
+static bool raw_edit(const char *dir, const common_hash *fp, const common_hash *hash, edit_fn fn,
+                     void *ctx)
+{
+    return raw_edit_to(dir, fp, hash, hash, fn, ctx);
 }
 
 static bool flip(uint8_t *value, size_t bytes, void *ctx)
@@ -149,13 +160,19 @@ bool tu_flip_record_byte(const char *dir, const common_hash *fp, const common_ha
     return raw_edit(dir, fp, hash, flip, &at);
 }
 
+/* Rewrites a header's fingerprint and block hash and re-seals it. */
+typedef struct reseal_as {
+    const common_hash *fp, *hash;
+} reseal_as;
+
 static bool reseal(uint8_t *value, size_t bytes, void *ctx)
 {
-    const common_hash *other = ctx;
+    const reseal_as *as = ctx;
     store_record_info info;
     if (store_record_decode(value, bytes, &info, NULL) != SHOAL_OK)
         return false;
-    store_record_encode(value, other, &info.hash, &info.parent, &info.layout, info.tokens,
+    store_record_encode(value, as->fp, as->hash, &info.parent,
+                        &info.layout, info.tokens,
                         info.kind == STORE_RECORD_STATE_PART ? &info.part : NULL,
                         value + STORE_RECORD_HEADER_BYTES);
     return true;
@@ -164,48 +181,15 @@ static bool reseal(uint8_t *value, size_t bytes, void *ctx)
 bool tu_reseal_with_fingerprint(const char *dir, const common_hash *fp, const common_hash *hash,
                                 const common_hash *other)
 {
-    return raw_edit(dir, fp, hash, reseal, (void *)other);
+    reseal_as as = {other, hash};
+    return raw_edit(dir, fp, hash, reseal, &as);
 }
 
 bool tu_reseal_copy(const char *dir, const common_hash *fp, const common_hash *from,
                     const common_hash *to)
 {
-    MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    bool done = false;
-    if (mdb_env_create(&env) != 0)
-        return false;
-    mdb_env_set_maxdbs(env, 8);
-    mdb_env_set_mapsize(env, (size_t)1 << 34);
-    if (mdb_env_open(env, dir, 0, 0600) != 0 || mdb_txn_begin(env, NULL, 0, &txn) != 0) {
-        mdb_env_close(env);
-        return false;
-    }
-    uint8_t key[STORE_KEY_BYTES];
-    store_record_key(key, fp, from);
-    MDB_val k = {sizeof key, key}, v;
-    store_record_info info;
-    uint8_t *copy = NULL;
-    if (mdb_dbi_open(txn, "records", 0, &dbi) == 0 && mdb_get(txn, dbi, &k, &v) == 0 &&
-        (copy = malloc(v.mv_size)) != NULL) {
-        memcpy(copy, v.mv_data, v.mv_size);
-        if (store_record_decode(copy, v.mv_size, &info, NULL) == SHOAL_OK) {
-            store_record_encode(copy, fp, to, &info.parent, &info.layout, info.tokens,
-                                info.kind == STORE_RECORD_STATE_PART ? &info.part : NULL,
-                                copy + STORE_RECORD_HEADER_BYTES);
-            store_record_key(key, fp, to);
-            MDB_val nv = {v.mv_size, copy};
-            done = mdb_put(txn, dbi, &k, &nv, 0) == 0;
-        }
-    }
-    if (done)
-        done = mdb_txn_commit(txn) == 0;
-    else
-        mdb_txn_abort(txn);
-    free(copy);
-    mdb_env_close(env);
-    return done;
+    reseal_as as = {fp, to};
+    return raw_edit_to(dir, fp, from, to, reseal, &as);
 }
 
 /* ---- holders ---- */
