@@ -1377,8 +1377,7 @@ static void attention_block(worker_model *m, const model_layer *L, int pl,
     if (L->q_gate.data)
         normed_matmul(m, fused, m->att_gate, &L->q_gate, rows, q_w);
     if (L->qkv_joined && qkv_room) {
-        /* rows of [q | k | v], one GEMM (at 64 rows on the H200 12 +
-         * 8 + 8 us as three) */
+        /* rows of [q | k | v], one GEMM instead of three smaller ones */
         q = m->up;
         k = (unsigned char *)q + (size_t)q_w * a;
         v = (unsigned char *)k + (size_t)kv_w * a;
