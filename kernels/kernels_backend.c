@@ -38,7 +38,17 @@ shoal_err kernels_backend_open(const kernels_backend_options *opt, kernels_backe
         return shoal_diag_set(diag, SHOAL_ERR_INVALID,
                               "device '%s': expected 'cpu' or a GPU index such as 0", opt->device);
 #ifdef SHOAL_HAVE_CUDA
-    return cuda_backend_open((int)index, opt->act_dtype, out, diag);
+    cuda_options co;
+    if (opt->cuda) {
+        co = *opt->cuda;
+    } else {
+        shoal_err err = cuda_options_default(&co, diag);
+        if (err)
+            return err;
+    }
+    if (opt->act_dtype != SHOAL_DTYPE_INVALID)
+        co.act_dtype = opt->act_dtype;
+    return cuda_backend_open_with((int)index, &co, out, diag);
 #else
     return shoal_diag_set(diag, SHOAL_ERR_UNSUPPORTED,
                           "device '%s': this build of shoal has no CUDA backend (rebuild with "

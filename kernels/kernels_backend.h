@@ -77,6 +77,7 @@ typedef struct kernels_batch {
 } kernels_batch;
 
 typedef struct kernels_backend kernels_backend;
+struct cuda_options; /* kernels/cuda/cuda_backend.h */
 
 struct kernels_backend {
     const char *name;
@@ -425,9 +426,12 @@ typedef struct kernels_backend_options {
     const char *device; /* "cpu", or a CUDA device index "0", "1", ... */
     int threads;        /* CPU backend: threads (0 = one per processor) */
     /* CUDA backend: activation dtype, BF16 or F32; INVALID (0) takes the
-     * environment's SHOAL_CUDA_ACT_DTYPE ("bf16" or "f32") and else BF16.
-     * The CPU backend always computes in F32. */
+     * settings' (cuda_options.act_dtype). The CPU backend always computes
+     * in F32. */
     shoal_dtype act_dtype;
+    /* CUDA backend: its settings (kernels/cuda/cuda_backend.h), read at
+     * open; NULL takes cuda_options_default's. */
+    const struct cuda_options *cuda;
 } kernels_backend_options;
 
 /* Opens the backend that opt->device names. *out is the caller's until

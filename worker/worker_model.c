@@ -877,7 +877,8 @@ shoal_err worker_model_open(const worker_model_options *opt, worker_model **out,
         goto out_close;
     const model_config *c = &m->cfg;
     kernels_backend_options bo = {
-        .device = opt->device, .threads = opt->threads, .act_dtype = opt->act_dtype};
+        .device = opt->device, .threads = opt->threads, .act_dtype = opt->act_dtype,
+        .cuda = opt->cuda};
     if ((err = kernels_backend_open(&bo, &m->be, diag)))
         goto out_close;
     err = opt->load_format == WORKER_LOAD_DUMMY

@@ -42,6 +42,9 @@ typedef struct worker_model_options {
     uint64_t dummy_seed;
     shoal_dtype act_dtype; /* backend activations; INVALID = the backend's default */
     shoal_dtype kv_dtype;  /* KV pages: BF16 (default) or F8_E4M3 (scales 1.0) */
+    /* CUDA backend: its settings (kernels/cuda/cuda_backend.h; tests),
+     * read at open; NULL (default): cuda_options_default's */
+    const struct cuda_options *cuda;
 } worker_model_options;
 
 /* Sensible defaults: cpu, 16-token pages, 2048 rows, 64 logit rows... */

@@ -253,6 +253,7 @@ extern "C" shoal_err cuda_backend_set_attention_slice_rows(kernels_backend *be, 
     return alloc_attn_scratch(be, rows, NULL);
 }
 
+#ifdef SHOAL_TESTING
 extern "C" void cuda_backend_set_attention_fault(kernels_backend *be, kernels_attn_fault fault)
 {
     cuda_of(be)->attn_fault = fault;
@@ -272,89 +273,77 @@ extern "C" int cuda_backend_prompt_ws_rounds(kernels_backend *be)
 {
     return cuda_of(be)->prompt_ws_rounds;
 }
+#endif
 
-static shoal_err pick_act_dtype(shoal_dtype asked, shoal_dtype *out, shoal_diag *diag)
-{
-    if (asked == SHOAL_DTYPE_INVALID) {
-        const char *env = getenv("SHOAL_CUDA_ACT_DTYPE");
-        if (!env || !*env || strcmp(env, "bf16") == 0)
-            asked = SHOAL_DTYPE_BF16;
-        else if (strcmp(env, "f32") == 0)
-            asked = SHOAL_DTYPE_F32;
-        else
-            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
-                                  "SHOAL_CUDA_ACT_DTYPE '%s': expected bf16 or f32", env);
-    }
-    if (asked != SHOAL_DTYPE_BF16 && asked != SHOAL_DTYPE_F32)
-        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
-                              "cuda: activations must be BF16 or F32, not %s",
-                              shoal_dtype_name(asked));
-    *out = asked;
-    return SHOAL_OK;
-}
-
-/* An integer from the environment, or `fallback` when unset or unparsable. */
-static int env_int(const char *name, int fallback)
+/* A setting of 0 or 1 from the environment into *out (unset or empty:
+ * *out stays); SHOAL_ERR_INVALID for another value. */
+static shoal_err env_flag(const char *name, int *out, shoal_diag *diag)
 {
     const char *v = getenv(name);
     if (!v || !*v)
-        return fallback;
-    char *end;
-    long x = strtol(v, &end, 10);
-    return *end == '\0' && x >= 0 && x <= 1 << 20 ? (int)x : fallback;
+        return SHOAL_OK;
+    if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "%s '%s': expected 0 or 1", name, v);
+    *out = v[0] == '1';
+    return SHOAL_OK;
 }
 
-int cuda_gemv_carveout = cudaSharedmemCarveoutMaxL1;
+extern "C" shoal_err cuda_options_default(cuda_options *opt, shoal_diag *diag)
+{
+    memset(opt, 0, sizeof *opt);
+    opt->act_dtype = SHOAL_DTYPE_BF16;
+    opt->graphs = true;
+    opt->deltanet_chunk = -1;
+    opt->portable = false;
+    opt->prompt_blocks = 0;
+    const char *env = getenv("SHOAL_CUDA_ACT_DTYPE");
+    if (env && *env && strcmp(env, "bf16") != 0) {
+        if (strcmp(env, "f32") != 0)
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "SHOAL_CUDA_ACT_DTYPE '%s': expected bf16 or f32", env);
+        opt->act_dtype = SHOAL_DTYPE_F32;
+    }
+    int graphs = 1;
+    shoal_err err = env_flag("SHOAL_CUDA_GRAPHS", &graphs, diag);
+    if (!err)
+        err = env_flag("SHOAL_CUDA_DELTANET_CHUNK", &opt->deltanet_chunk, diag);
+    opt->graphs = graphs != 0;
+    return err;
+}
 
 static void pick_kernels(cuda_state *st)
 {
-    bool legacy = env_int("SHOAL_CUDA_LEGACY", 0) != 0;
-    cuda_gemv_carveout = env_int("SHOAL_CUDA_GEMV_L1", legacy ? 0 : 1)
-                             ? (int)cudaSharedmemCarveoutMaxL1
-                             : (int)cudaSharedmemCarveoutDefault;
-    st->attn_tc = env_int("SHOAL_CUDA_ATTN_TC", legacy ? 0 : 1) != 0;
-    st->gemv_rows_max = env_int("SHOAL_CUDA_GEMV_ROWS", legacy ? 0 : CUDA_GEMV_ROWS_DEFAULT);
-    if (st->gemv_rows_max > CUDA_GEMV_ROWS_MAX)
-        st->gemv_rows_max = CUDA_GEMV_ROWS_MAX;
-    st->graphs = env_int("SHOAL_CUDA_GRAPHS", legacy ? 0 : 1) != 0;
-    st->attn_fill = env_int("SHOAL_CUDA_ATTN_FILL", legacy ? 0 : 2);
-    st->attn_stages = env_int("SHOAL_CUDA_ATTN_STAGES", legacy ? 3 : 2) == 3 ? 3 : 2;
-    st->attn_blocks = env_int("SHOAL_CUDA_ATTN_BLOCKS", 0);
-    if (st->attn_blocks < 0 || st->attn_blocks > 64)
-        st->attn_blocks = 0;
-    st->attn_wave = env_int("SHOAL_CUDA_ATTN_WAVE", legacy ? 0 : 1) != 0;
-    st->attn_tma = env_int("SHOAL_CUDA_ATTN_TMA", legacy ? 0 : 6);
-    if (st->attn_tma != 0 && st->attn_tma != 4)
-        st->attn_tma = 6;
-    st->attn_tma_rows = env_int("SHOAL_CUDA_ATTN_TMA_ROWS", 1) != 0;
-    st->attn_lean = env_int("SHOAL_CUDA_ATTN_LEAN", 0) != 0;
-    st->attn_depth = env_int("SHOAL_CUDA_ATTN_DEPTH", legacy ? 0 : 4);
-    if (st->attn_depth == 0)
-        st->attn_depth = 1 << 20;
-    st->attn_tma_l2 = env_int("SHOAL_CUDA_ATTN_TMA_L2", 128);
-    st->attn_early = env_int("SHOAL_CUDA_ATTN_EARLY", legacy ? 0 : 1) != 0;
-    st->attn_rope = env_int("SHOAL_CUDA_ATTN_ROPE", legacy ? 0 : 2);
-    st->norm_early = env_int("SHOAL_CUDA_NORM_EARLY", legacy ? 0 : 2);
-    st->gemv_loads = env_int("SHOAL_CUDA_GEMV_LOADS", legacy ? 8 : 16) == 8 ? 8 : 16;
-    st->norm_fused = env_int("SHOAL_CUDA_NORM_FUSED", legacy ? 0 : 1) != 0;
-    st->prompt_tile = env_int("SHOAL_CUDA_PROMPT_TILE", legacy ? 1 : 5);
-    if (st->prompt_tile < 1 || st->prompt_tile > 5)
-        st->prompt_tile = 5;
-    st->prompt_persist = env_int("SHOAL_CUDA_PROMPT_PERSIST", 1) != 0;
-    st->prompt_blocks = env_int("SHOAL_CUDA_PROMPT_BLOCKS", 0);
-    st->sample_split = env_int("SHOAL_CUDA_SAMPLE", legacy ? 0 : 1) != 0;
-    st->gemv_swiglu = env_int("SHOAL_CUDA_GEMV_SWIGLU", legacy ? 0 : 1) != 0;
-    st->rope_kv_fused = env_int("SHOAL_CUDA_ROPE_KV", legacy ? 0 : 1) != 0;
-    st->gate_up_batched = env_int("SHOAL_CUDA_GATE_UP_BATCHED", legacy ? 0 : 1) != 0;
-    st->gemm_splitk = env_int("SHOAL_CUDA_GEMM_SPLITK", 0) != 0;
-    st->gemm_parts = env_int("SHOAL_CUDA_GEMM_PARTS", legacy ? 0 : 1);
-    st->gemm_splitk_s = env_int("SHOAL_CUDA_GEMM_SPLITK_S", 0);
-    if (st->gemm_splitk_s > 8)
-        st->gemm_splitk_s = 8;
-    st->gemm_splitk_stages = env_int("SHOAL_CUDA_GEMM_SPLITK_STAGES", 0);
-    st->gemm_swiglu = env_int("SHOAL_CUDA_GEMM_SWIGLU", legacy ? 0 : 1);
-    st->gemm_rows_parts = env_int("SHOAL_CUDA_GEMM_ROWS_PARTS", legacy ? 0 : 1) != 0;
-    st->gemm_rows_pre = env_int("SHOAL_CUDA_GEMM_ROWS_PRE", 6);
+    st->attn_tc = true;
+    st->gemv_rows_max = CUDA_GEMV_ROWS_DEFAULT;
+    st->graphs = st->opt.graphs;
+    st->attn_fill = 2;
+    st->attn_stages = 2;
+    st->attn_blocks = 0;
+    st->attn_wave = true;
+    st->attn_tma = 6;
+    st->attn_tma_rows = true;
+    st->attn_lean = false;
+    st->attn_depth = 4;
+    st->attn_tma_l2 = 128;
+    st->attn_early = true;
+    st->attn_rope = 2;
+    st->norm_early = 2;
+    st->gemv_loads = 16;
+    st->norm_fused = true;
+    st->prompt_tile = 5;
+    st->prompt_persist = true;
+    st->prompt_blocks = st->opt.prompt_blocks;
+    st->sample_split = true;
+    st->gemv_swiglu = true;
+    st->rope_kv_fused = true;
+    st->gate_up_batched = true;
+    st->gemm_splitk = false;
+    st->gemm_parts = 1;
+    st->gemm_splitk_s = 0;
+    st->gemm_splitk_stages = 0;
+    st->gemm_swiglu = 1;
+    st->gemm_rows_parts = true;
+    st->gemm_rows_pre = 6;
 }
 
 static shoal_err cuda_mem_info(kernels_backend *be, size_t *free_bytes, size_t *total_bytes)
@@ -384,10 +373,25 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
                                        shoal_diag *diag)
 {
     *out = NULL;
-    shoal_dtype act;
-    shoal_err err = pick_act_dtype(act_dtype, &act, diag);
+    cuda_options opt;
+    shoal_err err = cuda_options_default(&opt, diag);
     if (err)
         return err;
+    if (act_dtype != SHOAL_DTYPE_INVALID)
+        opt.act_dtype = act_dtype;
+    return cuda_backend_open_with(device, &opt, out, diag);
+}
+
+extern "C" shoal_err cuda_backend_open_with(int device, const cuda_options *opt,
+                                            kernels_backend **out, shoal_diag *diag)
+{
+    *out = NULL;
+    shoal_dtype act = opt->act_dtype;
+    shoal_err err = SHOAL_OK;
+    if (act != SHOAL_DTYPE_BF16 && act != SHOAL_DTYPE_F32)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "cuda: activations must be BF16 or F32, not %s",
+                              shoal_dtype_name(act));
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess)
@@ -405,6 +409,7 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
     }
     be->impl = st;
     st->device = device;
+    st->opt = *opt;
     pick_kernels(st);
     cublasStatus_t cs;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
@@ -456,10 +461,11 @@ extern "C" shoal_err cuda_backend_open(int device, shoal_dtype act_dtype, kernel
                              cublasGetStatusString(cs));
         goto out_close;
     }
-    /* The chunked delta rule multiplies bf16 operands on tensor cores: it
-     * serves bf16 activations; f32 ones (the exact parity runs) keep the
-     * recurrent rule unless SHOAL_CUDA_DELTANET_CHUNK=1 asks for it. */
-    st->deltanet_chunk = env_int("SHOAL_CUDA_DELTANET_CHUNK", act == SHOAL_DTYPE_BF16) != 0;
+    /* The chunked delta rule multiplies bf16 operands on tensor cores: by
+     * default it serves bf16 activations, and f32 ones (the exact parity
+     * runs) keep the recurrent rule. */
+    st->deltanet_chunk =
+        opt->deltanet_chunk < 0 ? act == SHOAL_DTYPE_BF16 : opt->deltanet_chunk != 0;
     if ((err = alloc_attn_scratch(be, KERNELS_ATTN_SLICE_ROWS, diag)) ||
         (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be)) ||
         (err = cuda_matmul_splitk_init(be)) || (err = cuda_gemm_rows_init(be)) ||

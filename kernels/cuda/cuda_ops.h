@@ -108,6 +108,7 @@ typedef struct cuda_gemm_tmap {
 /* The backend's state (be->impl). */
 typedef struct cuda_state {
     int device;
+    cuda_options opt; /* as opened */
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *cublas_workspace;
@@ -390,16 +391,6 @@ static __device__ __forceinline__ void pdl_trigger()
     asm volatile("griddepcontrol.launch_dependents;\n" ::);
 #endif
 }
-
-/* The one-row GEMV's shared-memory carveout (matmul.cu), the process's
- * as the function attribute it sets: cudaSharedmemCarveoutMaxL1 by
- * default (SHOAL_CUDA_GEMV_L1=0: the driver's choice). Its loads in
- * flight land in L1 (96 KB a multiprocessor at one row); without the ask
- * its blocks may run where the TMA partials' 212 KB of shared memory
- * left L1 28 KB: batch 1 at 4k 1.4% slower with the norm fold, and the
- * plain GEMV 11% slower where every kernel asks for the most shared
- * memory (kernels/lab rows 27.2-27.5). */
-extern int cuda_gemv_carveout;
 
 /* Launches kernel<<<blocks, threads, 0, stream>>>(args...) with the
  * programmatic-serialization attribute: it must pdl_wait() before it

@@ -10,7 +10,6 @@
 #include "gemv.cuh"
 
 #include <atomic>
-#include <climits>
 
 enum { MM_BM = 64, MM_BN = 64, MM_BK = 16, MM_THREADS = 256 };
 
@@ -141,13 +140,16 @@ static void launch_gemv_r(cudaStream_t stream, unsigned blocks, O *out, const bf
                           const bf16 *w, const bf16 *w2, int n, int k, float eps)
 {
     auto kernel = matmul_gemv<R, O, SWIGLU, U, EPI>;
-    /* asked once an instance (the attribute is the process's); a hint,
-     * whose failure costs speed alone */
-    static std::atomic<int> asked{INT_MIN};
-    const int carveout = cuda_gemv_carveout;
-    if (asked.exchange(carveout) != carveout)
+    /* The most L1 a multiprocessor has: the loads in flight land there (96
+     * KB a multiprocessor at one row), and without the ask the blocks may
+     * run where the TMA partials' shared memory left L1 little. Asked once
+     * an instance (the attribute is the process's); a hint, whose failure
+     * costs speed alone. */
+    static std::atomic<bool> asked{false};
+    if (!asked.exchange(true))
         (void)cudaFuncSetAttribute((const void *)kernel,
-                                   cudaFuncAttributePreferredSharedMemoryCarveout, carveout);
+                                   cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   (int)cudaSharedmemCarveoutMaxL1);
     cuda_launch_pdl(stream, blocks, GEMV_WARPS * 32, kernel, out, in, w, w2, n, k, eps);
 }
 
