@@ -337,10 +337,7 @@ static void pick_kernels(cuda_state *st)
     st->gemv_swiglu = true;
     st->rope_kv_fused = true;
     st->gate_up_batched = true;
-    st->gemm_splitk = false;
     st->gemm_parts = 1;
-    st->gemm_splitk_s = 0;
-    st->gemm_splitk_stages = 0;
     st->gemm_swiglu = 1;
     st->gemm_rows_parts = true;
     st->gemm_rows_pre = 6;
@@ -468,7 +465,7 @@ extern "C" shoal_err cuda_backend_open_with(int device, const cuda_options *opt,
         opt->deltanet_chunk < 0 ? act == SHOAL_DTYPE_BF16 : opt->deltanet_chunk != 0;
     if ((err = alloc_attn_scratch(be, KERNELS_ATTN_SLICE_ROWS, diag)) ||
         (err = cuda_attention_init(be)) || (err = cuda_attention_prompt_init(be)) ||
-        (err = cuda_matmul_splitk_init(be)) || (err = cuda_gemm_rows_init(be)) ||
+        (err = cuda_gemm_rows_init(be)) ||
         (err = cuda_deltanet_init(be))) {
         if (err == SHOAL_ERR_DEVICE)
             shoal_diag_set(diag, err, "%s", st->err_msg);

@@ -96,8 +96,8 @@ typedef struct cuda_kv_tmap {
     alignas(64) unsigned char map[128];
 } cuda_kv_tmap;
 
-/* A tensor map of a bf16 matrix for the split-K GEMM (matmul_splitk.cu):
- * `height` rows of k, boxes of 64 columns by box_rows. */
+/* A tensor map of a bf16 matrix for gemm_rows.cu's GEMMs: `height` rows
+ * of k, boxes of 64 columns by box_rows. */
 typedef struct cuda_gemm_tmap {
     const void *ptr;
     int k, height, box_rows;
@@ -241,12 +241,6 @@ typedef struct cuda_state {
     bool gemv_swiglu;
     bool rope_kv_fused;
     bool gate_up_batched;
-    /* The split-K GEMM for rounds of 2 to 64 rows, bf16
-     * (SHOAL_CUDA_GEMM_SPLITK, default 0 until measured; 1 = on), its
-     * blocks a tile (SHOAL_CUDA_GEMM_SPLITK_S, 1 to 8; 0 = to fill the GPU),
-     * its stages (SHOAL_CUDA_GEMM_SPLITK_STAGES, 4 or 8; 0 = by the grid),
-     * and its tensor maps (matmul_splitk.cu). */
-    bool gemm_splitk;
     /* matmul_add_rmsnorm's split of k (matmul.cu: gemm_parts): 1 = by the
      * shape (default), 0 = never (matmul then rmsnorm), N > 1 = N parts
      * wherever they fit (SHOAL_CUDA_GEMM_PARTS); its f32 parts' scratch
@@ -263,8 +257,6 @@ typedef struct cuda_state {
      * for the one before */
     bool deltanet_chunk;
     unsigned long deltanet_chunk_launches; /* tests: cuda_backend_deltanet_chunk_launches */
-    int gemm_splitk_s;
-    int gemm_splitk_stages;
     /* gemm_rows.cu: matmul_swiglu past the GEMV's rows as one kernel
      * (SHOAL_CUDA_GEMM_SWIGLU 1, the default; 2 and 3 the lab's other
      * shapes; 0 = cuBLAS's batched GEMM of gate and up, then the swiglu
@@ -275,7 +267,6 @@ typedef struct cuda_state {
     bool gemm_rows_parts;
     int gemm_rows_pre;
     unsigned long gemm_rows_launches; /* tests: cuda_backend_gemm_rows_launches */
-    int gemm_clusters[2][9]; /* [8 stages, 4][S]: clusters that fit at once */
     cuda_gemm_tmap gemm_maps[CUDA_GEMM_MAPS];
     bool capturing;
     cudaGraphExec_t graph[CUDA_GRAPH_SLOTS];
@@ -612,17 +603,10 @@ bool cuda_tmap_bf16(const cuda_state *st, CUtensorMap *out, int rank, const void
                     const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
                     int l2_bytes);
 
-/* matmul_splitk.cu: out = in w^T on the split-K GEMM where it is on and
- * takes the operands (bf16 in, weights and out; 2 to 64 rows; k a multiple
- * of 64); false where it does not (nothing launched). Its init, at open
- * after cuda_attention_prompt_init, raises its shared-memory limit. */
-bool cuda_matmul_splitk(kernels_backend *be, void *out, const void *in, const void *w, int rows,
-                        int n, int k);
-shoal_err cuda_matmul_splitk_init(kernels_backend *be);
-/* The tensor map of a bf16 matrix of `height` rows of k as the GEMMs copy
- * it (boxes 64 wide, box_rows high, 128-byte swizzle; past k or height
- * the boxes land as zeros), from the backend's cache (st->gemm_maps);
- * false where the encoder refuses (matmul_splitk.cu). */
+/* gemm_rows.cu: the tensor map of a bf16 matrix of `height` rows of k as
+ * its GEMMs copy it (boxes 64 wide, box_rows high, 128-byte swizzle; past
+ * k or height the boxes land as zeros), from the backend's cache
+ * (st->gemm_maps); false where the encoder refuses. */
 bool cuda_gemm_map(cuda_state *st, const void *p, int k, int height, int box_rows,
                    CUtensorMap *out);
 

@@ -190,6 +190,34 @@ static __global__ void __launch_bounds__(GR_THREADS, 1)
 #endif
 }
 
+/* cuda_ops.h: the tensor maps of the GEMMs' operands, from the backend's
+ * cache, direct-mapped on the address (a map is the address and shape
+ * encoded: a hit is exact, a miss is encoded again, at a graph's capture
+ * in the decode rounds). The index mixes address bits far apart, so that
+ * gate and up weights, whose addresses differ in high bits alone, take
+ * different entries. */
+bool cuda_gemm_map(cuda_state *st, const void *p, int k, int height, int box_rows, CUtensorMap *out)
+{
+    const uintptr_t a = (uintptr_t)p;
+    cuda_gemm_tmap *t = &st->gemm_maps[((a >> 8) ^ (a >> 17) ^ (a >> 26)) % CUDA_GEMM_MAPS];
+    if (t->ptr != p || t->k != k || t->height != height || t->box_rows != box_rows) {
+        const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)height};
+        const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+        const cuuint32_t box[2] = {GR_BK, (cuuint32_t)box_rows};
+        CUtensorMap m;
+        if (!cuda_tmap_bf16(st, &m, 2, p, dims, strides, box, 128))
+            return false;
+        static_assert(sizeof m == sizeof t->map, "cuda_gemm_tmap.map holds a CUtensorMap");
+        memcpy(t->map, &m, sizeof m);
+        t->ptr = p;
+        t->k = k;
+        t->height = height;
+        t->box_rows = box_rows;
+    }
+    memcpy(out, t->map, sizeof *out);
+    return true;
+}
+
 /* matmul_swiglu's kernels by SHOAL_CUDA_GEMM_SWIGLU: 1 = halves of 96
  * rows, six stages (n = 12,288: 128 blocks, one a multiprocessor); 2 =
  * halves of 64, four stages, two blocks a multiprocessor (192 blocks; row

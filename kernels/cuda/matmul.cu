@@ -232,9 +232,6 @@ void cuda_matmul(kernels_backend *be, void *out, shoal_dtype out_dtype, const vo
         cuda_launched(be, "matmul (gemv)");
         return;
     }
-    if (wdtype == act && out_dtype == act && act == SHOAL_DTYPE_BF16 &&
-        cuda_matmul_splitk(be, out, in, w, rows, n, k))
-        return;
     if (wdtype == act) {
         /* Row-major out = in w^T is column-major out^T = w^T(op T) in: the
          * weight is A (k x n, transposed), the input B (k x rows). */

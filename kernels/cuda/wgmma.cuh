@@ -127,7 +127,7 @@ static __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity)
 #endif
 }
 
-/* The stages of a TMA-fed GEMM (matmul_splitk.cu, gemm_rows.cu): dynamic
+/* The stages of a TMA-fed GEMM (gemm_rows.cu): dynamic
  * shared memory from its first 1,024-byte boundary (the swizzle's repeat;
  * the allocation asks for 1,024 more), and the stages' barrier pairs at
  * full0 and empty0 (8 bytes apart), set by thread 0: `full` completes
@@ -307,7 +307,7 @@ static __device__ __forceinline__ void mma_rs_nmajor(float (&d)[16][4], const ui
         c(d[7][0]), c(d[7][1]), c(d[7][2]), c(d[7][3])
 
 /* d += A B, m64n64k16, bf16 in, f32 accumulate; A and B K-major in shared
- * memory (the split-K GEMM of matmul_splitk.cu: A the weights, B the
+ * memory (gemm_rows.cu: A the weights, B the
  * round's rows). */
 static __device__ __forceinline__ void mma_ss_n64(float (&d)[8][4], uint64_t a, uint64_t b)
 {

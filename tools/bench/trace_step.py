@@ -29,7 +29,7 @@ def demangle(names):
 def op_of(name):
     """The kernel's name without its parameters; templates kept for ours."""
     n = name.split("(")[0].replace("void ", "").strip()
-    if n.startswith("gemm_rows") or n.startswith("gemm_splitk") or n.startswith("moe_"):  # ours
+    if n.startswith("gemm_rows") or n.startswith("moe_"):  # ours
         return n
     if n.startswith("nvjet") or "gemm" in n.lower() or n.startswith("sm90_xmma"):
         return "cublas gemm"
