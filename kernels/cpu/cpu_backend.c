@@ -63,7 +63,8 @@ static void cpu_close(kernels_backend *be)
     free(be);
 }
 
-shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
+static shoal_err open_backend(int threads, bool avx512_allowed, kernels_backend **out,
+                              shoal_diag *diag)
 {
     *out = NULL;
     kernels_backend *be = calloc(1, sizeof *be);
@@ -83,7 +84,7 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     __builtin_cpu_init();
     st->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl");
-    if (getenv("SHOAL_CPU_NO_AVX512"))
+    if (!avx512_allowed)
         st->avx512 = false;
     be->name = "cpu";
     be->act_dtype = SHOAL_DTYPE_F32;
@@ -126,6 +127,16 @@ shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
     be->fill_random = cpu_fill_random;
     *out = be;
     return SHOAL_OK;
+}
+
+shoal_err cpu_backend_open(int threads, kernels_backend **out, shoal_diag *diag)
+{
+    return open_backend(threads, true, out, diag);
+}
+
+shoal_err cpu_backend_open_portable(int threads, kernels_backend **out, shoal_diag *diag)
+{
+    return open_backend(threads, false, out, diag);
 }
 
 int cpu_backend_threads(kernels_backend *be)
