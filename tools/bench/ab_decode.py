@@ -6,6 +6,10 @@ side, each beside the bound of the same run.
                  (--membw PROGRAM | --bw GBPS) [--prefill N] [--reps R]
                  [--shape B,C,S]... [--variant NAME:VAR=VALUE[,VAR=VALUE]...]...
 
+e.g. --variant tree: --variant nographs:SHOAL_CUDA_GRAPHS=0. The CUDA
+backend reads three settings, SHOAL_CUDA_ACT_DTYPE, SHOAL_CUDA_GRAPHS and
+SHOAL_CUDA_DELTANET_CHUNK; a variant naming another SHOAL_CUDA_ variable is
+refused, since the backend would ignore it and run the defaults again.
 Each shape (batch B, context C, S steps) runs every variant R times, the
 variants taking turns (one run of each, then the next round), so that a
 drift of the machine falls on all of them alike. The first variant is the
@@ -26,6 +30,8 @@ DECODE = re.compile(r"decode: batch (\d+) at context (\d+): ([0-9.]+) ms a step.
                     r"([0-9.]+) tokens/s")
 BYTES = re.compile(r"bytes a step: weights ([0-9]+), KV ([0-9]+)")
 BW = re.compile(r"([0-9.]+) GB/s")
+# what kernels/cuda/cuda_backend.cu (cuda_options_default) reads
+CUDA_SETTINGS = ("SHOAL_CUDA_ACT_DTYPE", "SHOAL_CUDA_GRAPHS", "SHOAL_CUDA_DELTANET_CHUNK")
 
 
 def fail(msg):
@@ -42,6 +48,9 @@ def parse_variant(spec):
         var, eq, val = kv.partition("=")
         if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
             fail(f"variant '{spec}': '{kv}' is not VAR=VALUE")
+        if var.startswith("SHOAL_CUDA_") and var not in CUDA_SETTINGS:
+            fail(f"variant '{spec}': the CUDA backend reads no {var} (only "
+                 + ", ".join(CUDA_SETTINGS) + ")")
         env[var] = val
     return name, env
 
