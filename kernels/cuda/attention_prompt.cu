@@ -1217,7 +1217,8 @@ bool cuda_kv_map(kernels_backend *be, const void *arena, const kernels_kv_layout
 shoal_err cuda_attention_prompt_init(kernels_backend *be)
 {
     cuda_state *st = cuda_of(be);
-    st->sm90a = wgmma_usable(be);
+    /* portable: the kernels every GPU runs, whatever the build holds */
+    st->sm90a = !st->opt.portable && wgmma_usable(be);
     st->prompt_wgmma = st->prompt_tile >= 4 && st->sm90a;
     st->tmap_encode = NULL;
     memset(st->tmaps, 0, sizeof st->tmaps);
@@ -1307,8 +1308,8 @@ void cuda_attention_prompt(kernels_backend *be, void *out, const void *q, int he
                             cuda_state *st = cuda_of(be);
                             const long long items = (long long)grid.x * tiles;
                             SHOAL_ASSERT(items <= INT_MAX);
-                            const int most =
-                                st->prompt_blocks > 0 ? st->prompt_blocks : st->sm_count;
+                            const int most = st->opt.prompt_blocks > 0 ? st->opt.prompt_blocks
+                                                                       : st->sm_count;
                             const long long blocks =
                                 st->prompt_persist ? std::min<long long>(items, most) : items;
                             grid = dim3((unsigned)blocks);

@@ -144,7 +144,7 @@ static shoal_err cuda_graph_begin(kernels_backend *be)
     SHOAL_ASSERT(!st->capturing);
     if (st->err)
         return st->err;
-    if (!st->graphs)
+    if (!st->opt.graphs)
         return SHOAL_ERR_UNSUPPORTED;
     /* thread-local: only this thread's calls are recorded, and another
      * thread's unrelated CUDA work does not break the recording */
@@ -315,7 +315,6 @@ static void pick_kernels(cuda_state *st)
 {
     st->attn_tc = true;
     st->gemv_rows_max = CUDA_GEMV_ROWS_DEFAULT;
-    st->graphs = st->opt.graphs;
     st->attn_fill = 2;
     st->attn_stages = 2;
     st->attn_blocks = 0;
@@ -332,7 +331,6 @@ static void pick_kernels(cuda_state *st)
     st->norm_fused = true;
     st->prompt_tile = 5;
     st->prompt_persist = true;
-    st->prompt_blocks = st->opt.prompt_blocks;
     st->sample_split = true;
     st->gemv_swiglu = true;
     st->rope_kv_fused = true;

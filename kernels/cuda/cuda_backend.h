@@ -29,9 +29,9 @@ typedef struct cuda_options {
      * (SHOAL_CUDA_DELTANET_CHUNK=0 or 1). */
     int deltanet_chunk;
     /* true: only the portable kernels, which every GPU runs (mma.sync,
-     * cp.async, cuBLAS); false (default): the sm_90a ones (wgmma, TMA)
-     * wherever the build holds sm_90a code for the GPU. Tests compare the
-     * two. */
+     * cp.async, cuBLAS), as on a GPU or build without sm_90a code; false
+     * (default): the sm_90a ones (wgmma, TMA) wherever the build holds
+     * sm_90a code for the GPU. Tests and the kernel lab compare the two. */
     bool portable;
     /* The persistent prompt kernel's blocks at most: 0 (default) one a
      * multiprocessor; tests set a few, so that each block takes many

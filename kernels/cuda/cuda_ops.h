@@ -120,38 +120,7 @@ typedef struct cuda_state {
     kernels_attn_fault attn_fault; /* tests only */
     void *sample_parts; /* sample_parts_max chunk summaries (sample.cu) */
     int sample_parts_max;
-    /* Kernel choices, read from the environment at open (benchmarks and
-     * the before/after of a change; SHOAL_CUDA_LEGACY=1 turns them all to
-     * the first version's): tensor-core attention (SHOAL_CUDA_ATTN_TC,
-     * default 1), decode segments shortened to fill the GPU at small
-     * rounds (SHOAL_CUDA_ATTN_FILL, default 2; 1 = the wide merge alone,
-     * 0 = also the first merge), our GEMV for matmuls of at most gemv_rows_max rows
-     * (SHOAL_CUDA_GEMV_ROWS, default 1; 0 = cuBLAS always), CUDA graphs
-     * (SHOAL_CUDA_GRAPHS, default 1), and the sampler read in chunks by
-     * coalesced loads (SHOAL_CUDA_SAMPLE, default 1; 0 = one block a row
-     * walking contiguous runs), and SwiGLU formed in the gate/up GEMV's
-     * last step where matmul_swiglu takes the GEMV (SHOAL_CUDA_GEMV_SWIGLU,
-     * default 1; 0 = the projections written, then the swiglu kernel), and
-     * q's and k's norm and rotation with the KV write as one kernel up to
-     * CUDA_ROPE_KV_ROWS_MAX rows (SHOAL_CUDA_ROPE_KV, default 1; 0 = the
-     * qk_norm_rope kernel twice, then kv_write), and gate and up as one
-     * strided-batched GEMM past the GEMV's rows where their weights are
-     * joined (SHOAL_CUDA_GATE_UP_BATCHED, default 1; 0 = two GEMMs), and
-     * the tensor-core
-     * attention partials' K/V tile stages (SHOAL_CUDA_ATTN_STAGES, default
-     * 2; 3 = the third session's, two blocks a multiprocessor instead of
-     * three), and the blocks a multiprocessor the segment rule aims at
-     * (SHOAL_CUDA_ATTN_BLOCKS, default 0: 1 for the TMA partials, 4 for
-     * the others), and the prompt kernel's tile
-     * (SHOAL_CUDA_PROMPT_TILE, default 5 = the warp-specialized wgmma
-     * kernel, its tiles copied by the tensor memory accelerator, where the
-     * build, GPU, driver and page size allow, else 4; 4 = the wgmma kernel
-     * of 128 rows in two warpgroups with every thread copying, where the
-     * build and GPU run it, else 1; 1 = 64 rows in 4 warps of 16; 2 = 128
-     * rows in 4 warps of 32; 3 = 128 rows in 8 warps of 16),
-     * and decode segments raised to fill the partials' last wave
-     * (SHOAL_CUDA_ATTN_WAVE, default 1; attention.cu's attn_splits_cap). */
-    int sm_count;
+    int sm_count; /* multiprocessors */
     bool attn_tc;
     int attn_fill;
     int attn_stages; /* 2 or 3 */
@@ -161,14 +130,15 @@ typedef struct cuda_state {
     int prompt_tile;   /* 1 to 3: attention_prompt.cu's prompt_shape, 4 = wgmma, 5 = ws */
     /* attn_prompt_ws: persistent (SHOAL_CUDA_PROMPT_PERSIST 1, the default),
      * a block a multiprocessor taking item after item, or at most
-     * prompt_blocks blocks where that is above 0 (SHOAL_CUDA_PROMPT_BLOCKS:
-     * tests, many items a block); SHOAL_CUDA_PROMPT_PERSIST=0: a block an
+     * opt.prompt_blocks blocks where that is above 0 (tests: many items a
+     * block); SHOAL_CUDA_PROMPT_PERSIST=0: a block an
      * item. prompt_ws_rounds: the most items a block took in any launch
      * (tests: cuda_backend_prompt_ws_rounds) */
     bool prompt_persist;
-    int prompt_blocks;
     int prompt_ws_rounds;
-    bool sm90a;        /* this build holds sm_90a code for this GPU (wgmma, TMA) */
+    /* the sm_90a kernels (wgmma, TMA) run: this build holds their code
+     * for this GPU, and the options do not ask for the portable ones */
+    bool sm90a;
     bool prompt_wgmma; /* tile 4 or 5 asked for, and this build and GPU run it */
     /* Decode attention's partials with K and V staged by the tensor
      * memory accelerator (attn_partial_tma) in this many 32-token stages
@@ -236,7 +206,6 @@ typedef struct cuda_state {
     cuda_kv_tmap tmaps[2];
     bool attn_wave;  /* decode segments raised to fill their last wave */
     int gemv_rows_max;
-    bool graphs;
     bool sample_split;
     bool gemv_swiglu;
     bool rope_kv_fused;
