@@ -831,8 +831,8 @@ static __device__ __forceinline__ void tma_rope_q(const attn_tma_args &ta, const
 }
 #endif
 
-template <int S, bool ROWS, int MINB = (S == 4 ? 3 : 2)>
-static __global__ void __launch_bounds__(TMA_THREADS, MINB)
+template <int S, bool ROWS>
+static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
     attn_partial_tma(const __grid_constant__ attn_tma_args ta, const bf16 *q,
                      const int32_t *row_stream, const int32_t *positions,
                      const int32_t *page_table)
@@ -983,16 +983,13 @@ static __global__ void __launch_bounds__(TMA_THREADS, MINB)
 #endif
 }
 
-/* lean: six stages compiled to three blocks' registers (SHOAL_CUDA_ATTN_LEAN) */
-template <typename F> static bool partial_tma_dispatch(int stages, bool rows, bool lean, F f)
+template <typename F> static bool partial_tma_dispatch(int stages, bool rows, F f)
 {
-    switch (stages * 4 + rows * 2 + (lean && stages == 6)) {
-    case 16: f(attn_partial_tma<4, false>, tma_partial_smem_bytes<4>); return true;
-    case 18: f(attn_partial_tma<4, true>, tma_partial_smem_bytes<4>); return true;
-    case 24: f(attn_partial_tma<6, false>, tma_partial_smem_bytes<6>); return true;
-    case 25: f(attn_partial_tma<6, false, 3>, tma_partial_smem_bytes<6>); return true;
-    case 26: f(attn_partial_tma<6, true>, tma_partial_smem_bytes<6>); return true;
-    case 27: f(attn_partial_tma<6, true, 3>, tma_partial_smem_bytes<6>); return true;
+    switch (stages * 2 + rows) {
+    case 8: f(attn_partial_tma<4, false>, tma_partial_smem_bytes<4>); return true;
+    case 9: f(attn_partial_tma<4, true>, tma_partial_smem_bytes<4>); return true;
+    case 12: f(attn_partial_tma<6, false>, tma_partial_smem_bytes<6>); return true;
+    case 13: f(attn_partial_tma<6, true>, tma_partial_smem_bytes<6>); return true;
     default: return false;
     }
 }
@@ -1027,7 +1024,7 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
         long long most = (long long)c->tma_resident * cuda_of(c->be)->sm_count;
         unsigned blocks = (unsigned)(items < most ? items : most);
         cuda_state *st = cuda_of(c->be);
-        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, st->attn_lean,
+        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows,
                              [&](auto kernel, auto) {
             if (c->tma_args.early)
                 cuda_launch_pdl_smem(stream, blocks, TMA_THREADS, c->tma_smem, kernel,
@@ -1083,13 +1080,11 @@ shoal_err cuda_attention_init(kernels_backend *be)
                 });
     for (int stages : {4, 6})
         for (bool rows : {false, true})
-            for (int lean = 0; lean <= (stages == 6); lean++) /* four stages: no lean form */
-                partial_tma_dispatch(stages, rows, lean != 0, [&](auto kernel, auto smem_of) {
-                    if (e == cudaSuccess)
-                        e = cudaFuncSetAttribute(kernel,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)smem_of(TC_GM));
-                });
+            partial_tma_dispatch(stages, rows, [&](auto kernel, auto smem_of) {
+                if (e == cudaSuccess)
+                    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem_of(TC_GM));
+            });
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
     return cuda_of(be)->err;
@@ -1201,7 +1196,7 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
     c.tma_args.ahead = st->attn_depth;
     if (c.tma) {
         const int group = heads / layout->kv_heads;
-        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows, st->attn_lean,
+        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows,
                              [&](auto kernel, auto smem_of) {
             c.tma_smem = smem_of(group < TC_GM ? group : TC_GM);
             if (st->attn_tma_smem_known != c.tma_smem) { /* asked once per shape */

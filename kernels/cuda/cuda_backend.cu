@@ -321,7 +321,6 @@ static void pick_kernels(cuda_state *st)
     st->attn_wave = true;
     st->attn_tma = 6;
     st->attn_tma_rows = true;
-    st->attn_lean = false;
     st->attn_depth = 4;
     st->attn_tma_l2 = 128;
     st->attn_early = true;

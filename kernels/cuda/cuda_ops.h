@@ -155,15 +155,6 @@ typedef struct cuda_state {
      * 64 at 4k 4,614 -> 4,711, at 1k +0.4%, batch 1 unchanged (kernels/lab
      * row 26.5) */
     int attn_depth;
-    /* LAB: the six-stage TMA partials compiled to three blocks'
-     * registers (126, no spills by ptxas; 147 otherwise), two a
-     * multiprocessor still by shared memory, so that a one-row GEMV block
-     * (160 registers) fits beside two (SHOAL_CUDA_ATTN_LEAN, default 0).
-     * H200: within 0.4% either way at batch 1 and 64; what made early
-     * launches and the norm fold lose was the partials' shared memory
-     * leaving the GEMV little L1, not their registers (kernels/lab rows
-     * 27.1-27.5) */
-    bool attn_lean;
     int attn_tma_l2; /* the copies' L2 promotion: 0, 128 (default) or 256 bytes */
     /* Where the round has one row a stream (kernels_batch), the TMA
      * partials launched with programmatic serialization after rope with
