@@ -11,6 +11,7 @@
 #include "common/common_args.h"
 #include "common/common_log.h"
 #include "common/common_time.h"
+#include "common/common_worker_flags.h"
 #include "coordinator/coordinator_chat.h"
 #include "coordinator/coordinator_cluster.h"
 #include "coordinator/coordinator_http.h"
@@ -31,6 +32,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Where --help's text starts on each line. */
+enum { USAGE_COLUMN = 26 };
 
 static void usage(FILE *f)
 {
@@ -54,45 +58,24 @@ static void usage(FILE *f)
         "  --max-tokens-default N  max_tokens of a request that gives none (default: the\n"
         "                          rest of the context)\n"
         "  --drain-timeout-s N     on SIGTERM, how long requests in flight may run (default 30)\n"
-        "Workers (passed on to each shoal-worker):\n"
+        "Workers:\n"
         "  --model DIR             Hugging Face model directory (tokenizer.json too)\n"
         "  --workers LIST          auto (default), none, or GPU indices and 'cpu', e.g. cpu,cpu\n"
         "  --route R               prefix (default), least-loaded or round-robin\n"
-        "  --load-format F         auto or dummy\n"
-        "  --kv-dtype D            KV pages: bf16 (default) or fp8\n"
-        "  --warmup M              auto (default: on a GPU), on or off: before a worker\n"
-        "                          serves, prompt passes and a decode round of every\n"
-        "                          batch size, so that first requests load no kernels\n"
-        "  --page-tokens N, --kv-pages N, --parallel N, --max-batch-tokens N,\n"
-        "  --max-model-len N, --threads N\n"
-        "  --state-checkpoints N   hybrid models: recurrent-state checkpoints kept for\n"
-        "                          prefix hits (default: twice --parallel)\n"
-        "  --checkpoint-interval N hybrid models: a prompt keeps its state every N tokens\n"
-        "                          (a multiple of --page-tokens; default 512; 0: only at\n"
-        "                          its last full page and each turn's end)\n"
         "  --runtime-dir DIR       worker sockets (default: a new /tmp/shoal.XXXXXX)\n"
         "  --cluster NAME          the shared segment /dev/shm/shoal.NAME that workers\n"
         "                          and shoalctl attach to (default: shoal-<pid>)\n"
         "  --segment-pages N       KV page rows per worker in it (default: --kv-pages,\n"
         "                          else 65536)\n"
         "  --worker-path PATH      the shoal-worker binary (default: next to this one)\n"
-        "  --learn-conversations   keep each conversation's KV pages; spill them to the\n"
-        "                          state store when evicted, restore them on the next turn\n"
-        "  --state-dir DIR         the store (LMDB, made 0700), shared by the workers and\n"
-        "                          kept across restarts; shoalctl states inspects it\n"
-        "  --spill-gib N           the store's size limit in GiB (default 16)\n"
-        "  --restore-mode M        overlap (default on a GPU): a turn computes the head\n"
-        "                          of its history while the store reads the tail; read\n"
-        "                          (default on the CPU): it reads every stored block\n"
-        "  --heartbeat-ms N, --dead-after-ms N, --start-timeout-s N\n"
-        "  --step-timeout-s N      a worker whose one engine step runs longer is taken\n"
-        "                          for hung and restarted (default 300; 0: never)\n",
+        "  --dead-after-ms N       a worker silent this long is taken for dead and\n"
+        "                          restarted (default 3000)\n"
+        "  --start-timeout-s N     how long the workers may take to load the model and\n"
+        "                          say they are ready (default 600)\n"
+        "Passed on to each shoal-worker (--heartbeat-ms and --step-timeout-s also set\n"
+        "how the coordinator watches its workers):\n",
         COORDINATOR_BODY_BYTES_MAX, COORDINATOR_STREAMS_MAX);
-}
-
-static int parse_int(const char *flag, const char *s, long lo, long hi, int *out)
-{
-    return common_parse_int("shoal-coordinator", flag, s, lo, hi, out);
+    common_worker_flags_usage(f, USAGE_COLUMN);
 }
 
 /* shoal-worker next to this binary (installed), or in the build tree's
@@ -162,357 +145,256 @@ static uint64_t coordinator_watchdog_us(void)
     return us;
 }
 
-int main(int argc, char **argv)
+/* What the command line asks for, with the defaults of what it leaves
+ * out. Its strings are argv's or worker_path. */
+typedef struct coordinator_options {
+    coordinator_cluster_options cluster;
+    coordinator_http_options http;
+    const char *port_file;
+    int drain_s;
+    bool help;  /* --help: print the usage, nothing else */
+    bool usage; /* with an error: the command line's shape was wrong, so the usage follows */
+    char worker_path[PATH_MAX + 32]; /* the default of cluster.worker_path */
+} coordinator_options;
+
+/* getopt_long's vals: the coordinator's own flags, then the table's from
+ * OPT_TABLE on. */
+enum {
+    OPT_HOST = 1,
+    OPT_PORT,
+    OPT_PORT_FILE,
+    OPT_KEY,
+    OPT_ORIGIN,
+    OPT_NAME,
+    OPT_HTTP_THREADS,
+    OPT_BODY,
+    OPT_BODIES,
+    OPT_STREAMS,
+    OPT_MAX_TOKENS,
+    OPT_DRAIN,
+    OPT_MODEL,
+    OPT_WORKERS,
+    OPT_ROUTE,
+    OPT_RUNTIME,
+    OPT_CLUSTER,
+    OPT_SEGMENT_PAGES,
+    OPT_WORKER_PATH,
+    OPT_DEAD,
+    OPT_START,
+    OPT_HELP,
+    OPT_OWN_COUNT = OPT_HELP,
+    OPT_TABLE = 256,
+};
+
+static const struct option own_opts[OPT_OWN_COUNT] = {
+    {"host", required_argument, 0, OPT_HOST},
+    {"port", required_argument, 0, OPT_PORT},
+    {"port-file", required_argument, 0, OPT_PORT_FILE},
+    {"api-key", required_argument, 0, OPT_KEY},
+    {"allowed-origin", required_argument, 0, OPT_ORIGIN},
+    {"served-model-name", required_argument, 0, OPT_NAME},
+    {"http-threads", required_argument, 0, OPT_HTTP_THREADS},
+    {"max-body-bytes", required_argument, 0, OPT_BODY},
+    {"max-body-memory-mib", required_argument, 0, OPT_BODIES},
+    {"max-streams", required_argument, 0, OPT_STREAMS},
+    {"max-tokens-default", required_argument, 0, OPT_MAX_TOKENS},
+    {"drain-timeout-s", required_argument, 0, OPT_DRAIN},
+    {"model", required_argument, 0, OPT_MODEL},
+    {"workers", required_argument, 0, OPT_WORKERS},
+    {"route", required_argument, 0, OPT_ROUTE},
+    {"runtime-dir", required_argument, 0, OPT_RUNTIME},
+    {"cluster", required_argument, 0, OPT_CLUSTER},
+    {"segment-pages", required_argument, 0, OPT_SEGMENT_PAGES},
+    {"worker-path", required_argument, 0, OPT_WORKER_PATH},
+    {"dead-after-ms", required_argument, 0, OPT_DEAD},
+    {"start-timeout-s", required_argument, 0, OPT_START},
+    {"help", no_argument, 0, OPT_HELP},
+};
+
+/* The table's flags into the cluster's options, over their defaults:
+ * what the cluster passes on to each worker, as given. */
+static void take_table_flags(const common_worker_args *w, coordinator_cluster_options *co)
 {
-    enum {
-        OPT_HOST = 1,
-        OPT_PORT,
-        OPT_PORT_FILE,
-        OPT_KEY,
-        OPT_ORIGIN,
-        OPT_NAME,
-        OPT_HTTP_THREADS,
-        OPT_BODY,
-        OPT_BODIES,
-        OPT_STREAMS,
-        OPT_MAX_TOKENS,
-        OPT_DRAIN,
-        OPT_MODEL,
-        OPT_WORKERS,
-        OPT_ROUTE,
-        OPT_LOAD,
-        OPT_KV_DTYPE,
-        OPT_PAGE,
-        OPT_PAGES,
-        OPT_PARALLEL,
-        OPT_BATCH,
-        OPT_LEN,
-        OPT_THREADS,
-        OPT_CHECKPOINTS,
-        OPT_CHECKPOINT_INTERVAL,
-        OPT_RUNTIME,
-        OPT_CLUSTER,
-        OPT_SEGMENT_PAGES,
-        OPT_WORKER_PATH,
-        OPT_HEARTBEAT,
-        OPT_STEP_TIMEOUT,
-        OPT_DEAD,
-        OPT_START,
-        OPT_LEARN,
-        OPT_STATE_DIR,
-        OPT_SPILL,
-        OPT_RESTORE,
-        OPT_WARMUP,
-        OPT_HELP
-    };
-    static const struct option opts[] = {
-        {"host", required_argument, 0, OPT_HOST},
-        {"port", required_argument, 0, OPT_PORT},
-        {"port-file", required_argument, 0, OPT_PORT_FILE},
-        {"api-key", required_argument, 0, OPT_KEY},
-        {"allowed-origin", required_argument, 0, OPT_ORIGIN},
-        {"served-model-name", required_argument, 0, OPT_NAME},
-        {"http-threads", required_argument, 0, OPT_HTTP_THREADS},
-        {"max-body-bytes", required_argument, 0, OPT_BODY},
-        {"max-body-memory-mib", required_argument, 0, OPT_BODIES},
-        {"max-streams", required_argument, 0, OPT_STREAMS},
-        {"max-tokens-default", required_argument, 0, OPT_MAX_TOKENS},
-        {"drain-timeout-s", required_argument, 0, OPT_DRAIN},
-        {"model", required_argument, 0, OPT_MODEL},
-        {"workers", required_argument, 0, OPT_WORKERS},
-        {"route", required_argument, 0, OPT_ROUTE},
-        {"load-format", required_argument, 0, OPT_LOAD},
-        {"kv-dtype", required_argument, 0, OPT_KV_DTYPE},
-        {"page-tokens", required_argument, 0, OPT_PAGE},
-        {"kv-pages", required_argument, 0, OPT_PAGES},
-        {"parallel", required_argument, 0, OPT_PARALLEL},
-        {"max-batch-tokens", required_argument, 0, OPT_BATCH},
-        {"max-model-len", required_argument, 0, OPT_LEN},
-        {"threads", required_argument, 0, OPT_THREADS},
-        {"state-checkpoints", required_argument, 0, OPT_CHECKPOINTS},
-        {"checkpoint-interval", required_argument, 0, OPT_CHECKPOINT_INTERVAL},
-        {"runtime-dir", required_argument, 0, OPT_RUNTIME},
-        {"cluster", required_argument, 0, OPT_CLUSTER},
-        {"segment-pages", required_argument, 0, OPT_SEGMENT_PAGES},
-        {"worker-path", required_argument, 0, OPT_WORKER_PATH},
-        {"heartbeat-ms", required_argument, 0, OPT_HEARTBEAT},
-        {"step-timeout-s", required_argument, 0, OPT_STEP_TIMEOUT},
-        {"dead-after-ms", required_argument, 0, OPT_DEAD},
-        {"start-timeout-s", required_argument, 0, OPT_START},
-        {"learn-conversations", no_argument, 0, OPT_LEARN},
-        {"state-dir", required_argument, 0, OPT_STATE_DIR},
-        {"spill-gib", required_argument, 0, OPT_SPILL},
-        {"restore-mode", required_argument, 0, OPT_RESTORE},
-        {"warmup", required_argument, 0, OPT_WARMUP},
-        {"help", no_argument, 0, OPT_HELP},
-        {0, 0, 0, 0},
-    };
-    common_log_init("shoal-coordinator", COMMON_LOG_INFO);
-    coordinator_cluster_options co;
-    coordinator_cluster_options_default(&co);
-    coordinator_http_options ho = {
+    co->load_format = common_worker_args_text(w, COMMON_WORKER_FLAG_LOAD_FORMAT);
+    co->kv_dtype = common_worker_args_text(w, COMMON_WORKER_FLAG_KV_DTYPE);
+    co->warmup = common_worker_args_text(w, COMMON_WORKER_FLAG_WARMUP);
+    co->threads = (int)common_worker_args_num(w, COMMON_WORKER_FLAG_THREADS, 0);
+    co->page_tokens = (int)common_worker_args_num(w, COMMON_WORKER_FLAG_PAGE_TOKENS, 0);
+    co->kv_pages = (int)common_worker_args_num(w, COMMON_WORKER_FLAG_KV_PAGES, 0);
+    co->parallel = (int)common_worker_args_num(w, COMMON_WORKER_FLAG_PARALLEL, 0);
+    co->max_batch_tokens = (int)common_worker_args_num(w, COMMON_WORKER_FLAG_MAX_BATCH_TOKENS, 0);
+    co->max_model_len = (int)common_worker_args_num(w, COMMON_WORKER_FLAG_MAX_MODEL_LEN, 0);
+    co->state_checkpoints = (int)common_worker_args_num(w, COMMON_WORKER_FLAG_STATE_CHECKPOINTS,
+                                                        co->state_checkpoints);
+    co->checkpoint_interval = (int)common_worker_args_num(
+        w, COMMON_WORKER_FLAG_CHECKPOINT_INTERVAL, co->checkpoint_interval);
+    co->heartbeat_ms =
+        (int)common_worker_args_num(w, COMMON_WORKER_FLAG_HEARTBEAT_MS, co->heartbeat_ms);
+    co->step_timeout_s =
+        (int)common_worker_args_num(w, COMMON_WORKER_FLAG_STEP_TIMEOUT_S, co->step_timeout_s);
+    /* common_worker_args_check made --state-dir and --learn-conversations
+     * go together */
+    co->state_dir = common_worker_args_text(w, COMMON_WORKER_FLAG_STATE_DIR);
+    co->spill_gib = common_worker_args_text(w, COMMON_WORKER_FLAG_SPILL_GIB);
+    co->restore_mode = common_worker_args_text(w, COMMON_WORKER_FLAG_RESTORE_MODE);
+}
+
+/* The flags that are not values of one flag alone. */
+static shoal_err check_options(coordinator_options *o, int body_max, int bodies_mib,
+                               shoal_diag *diag)
+{
+    coordinator_http_options *ho = &o->http;
+    ho->body_bytes_max = (size_t)body_max;
+    ho->bodies_bytes_max = (size_t)bodies_mib << 20;
+    size_t one_body = body_max ? (size_t)body_max : COORDINATOR_BODY_BYTES_MAX;
+    if (bodies_mib && ho->bodies_bytes_max < one_body)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "--max-body-memory-mib %d cannot hold one body of "
+                              "--max-body-bytes (%zu bytes): raise it to %zu or lower "
+                              "--max-body-bytes",
+                              bodies_mib, one_body, (one_body + (1u << 20) - 1) >> 20);
+    if (!o->cluster.runtime_dir && strcmp(o->cluster.workers, "none") == 0)
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "--workers none needs --runtime-dir (where the workers find their "
+                              "sockets)");
+    if (!ho->api_key)
+        ho->api_key = getenv("SHOAL_API_KEY");
+    if (!ho->model_name)
+        ho->model_name = o->cluster.model_dir;
+    return SHOAL_OK;
+}
+
+/* One of the coordinator's own flags that takes text. SHOAL_ERR_INVALID
+ * on a bad value, SHOAL_ERR_NOT_FOUND for a val that is none of these. */
+static shoal_err set_text_flag(coordinator_options *o, int c, const char *value, shoal_diag *diag)
+{
+    coordinator_cluster_options *co = &o->cluster;
+    coordinator_http_options *ho = &o->http;
+    static const char *const routes[] = {"prefix", "least-loaded", "round-robin"};
+    switch (c) {
+    case OPT_HOST:
+        ho->host = value;
+        return SHOAL_OK;
+    case OPT_PORT_FILE:
+        o->port_file = value;
+        return SHOAL_OK;
+    case OPT_KEY:
+        ho->api_key = value;
+        return SHOAL_OK;
+    case OPT_ORIGIN:
+        if (!coordinator_http_origin_valid(value))
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "--allowed-origin '%.64s': expected *, none or an origin such "
+                                  "as https://example.com (no spaces or control characters)",
+                                  value);
+        ho->allowed_origin = strcmp(value, "none") == 0 ? NULL : value;
+        return SHOAL_OK;
+    case OPT_NAME:
+        ho->model_name = value;
+        return SHOAL_OK;
+    case OPT_MODEL:
+        co->model_dir = value;
+        return SHOAL_OK;
+    case OPT_WORKERS:
+        co->workers = value;
+        return SHOAL_OK;
+    case OPT_RUNTIME:
+        co->runtime_dir = value;
+        return SHOAL_OK;
+    case OPT_CLUSTER:
+        co->cluster = value;
+        return SHOAL_OK;
+    case OPT_WORKER_PATH:
+        co->worker_path = value;
+        return SHOAL_OK;
+    case OPT_ROUTE: /* routes[] in coordinator_route's order */
+        for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++)
+            if (strcmp(value, routes[i]) == 0) {
+                co->route = (coordinator_route)i;
+                return SHOAL_OK;
+            }
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                              "--route '%s': expected prefix, least-loaded or round-robin", value);
+    default:
+        return SHOAL_ERR_NOT_FOUND;
+    }
+}
+
+/* Parses argv into o. SHOAL_ERR_INVALID with diag on a bad value or a
+ * bad combination (o->usage set where the usage should follow; diag empty
+ * where getopt_long said it already). --help sets o->help and stops. */
+static shoal_err coordinator_parse_args(int argc, char **argv, coordinator_options *o,
+                                        shoal_diag *diag)
+{
+    memset(o, 0, sizeof *o);
+    coordinator_cluster_options *co = &o->cluster;
+    coordinator_http_options *ho = &o->http;
+    coordinator_cluster_options_default(co);
+    *ho = (coordinator_http_options){
         .host = "127.0.0.1", .port = 8000, .allowed_origin = "*", .listen_fd = -1};
-    const char *port_file = NULL;
-    int body_max = 0, bodies_mib = 0, drain_s = 30, start_s = 600;
-    bool learn = false;
-    const char *state_dir = NULL;
-    char worker_path[PATH_MAX + 32];
-    default_worker_path(worker_path, sizeof worker_path);
-    co.worker_path = worker_path;
-    co.runtime_dir = NULL;
-    const struct {
-        int id;
-        const char *flag;
-        long lo, hi;
-        int *dst;
-    } ints[] = {
-        {OPT_PORT, "--port", 0, 65535, &ho.port},
-        {OPT_HTTP_THREADS, "--http-threads", 1, COORDINATOR_HTTP_THREADS_MAX, &ho.threads},
+    o->drain_s = 30;
+    default_worker_path(o->worker_path, sizeof o->worker_path);
+    co->worker_path = o->worker_path;
+    co->runtime_dir = NULL;
+    int body_max = 0, bodies_mib = 0, start_s = 600;
+    const common_args_int_flag ints[] = {
+        {OPT_PORT, "--port", 0, 65535, &ho->port},
+        {OPT_HTTP_THREADS, "--http-threads", 1, COORDINATOR_HTTP_THREADS_MAX, &ho->threads},
         {OPT_BODY, "--max-body-bytes", 1024, COORDINATOR_BODY_BYTES_MAX, &body_max},
         {OPT_BODIES, "--max-body-memory-mib", 1, 1 << 20, &bodies_mib},
-        {OPT_STREAMS, "--max-streams", 1, COORDINATOR_STREAMS_MAX, &ho.streams_max},
+        {OPT_STREAMS, "--max-streams", 1, COORDINATOR_STREAMS_MAX, &ho->streams_max},
         {OPT_MAX_TOKENS, "--max-tokens-default", 1, SHOAL_CONTEXT_TOKENS_MAX,
-         &ho.default_max_tokens},
-        {OPT_DRAIN, "--drain-timeout-s", 0, 86400, &drain_s},
-        {OPT_PAGE, "--page-tokens", SHOAL_PAGE_TOKENS_MIN, SHOAL_PAGE_TOKENS_MAX, &co.page_tokens},
-        {OPT_PAGES, "--kv-pages", 1, 1 << 24, &co.kv_pages},
-        {OPT_SEGMENT_PAGES, "--segment-pages", 1, 1 << 24, &co.segment_pages},
-        {OPT_PARALLEL, "--parallel", 1, SHOAL_BATCH_STREAMS_MAX, &co.parallel},
-        {OPT_BATCH, "--max-batch-tokens", 1, SHOAL_BATCH_ROWS_MAX, &co.max_batch_tokens},
-        {OPT_LEN, "--max-model-len", 2, SHOAL_CONTEXT_TOKENS_MAX, &co.max_model_len},
-        {OPT_THREADS, "--threads", 0, SHOAL_CPU_THREADS_MAX, &co.threads},
-        {OPT_CHECKPOINTS, "--state-checkpoints", 0, SHOAL_STATE_SLOTS_MAX, &co.state_checkpoints},
-        {OPT_CHECKPOINT_INTERVAL, "--checkpoint-interval", 0, SHOAL_CONTEXT_TOKENS_MAX,
-         &co.checkpoint_interval},
-        {OPT_HEARTBEAT, "--heartbeat-ms", 10, 60000, &co.heartbeat_ms},
-        {OPT_STEP_TIMEOUT, "--step-timeout-s", 0, 86400, &co.step_timeout_s},
-        {OPT_DEAD, "--dead-after-ms", 100, 600000, &co.dead_after_ms},
+         &ho->default_max_tokens},
+        {OPT_DRAIN, "--drain-timeout-s", 0, 86400, &o->drain_s},
+        {OPT_SEGMENT_PAGES, "--segment-pages", 1, 1 << 24, &co->segment_pages},
+        {OPT_DEAD, "--dead-after-ms", 100, 600000, &co->dead_after_ms},
         {OPT_START, "--start-timeout-s", 1, 86400, &start_s},
     };
+    common_worker_args w = {0};
+    struct option opts[OPT_OWN_COUNT + COMMON_WORKER_FLAG_COUNT + 1];
+    memcpy(opts, own_opts, sizeof own_opts);
+    common_worker_flags_getopt(opts + OPT_OWN_COUNT, OPT_TABLE);
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        size_t k = 0;
-        while (k < sizeof ints / sizeof ints[0] && ints[k].id != c)
-            k++;
-        if (k < sizeof ints / sizeof ints[0]) {
-            if (parse_int(ints[k].flag, optarg, ints[k].lo, ints[k].hi, ints[k].dst))
-                return 2;
-            continue;
+        if (c == OPT_HELP) {
+            o->help = true;
+            return SHOAL_OK;
         }
-        switch (c) {
-        case OPT_HOST:
-            ho.host = optarg;
-            break;
-        case OPT_PORT_FILE:
-            port_file = optarg;
-            break;
-        case OPT_KEY:
-            ho.api_key = optarg;
-            break;
-        case OPT_ORIGIN:
-            if (!coordinator_http_origin_valid(optarg)) {
-                fprintf(stderr,
-                        "shoal-coordinator: --allowed-origin '%.64s': expected *, none or an "
-                        "origin such as https://example.com (no spaces or control characters)\n",
-                        optarg);
-                return 2;
-            }
-            ho.allowed_origin = strcmp(optarg, "none") == 0 ? NULL : optarg;
-            break;
-        case OPT_NAME:
-            ho.model_name = optarg;
-            break;
-        case OPT_MODEL:
-            co.model_dir = optarg;
-            break;
-        case OPT_WORKERS:
-            co.workers = optarg;
-            break;
-        case OPT_LOAD:
-            co.load_format = optarg;
-            break;
-        case OPT_KV_DTYPE:
-            co.kv_dtype = optarg;
-            break;
-        case OPT_RUNTIME:
-            co.runtime_dir = optarg;
-            break;
-        case OPT_CLUSTER:
-            co.cluster = optarg;
-            break;
-        case OPT_WORKER_PATH:
-            co.worker_path = optarg;
-            break;
-        case OPT_LEARN:
-            learn = true;
-            break;
-        case OPT_STATE_DIR:
-            state_dir = optarg;
-            break;
-        case OPT_SPILL: {
-            unsigned long long bytes; /* checked here, passed on as given */
-            if (common_parse_gib("shoal-coordinator", "--spill-gib", optarg,
-                                 (double)(SHOAL_STORE_SPILL_BYTES_MAX >> 30), &bytes))
-                return 2;
-            co.spill_gib = optarg;
-            break;
+        shoal_err err = SHOAL_ERR_NOT_FOUND;
+        if (c >= OPT_TABLE && c < OPT_TABLE + COMMON_WORKER_FLAG_COUNT)
+            err = common_worker_args_set(&w, c - OPT_TABLE, optarg, diag);
+        if (err == SHOAL_ERR_NOT_FOUND)
+            err = common_args_int_flags(ints, sizeof ints / sizeof ints[0], c, optarg, diag);
+        if (err == SHOAL_ERR_NOT_FOUND)
+            err = set_text_flag(o, c, optarg, diag);
+        if (err == SHOAL_ERR_NOT_FOUND) { /* getopt_long said which */
+            shoal_diag_clear(diag);
+            o->usage = true;
+            return SHOAL_ERR_INVALID;
         }
-        case OPT_WARMUP: {
-            static const char *const modes[] = {"auto", "on", "off"};
-            co.warmup = NULL;
-            for (int i = 0; i < 3; i++)
-                if (strcmp(optarg, modes[i]) == 0)
-                    co.warmup = modes[i];
-            if (!co.warmup) {
-                fprintf(stderr, "shoal-coordinator: --warmup '%s': expected auto, on or off\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        }
-        case OPT_RESTORE:
-            if (strcmp(optarg, "overlap") != 0 && strcmp(optarg, "read") != 0) {
-                fprintf(stderr,
-                        "shoal-coordinator: --restore-mode '%s': expected overlap or read\n",
-                        optarg);
-                return 2;
-            }
-            co.restore_mode = optarg;
-            break;
-        case OPT_ROUTE:
-            if (strcmp(optarg, "prefix") == 0) {
-                co.route = COORDINATOR_ROUTE_PREFIX;
-            } else if (strcmp(optarg, "least-loaded") == 0) {
-                co.route = COORDINATOR_ROUTE_LEAST_LOADED;
-            } else if (strcmp(optarg, "round-robin") == 0) {
-                co.route = COORDINATOR_ROUTE_ROUND_ROBIN;
-            } else {
-                fprintf(stderr,
-                        "shoal-coordinator: --route '%s': expected prefix, "
-                        "least-loaded or round-robin\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case OPT_HELP:
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
+        if (err)
+            return err;
     }
-    if (!co.model_dir || optind < argc) {
-        if (!co.model_dir)
-            fprintf(stderr, "shoal-coordinator: --model DIR is missing (a Hugging Face model "
-                            "directory)\n");
-        else
-            fprintf(stderr, "shoal-coordinator: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
+    if (!co->model_dir || optind < argc) {
+        o->usage = true;
+        if (!co->model_dir)
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "--model DIR is missing (a Hugging Face model directory)");
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "unexpected argument '%s'", argv[optind]);
     }
-    if (!learn && (state_dir || co.spill_gib || co.restore_mode)) {
-        fprintf(stderr, "shoal-coordinator: %s needs --learn-conversations\n",
-                state_dir      ? "--state-dir"
-                : co.spill_gib ? "--spill-gib"
-                               : "--restore-mode");
-        return 2;
-    }
-    if (learn && !state_dir) {
-        fprintf(stderr, "shoal-coordinator: --learn-conversations needs --state-dir DIR (where "
-                        "the workers keep the states)\n");
-        return 2;
-    }
-    co.state_dir = learn ? state_dir : NULL;
-    if (!ho.api_key)
-        ho.api_key = getenv("SHOAL_API_KEY");
-    if (!ho.model_name)
-        ho.model_name = co.model_dir;
-    ho.body_bytes_max = (size_t)body_max;
-    ho.bodies_bytes_max = (size_t)bodies_mib << 20;
-    size_t one_body = body_max ? (size_t)body_max : COORDINATOR_BODY_BYTES_MAX;
-    if (bodies_mib && ho.bodies_bytes_max < one_body) {
-        fprintf(stderr,
-                "shoal-coordinator: --max-body-memory-mib %d cannot hold one body of "
-                "--max-body-bytes (%zu bytes): raise it to %zu or lower --max-body-bytes\n",
-                bodies_mib, one_body, (one_body + (1u << 20) - 1) >> 20);
-        return 2;
-    }
-    co.start_timeout_ms = start_s * 1000;
+    if (common_worker_args_check(&w, diag))
+        return SHOAL_ERR_INVALID;
+    take_table_flags(&w, co);
+    co->start_timeout_ms = start_s * 1000;
+    return check_options(o, body_max, bodies_mib, diag);
+}
 
-    /* Signals are taken by sigtimedwait below, in this thread only: block
-     * them before any thread starts, so every thread inherits the mask.
-     * A write to a closed socket is an error return, never a signal. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    char made_dir[] = "/tmp/shoal.XXXXXX";
-    bool own_dir = false;
-    if (!co.runtime_dir) {
-        if (strcmp(co.workers, "none") == 0) {
-            fprintf(stderr, "shoal-coordinator: --workers none needs --runtime-dir (where the "
-                            "workers find their sockets)\n");
-            return 2;
-        }
-        if (!mkdtemp(made_dir)) {
-            fprintf(stderr, "shoal-coordinator: cannot make a runtime directory: %s\n",
-                    strerror(errno));
-            return 1;
-        }
-        co.runtime_dir = made_dir;
-        own_dir = true;
-    }
-
-    int rc = 1;
-    shoal_diag diag = {{0}};
-    coordinator_tokenizer *tok = NULL;
-    coordinator_chat *chat = NULL;
-    coordinator_cluster *cluster = NULL;
-    coordinator_http *http = NULL;
-    char path[SHOAL_PATH_BYTES_MAX];
-    if (common_dir_check(co.model_dir, "--model", &diag)) {
-        fprintf(stderr,
-                "shoal-coordinator: %s (a Hugging Face model directory: config.json, "
-                "tokenizer.json and the weights)\n",
-                diag.msg);
-        goto out;
-    }
-    if (common_path_join(path, sizeof path, co.model_dir, "tokenizer.json") ||
-        coordinator_tokenizer_open(path, &tok, &diag)) {
-        fprintf(stderr, "shoal-coordinator: %s\n", diag.msg[0] ? diag.msg : "path too long");
-        goto out;
-    }
-    shoal_diag chat_diag = {{0}};
-    if (common_path_join(path, sizeof path, co.model_dir, "tokenizer_config.json") == 0 &&
-        coordinator_chat_open(path, &chat, &chat_diag) != SHOAL_OK)
-        LOG_WARN("no chat template: %s; /v1/chat/completions answers 400, /v1/completions "
-                 "serves",
-                 chat_diag.msg);
-    /* the port first: one that is taken is said before any model loads */
-    if (coordinator_http_bind(ho.host, ho.port, &ho.listen_fd, &diag)) {
-        fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
-        goto out;
-    }
-    LOG_INFO("starting workers (%s) for %s", co.workers, co.model_dir);
-    if (coordinator_cluster_open(&co, &cluster, &diag)) {
-        fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
-        goto out;
-    }
-    shoal_err http_err = coordinator_http_open(&ho, cluster, tok, chat, &http, &diag);
-    ho.listen_fd = -1; /* the server's now, whatever the outcome */
-    if (http_err) {
-        fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
-        goto out;
-    }
-    LOG_INFO("serving %s on http://%s:%d (context %d tokens%s)", ho.model_name, ho.host,
-             coordinator_http_port(http), coordinator_cluster_max_model_len(cluster),
-             ho.api_key && ho.api_key[0] ? ", API key required" : "");
-    if (port_file && write_port_file(port_file, coordinator_http_port(http)))
-        goto out;
+/* Waits for SIGTERM or SIGINT (in sigs, blocked), feeding systemd's
+ * watchdog while the cluster is alive; then drains: requests in flight
+ * get up to drain_s to end, a second signal ends the wait at once. */
+static void serve_until_signal(coordinator_http *http, coordinator_cluster *cluster,
+                               const sigset_t *sigs, int drain_s)
+{
     /* systemd (Type=notify): ready once the workers registered and HTTP
      * listens; the watchdog is fed only while the cluster's supervision
      * runs, so a hung coordinator is restarted. No-ops outside systemd. */
@@ -526,7 +408,7 @@ int main(int argc, char **argv)
             wait.tv_sec = (time_t)(watchdog_us / 2 / 1000000);
             wait.tv_nsec = (long)(watchdog_us / 2 % 1000000) * 1000;
         }
-        sig = sigtimedwait(&sigs, NULL, &wait);
+        sig = sigtimedwait(sigs, NULL, &wait);
         if (sig >= 0)
             break;
         if (errno == EAGAIN && watchdog_us && coordinator_cluster_alive(cluster))
@@ -539,18 +421,95 @@ int main(int argc, char **argv)
     long long deadline = common_mono_ms() + (long long)drain_s * 1000;
     while (coordinator_http_active(http) > 0 && common_mono_ms() < deadline) {
         struct timespec step = {0, 20 * 1000000L};
-        if (sigtimedwait(&sigs, NULL, &step) >= 0) {
+        if (sigtimedwait(sigs, NULL, &step) >= 0) {
             LOG_WARN("second signal: stopping now");
             break;
         }
     }
     if (coordinator_http_active(http) > 0)
         LOG_WARN("%d requests still in flight: cancelled", coordinator_http_active(http));
+}
+
+/* Reads the model's tokenizer and chat template, binds the port, starts
+ * the workers and serves until a signal; the process's exit status. */
+static int coordinator_run(coordinator_options *o)
+{
+    coordinator_cluster_options *co = &o->cluster;
+    coordinator_http_options *ho = &o->http;
+    /* Signals are taken by sigtimedwait below, in this thread only: block
+     * them before any thread starts, so every thread inherits the mask.
+     * A write to a closed socket is an error return, never a signal. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char made_dir[] = "/tmp/shoal.XXXXXX";
+    bool own_dir = false;
+    if (!co->runtime_dir) {
+        if (!mkdtemp(made_dir)) {
+            fprintf(stderr, "shoal-coordinator: cannot make a runtime directory: %s\n",
+                    strerror(errno));
+            return 1;
+        }
+        co->runtime_dir = made_dir;
+        own_dir = true;
+    }
+
+    int rc = 1;
+    shoal_diag diag = {{0}};
+    coordinator_tokenizer *tok = NULL;
+    coordinator_chat *chat = NULL;
+    coordinator_cluster *cluster = NULL;
+    coordinator_http *http = NULL;
+    char path[SHOAL_PATH_BYTES_MAX];
+    if (common_dir_check(co->model_dir, "--model", &diag)) {
+        fprintf(stderr,
+                "shoal-coordinator: %s (a Hugging Face model directory: config.json, "
+                "tokenizer.json and the weights)\n",
+                diag.msg);
+        goto out;
+    }
+    if (common_path_join(path, sizeof path, co->model_dir, "tokenizer.json") ||
+        coordinator_tokenizer_open(path, &tok, &diag)) {
+        fprintf(stderr, "shoal-coordinator: %s\n", diag.msg[0] ? diag.msg : "path too long");
+        goto out;
+    }
+    shoal_diag chat_diag = {{0}};
+    if (common_path_join(path, sizeof path, co->model_dir, "tokenizer_config.json") == 0 &&
+        coordinator_chat_open(path, &chat, &chat_diag) != SHOAL_OK)
+        LOG_WARN("no chat template: %s; /v1/chat/completions answers 400, /v1/completions "
+                 "serves",
+                 chat_diag.msg);
+    /* the port first: one that is taken is said before any model loads */
+    if (coordinator_http_bind(ho->host, ho->port, &ho->listen_fd, &diag)) {
+        fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
+        goto out;
+    }
+    LOG_INFO("starting workers (%s) for %s", co->workers, co->model_dir);
+    if (coordinator_cluster_open(co, &cluster, &diag)) {
+        fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
+        goto out;
+    }
+    shoal_err http_err = coordinator_http_open(ho, cluster, tok, chat, &http, &diag);
+    ho->listen_fd = -1; /* the server's now, whatever the outcome */
+    if (http_err) {
+        fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
+        goto out;
+    }
+    LOG_INFO("serving %s on http://%s:%d (context %d tokens%s)", ho->model_name, ho->host,
+             coordinator_http_port(http), coordinator_cluster_max_model_len(cluster),
+             ho->api_key && ho->api_key[0] ? ", API key required" : "");
+    if (o->port_file && write_port_file(o->port_file, coordinator_http_port(http)))
+        goto out;
+    serve_until_signal(http, cluster, &sigs, o->drain_s);
     rc = 0;
 out:
     coordinator_http_close(http);
-    if (ho.listen_fd >= 0)
-        close(ho.listen_fd);
+    if (ho->listen_fd >= 0)
+        close(ho->listen_fd);
     coordinator_cluster_close(cluster);
     coordinator_chat_close(chat);
     coordinator_tokenizer_close(tok);
@@ -559,4 +518,23 @@ out:
     if (rc == 0)
         LOG_INFO("stopped");
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    common_log_init("shoal-coordinator", COMMON_LOG_INFO);
+    coordinator_options o;
+    shoal_diag diag = {{0}};
+    if (coordinator_parse_args(argc, argv, &o, &diag)) {
+        if (diag.msg[0])
+            fprintf(stderr, "shoal-coordinator: %s\n", diag.msg);
+        if (o.usage)
+            usage(stderr);
+        return 2;
+    }
+    if (o.help) {
+        usage(stdout);
+        return 0;
+    }
+    return coordinator_run(&o);
 }
