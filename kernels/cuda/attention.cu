@@ -654,12 +654,12 @@ template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, in
 /* ---- the partial kernel fed by the tensor memory accelerator ---- */
 
 /* The tensor-core partials with K and V staged by TMA (sm_90a; head dim
- * 128, bf16 pages of 8 tokens or more; SHOAL_CUDA_ATTN_TMA, default 6
- * stages, two blocks a multiprocessor; 4 gives three). The cp.async
- * kernel keeps one 64-token tile in flight a block while it reads the
- * other, and ramps up anew in every block. Here the
- * same shared memory holds S stages of 32 tokens (16 KB of K and V), S - 1
- * of them in flight, and a block is persistent: it takes the launch's
+ * 128, bf16 pages of 8 tokens or more; TMA_STAGES stages, two blocks a
+ * multiprocessor). The cp.async kernel keeps one 64-token tile in flight
+ * a block while it reads the other, and ramps up anew in every block.
+ * Here the shared memory holds S = TMA_STAGES stages of 32 tokens (16 KB
+ * of K and V), S - 1 of them in flight, and a block is persistent: it
+ * takes the launch's
  * items (row, KV head, query-head group, segment) i = blockIdx.x, +
  * gridDim.x, ... (items past a row's segments are skipped), and its stages
  * run on from one item into the next, so the copies do not drain between
@@ -688,7 +688,7 @@ template <typename F> static bool partial_tc_dispatch(int hd, shoal_dtype kv, in
  * 2.89, batch 32 and 64 at 4k-32k 3.62-4.13 -> 3.87-4.42 (torch SDPA on
  * contiguous KV in the same call: 3.56-4.40); the 8B model's batch-64
  * step 7,709 -> 8,156-8,262 tokens/s. */
-enum { TMA_BN = 32, TMA_THREADS = 160, TMA_HD = 128, TMA_BOX_MAX = 16 };
+enum { TMA_BN = 32, TMA_THREADS = 160, TMA_HD = 128, TMA_BOX_MAX = 16, TMA_STAGES = 6 };
 
 struct attn_tma_args {
     attn_args a;
@@ -742,10 +742,10 @@ struct sw128_rows256 {
 
 /* Shared memory of a block: the stages, 1,024-byte aligned, then Q's
  * tile or partial_store's rows of the group's gn query heads. */
-template <int S> static size_t tma_partial_smem_bytes(int gn)
+static size_t tma_partial_smem_bytes(int gn)
 {
     size_t q = (size_t)TC_GM * TMA_HD * 2, red = (size_t)4 * gn * (TMA_HD + 2) * sizeof(float);
-    return 1024 + 2 * S * (size_t)TMA_BN * TMA_HD * 2 + (q > red ? q : red);
+    return 1024 + 2 * TMA_STAGES * (size_t)TMA_BN * TMA_HD * 2 + (q > red ? q : red);
 }
 
 /* An item of the launch: the segment of one (row, KV head, group) block
@@ -831,14 +831,14 @@ static __device__ __forceinline__ void tma_rope_q(const attn_tma_args &ta, const
 }
 #endif
 
-template <int S, bool ROWS>
-static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
+template <bool ROWS>
+static __global__ void __launch_bounds__(TMA_THREADS, 2)
     attn_partial_tma(const __grid_constant__ attn_tma_args ta, const bf16 *q,
                      const int32_t *row_stream, const int32_t *positions,
                      const int32_t *page_table)
 {
 #ifdef SHOAL_WGMMA
-    constexpr int HD = TMA_HD, REC = HD + 2, DT = HD / 8;
+    constexpr int HD = TMA_HD, REC = HD + 2, DT = HD / 8, S = TMA_STAGES;
     constexpr uint32_t HALF = TMA_BN * 128, TILE = 2 * HALF; /* a K or V stage */
     static_assert(S % 2 == 0, "a stage slot is read by one pair of warps");
     typedef typename std::conditional<ROWS, sw128_rows256, sw128_rows32>::type Lay;
@@ -983,15 +983,12 @@ static __global__ void __launch_bounds__(TMA_THREADS, S == 4 ? 3 : 2)
 #endif
 }
 
-template <typename F> static bool partial_tma_dispatch(int stages, bool rows, F f)
+template <typename F> static void partial_tma_dispatch(bool rows, F f)
 {
-    switch (stages * 2 + rows) {
-    case 8: f(attn_partial_tma<4, false>, tma_partial_smem_bytes<4>); return true;
-    case 9: f(attn_partial_tma<4, true>, tma_partial_smem_bytes<4>); return true;
-    case 12: f(attn_partial_tma<6, false>, tma_partial_smem_bytes<6>); return true;
-    case 13: f(attn_partial_tma<6, true>, tma_partial_smem_bytes<6>); return true;
-    default: return false;
-    }
+    if (rows)
+        f(attn_partial_tma<true>, tma_partial_smem_bytes);
+    else
+        f(attn_partial_tma<false>, tma_partial_smem_bytes);
 }
 
 /* ---- launching ---- */
@@ -1024,7 +1021,7 @@ template <typename T, typename KV> static void launch_slice(void *p, const kerne
         long long most = (long long)c->tma_resident * cuda_of(c->be)->sm_count;
         unsigned blocks = (unsigned)(items < most ? items : most);
         cuda_state *st = cuda_of(c->be);
-        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows,
+        partial_tma_dispatch(st->attn_tma_rows,
                              [&](auto kernel, auto) {
             if (c->tma_args.early)
                 cuda_launch_pdl_smem(stream, blocks, TMA_THREADS, c->tma_smem, kernel,
@@ -1078,13 +1075,12 @@ shoal_err cuda_attention_init(kernels_backend *be)
                         e = cudaFuncSetAttribute(
                             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_bytes);
                 });
-    for (int stages : {4, 6})
-        for (bool rows : {false, true})
-            partial_tma_dispatch(stages, rows, [&](auto kernel, auto smem_of) {
-                if (e == cudaSuccess)
-                    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem_of(TC_GM));
-            });
+    for (bool rows : {false, true})
+        partial_tma_dispatch(rows, [&](auto kernel, auto smem_of) {
+            if (e == cudaSuccess)
+                e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem_of(TC_GM));
+        });
     if (e != cudaSuccess)
         cuda_fail(be, "attention: raise the shared-memory limit", e);
     return cuda_of(be)->err;
@@ -1118,7 +1114,7 @@ static bool tma_kv_map(kernels_backend *be, const void *arena, const kernels_kv_
 {
     cuda_state *st = cuda_of(be);
     const int pt = layout->page_tokens;
-    return st->attn_tma > 0 && st->sm90a && layout->head_dim == TMA_HD &&
+    return st->sm90a && layout->head_dim == TMA_HD &&
            cuda_kv_map(be, arena, layout, pt < TMA_BOX_MAX ? pt : TMA_BOX_MAX, st->attn_tma_rows,
                        st->attn_tma_l2, map);
 }
@@ -1196,7 +1192,7 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
     c.tma_args.ahead = st->attn_depth;
     if (c.tma) {
         const int group = heads / layout->kv_heads;
-        partial_tma_dispatch(st->attn_tma, st->attn_tma_rows,
+        partial_tma_dispatch(st->attn_tma_rows,
                              [&](auto kernel, auto smem_of) {
             c.tma_smem = smem_of(group < TC_GM ? group : TC_GM);
             if (st->attn_tma_smem_known != c.tma_smem) { /* asked once per shape */
@@ -1236,8 +1232,8 @@ static void attention_run(kernels_backend *be, void *out, const void *q, int hea
     if (fill) {
         /* the tensor-core partials at head dim 128: 68 KB a block with two
          * stages (three a multiprocessor), 100 KB with three (two); the
-         * TMA ones at groups of 4 query heads 74 KB with four stages
-         * (three), 106 KB with six (two) */
+         * TMA ones at groups of 4 query heads 106 KB (two, as the occupancy
+         * query says) */
         int resident = c.tma ? c.tma_resident : st->attn_stages == 2 ? 3 : 2;
         if (!st->attn_wave)
             resident = 0;

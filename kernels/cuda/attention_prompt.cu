@@ -1222,7 +1222,7 @@ shoal_err cuda_attention_prompt_init(kernels_backend *be)
     st->prompt_wgmma = st->prompt_tile >= 4 && st->sm90a;
     st->tmap_encode = NULL;
     memset(st->tmaps, 0, sizeof st->tmaps);
-    if (st->sm90a && (st->prompt_tile == 5 || st->attn_tma > 0)) {
+    if (st->sm90a) {
         cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &st->tmap_encode, 12000,
                                              cudaEnableDefault, &found) != cudaSuccess ||

@@ -319,7 +319,6 @@ static void pick_kernels(cuda_state *st)
     st->attn_stages = 2;
     st->attn_blocks = 0;
     st->attn_wave = true;
-    st->attn_tma = 6;
     st->attn_tma_rows = true;
     st->attn_depth = 4;
     st->attn_tma_l2 = 128;

@@ -140,14 +140,8 @@ typedef struct cuda_state {
      * for this GPU, and the options do not ask for the portable ones */
     bool sm90a;
     bool prompt_wgmma; /* tile 4 or 5 asked for, and this build and GPU run it */
-    /* Decode attention's partials with K and V staged by the tensor
-     * memory accelerator (attn_partial_tma) in this many 32-token stages
-     * (SHOAL_CUDA_ATTN_TMA, default 6; 4; 0 = the cp.async kernel), a
-     * copy 16 whole rows (SHOAL_CUDA_ATTN_TMA_ROWS, default 1) or a
-     * 64-column half of them (0; cuda_kv_map), promoted in L2 by 128
-     * bytes (SHOAL_CUDA_ATTN_TMA_L2, default 128; 0 or 256: 256 ran the L2
-     * at 96% of its throughput for 88% of the DRAM's, 4-5% slower). */
-    int attn_tma;
+    /* the TMA partials' copies: 16 whole rows, or a 64-column half of
+     * them (cuda_kv_map), promoted in L2 by attn_tma_l2 bytes */
     bool attn_tma_rows;
     /* the TMA partials' stages copied ahead of their computing warps at
      * most (SHOAL_CUDA_ATTN_DEPTH, default 4; 0 or the stages or more: all
