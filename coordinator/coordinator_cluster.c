@@ -380,3 +380,38 @@ bool coordinator_cluster_healthy(coordinator_cluster *c)
     pthread_mutex_unlock(&c->lock);
     return ok && alive > 0;
 }
+
+void coordinator_cluster_health_get(coordinator_cluster *c, coordinator_cluster_health *out)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&c->lock);
+    long long now = common_mono_ms();
+    out->workers = c->n;
+    for (int i = 0; i < c->n; i++) {
+        const cworker *w = &c->w[i];
+        coordinator_worker_health h;
+        if (w->state == W_ALIVE) {
+            /* one told to stop after its drain is silent while it writes */
+            if (!w->bye_sent && now - w->last_seen_ms > c->o.dead_after_ms)
+                h = COORDINATOR_WORKER_SILENT;
+            else
+                h = w->draining ? COORDINATOR_WORKER_DRAINING : COORDINATOR_WORKER_SERVING;
+        } else if (w->state == W_DRAINED) {
+            h = COORDINATOR_WORKER_DRAINED;
+        } else if (w->state == W_STARTING) {
+            h = COORDINATOR_WORKER_STARTING;
+        } else {
+            h = COORDINATOR_WORKER_DEAD;
+        }
+        out->worker[i] = h;
+        out->serving += h == COORDINATOR_WORKER_SERVING;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+const char *coordinator_worker_health_name(coordinator_worker_health h)
+{
+    static const char *const names[] = {"serving",       "draining", "starting",
+                                        "not answering", "dead",     "drained"};
+    return (unsigned)h < sizeof names / sizeof names[0] ? names[h] : "?";
+}

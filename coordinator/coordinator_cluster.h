@@ -154,4 +154,26 @@ bool coordinator_cluster_alive(coordinator_cluster *c);
 /* True when every worker answered within dead_after_ms. */
 bool coordinator_cluster_healthy(coordinator_cluster *c);
 
+/* A worker as a load balancer sees it. */
+typedef enum coordinator_worker_health {
+    COORDINATOR_WORKER_SERVING = 0, /* alive, answering, takes new streams */
+    COORDINATOR_WORKER_DRAINING,    /* alive, finishing its streams, takes no new ones */
+    COORDINATOR_WORKER_STARTING,    /* started, not yet said hello */
+    COORDINATOR_WORKER_SILENT,      /* alive but silent past dead_after_ms */
+    COORDINATOR_WORKER_DEAD,        /* exited; waits for its restart */
+    COORDINATOR_WORKER_DRAINED,     /* exited after its drain, on purpose */
+} coordinator_worker_health;
+
+typedef struct coordinator_cluster_health {
+    int workers;
+    int serving; /* workers in COORDINATOR_WORKER_SERVING */
+    coordinator_worker_health worker[COORDINATOR_WORKERS_MAX];
+} coordinator_cluster_health;
+
+/* Each worker's health, one consistent view. */
+void coordinator_cluster_health_get(coordinator_cluster *c, coordinator_cluster_health *out);
+
+/* "serving", "draining", "starting", "not answering", "dead", "drained". */
+const char *coordinator_worker_health_name(coordinator_worker_health h);
+
 #endif

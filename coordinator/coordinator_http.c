@@ -43,8 +43,12 @@ enum MHD_Result http_send_body(http_req *r, int status, const char *type, const 
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (status == 405 && r->allow)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
-    if (r->meta.id[0])
-        MHD_add_response_header(resp, "X-Request-Id", r->meta.id);
+    if (r->meta.request_id[0])
+        MHD_add_response_header(resp, "X-Request-Id", r->meta.request_id);
+    /* when to try again: a 429 clears as streams finish, a 503 (draining,
+     * no worker serving, bodies' memory full) takes longer */
+    if (status == 429 || status == 503)
+        MHD_add_response_header(resp, "Retry-After", status == 429 ? "1" : "5");
     return http_queue_whole(r, status, resp);
 }
 

@@ -43,7 +43,7 @@ void http_add_cors(http_req *r, struct MHD_Response *resp)
     if (!r->h->allowed_origin)
         return;
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->h->allowed_origin);
-    MHD_add_response_header(resp, "Access-Control-Expose-Headers", "X-Request-Id");
+    MHD_add_response_header(resp, "Access-Control-Expose-Headers", "X-Request-Id, Retry-After");
     if (strcmp(r->h->allowed_origin, "*") != 0)
         MHD_add_response_header(resp, "Vary", "Origin");
 }

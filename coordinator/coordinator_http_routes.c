@@ -119,6 +119,9 @@ static enum MHD_Result generate(http_req *r)
         build_prompt(r, &e) ||
         coordinator_request_fit(&r->req, r->prompt_len, &h->limits, &r->max_tokens, &e))
         return http_send_error(r, &e);
+    const char *client_id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Id");
+    if (client_id && coordinator_request_id_check(client_id, &e))
+        return http_send_error(r, &e);
     http_body_release(r); /* parsed: the request keeps what it needs */
     const coordinator_request *q = &r->req;
     r->n = q->n;
@@ -135,8 +138,8 @@ static enum MHD_Result generate(http_req *r)
                                       "too many requests in flight; retry later");
     }
     r->streams_counted = r->n;
-    coordinator_response_meta_init(&r->meta, kind, h->model, h->tok, q->top_logprobs, random64(h),
-                                   (long long)time(NULL));
+    coordinator_response_meta_init(&r->meta, kind, h->model, h->tok, q->top_logprobs, client_id,
+                                   random64(h), (long long)time(NULL));
     r->choices = calloc((size_t)r->n, sizeof *r->choices);
     if (!r->choices)
         return http_send_nomem(r);
@@ -337,14 +340,36 @@ out:
     return res;
 }
 
+/* For a load balancer: 200 while at least one worker serves (new
+ * streams go there), 503 when none does or the server is shutting down.
+ * The body counts the workers; ?all=1 adds each one's health. */
 static enum MHD_Result health(http_req *r)
 {
-    if (atomic_load(&r->h->draining))
-        return http_send_simple_error(r, 503, "server_error", NULL, "the server is shutting down");
-    if (!coordinator_cluster_healthy(r->h->cluster))
-        return http_send_simple_error(r, 503, "server_error", NULL,
-                                      "a worker is not answering; see /metrics");
-    return http_send_body(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    coordinator_cluster_health hl;
+    coordinator_cluster_health_get(r->h->cluster, &hl);
+    bool draining = atomic_load(&r->h->draining);
+    const char *status = draining          ? "shutting down"
+                         : hl.serving == 0 ? "unavailable"
+                         : hl.serving < hl.workers ? "degraded"
+                                                   : "ok";
+    coordinator_buf b;
+    coordinator_buf_init(&b);
+    coordinator_buf_printf(&b, "{\"status\":\"%s\",\"workers\":%d,\"serving\":%d,\"not_serving\":%d",
+                           status, hl.workers, hl.serving, hl.workers - hl.serving);
+    const char *all = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "all");
+    if (all && strcmp(all, "0") != 0 && strcmp(all, "false") != 0) {
+        coordinator_buf_str(&b, ",\"worker\":[");
+        for (int i = 0; i < hl.workers; i++)
+            coordinator_buf_printf(&b, "%s{\"index\":%d,\"health\":\"%s\"}", i ? "," : "", i,
+                                   coordinator_worker_health_name(hl.worker[i]));
+        coordinator_buf_str(&b, "]");
+    }
+    coordinator_buf_str(&b, "}");
+    enum MHD_Result res = coordinator_buf_failed(&b)
+                              ? http_send_nomem(r)
+                              : http_send_json(r, draining || hl.serving == 0 ? 503 : 200, &b);
+    coordinator_buf_fini(&b);
+    return res;
 }
 
 enum MHD_Result http_dispatch(http_req *r)

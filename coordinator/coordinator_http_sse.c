@@ -129,7 +129,7 @@ enum MHD_Result http_sse_start(http_req *r)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    MHD_add_response_header(resp, "X-Request-Id", r->meta.id);
+    MHD_add_response_header(resp, "X-Request-Id", r->meta.request_id);
     http_add_cors(r, resp);
     enum MHD_Result ok = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);

@@ -81,6 +81,10 @@
  * key: far above real ones, low enough to copy onto the stack. */
 #define COORDINATOR_NAME_BYTES_MAX 256
 
+/* A client's X-Request-Id: visible ASCII but '"' and '\\', at most
+ * this many bytes (vLLM takes any; 128 covers UUIDs and trace ids). */
+#define COORDINATOR_REQUEST_ID_BYTES_MAX 128
+
 /* HTTP connections at once, and streams (choices of requests) in flight at
  * once; past the first the listener stops accepting, past the second a
  * request gets 429. Each connection holds a socket and a few KiB. */

@@ -818,6 +818,23 @@ out_fail:
     return e;
 }
 
+shoal_err coordinator_request_id_check(const char *value, coordinator_api_error *err)
+{
+    size_t n = strlen(value);
+    if (n == 0 || n > COORDINATOR_REQUEST_ID_BYTES_MAX)
+        return bad(err, "X-Request-Id", "the X-Request-Id header has %zu bytes; it takes 1 to %d",
+                   n, COORDINATOR_REQUEST_ID_BYTES_MAX);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)value[i];
+        if (c < 0x21 || c > 0x7e || c == '"' || c == '\\')
+            return bad(err, "X-Request-Id",
+                       "the X-Request-Id header has a byte 0x%02x at %zu; it takes visible ASCII "
+                       "but '\"' and '\\'",
+                       c, i);
+    }
+    return SHOAL_OK;
+}
+
 void coordinator_request_fini(coordinator_request *r)
 {
     free(r->messages);

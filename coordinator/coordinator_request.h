@@ -129,6 +129,12 @@ shoal_err coordinator_request_parse(coordinator_request_kind kind, const char *b
                                     const coordinator_request_limits *limits,
                                     coordinator_request *r, coordinator_api_error *err);
 
+/* Checks a client's X-Request-Id header value: 1 to
+ * COORDINATOR_REQUEST_ID_BYTES_MAX bytes of visible ASCII (0x21-0x7e)
+ * but '"' and '\\', so that it goes into a JSON id and a header as it is.
+ * A 400 naming the header otherwise. */
+shoal_err coordinator_request_id_check(const char *value, coordinator_api_error *err);
+
 /* Frees what the request holds; it is empty afterwards. Idempotent. */
 void coordinator_request_fini(coordinator_request *r);
 

@@ -12,11 +12,16 @@ enum { TOKEN_TEXT_BYTES = 3 * COORDINATOR_TOKEN_BYTES_MAX + 1 };
 
 void coordinator_response_meta_init(coordinator_response_meta *m, coordinator_request_kind kind,
                                     const char *model, const coordinator_tokenizer *tok,
-                                    int top_logprobs, uint64_t id_bits, long long created)
+                                    int top_logprobs, const char *client_id, uint64_t id_bits,
+                                    long long created)
 {
     m->kind = kind;
-    snprintf(m->id, sizeof m->id, "%s-%016llx",
-             kind == COORDINATOR_REQUEST_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)id_bits);
+    const char *prefix = kind == COORDINATOR_REQUEST_CHAT ? "chatcmpl" : "cmpl";
+    if (client_id)
+        snprintf(m->id, sizeof m->id, "%s-%s", prefix, client_id);
+    else
+        snprintf(m->id, sizeof m->id, "%s-%016llx", prefix, (unsigned long long)id_bits);
+    snprintf(m->request_id, sizeof m->request_id, "%s", client_id ? client_id : m->id);
     m->created = created;
     m->model = model;
     m->tok = tok;

@@ -42,17 +42,23 @@ typedef struct coordinator_usage {
 /* What every body and chunk of one response names. */
 typedef struct coordinator_response_meta {
     coordinator_request_kind kind;    /* CHAT or COMPLETION */
-    char id[48];                      /* "chatcmpl-<hex>" or "cmpl-<hex>" */
+    /* "chatcmpl-<id>" or "cmpl-<id>": <id> the client's X-Request-Id, else
+     * 16 random hex digits */
+    char id[16 + COORDINATOR_REQUEST_ID_BYTES_MAX];
+    /* the X-Request-Id header of the answer: the client's, else id */
+    char request_id[16 + COORDINATOR_REQUEST_ID_BYTES_MAX];
     long long created;                /* Unix seconds */
     const char *model;                /* the served name; must outlive the meta */
     const coordinator_tokenizer *tok; /* token strings of log-probabilities */
     int top_logprobs;                 /* alternatives per token the request asked for */
 } coordinator_response_meta;
 
-/* Fills meta: id from 64 random bits. */
+/* Fills meta: id from the client's request id (NULL: none; checked by
+ * coordinator_request_id_check), else from 64 random bits. */
 void coordinator_response_meta_init(coordinator_response_meta *m, coordinator_request_kind kind,
                                     const char *model, const coordinator_tokenizer *tok,
-                                    int top_logprobs, uint64_t id_bits, long long created);
+                                    int top_logprobs, const char *client_id, uint64_t id_bits,
+                                    long long created);
 
 /* One finished choice of a non-streamed response. */
 typedef struct coordinator_choice_out {

@@ -374,6 +374,31 @@ static void seeds_take_the_whole_64_bit_range(void)
     refused(CHAT, CHAT_PREFIX "\"seed\":\"7\"}", "seed");
 }
 
+/* A client's X-Request-Id: 1 to 128 visible ASCII bytes but '"' and '\\'. */
+static void request_ids_are_visible_ascii_of_bounded_length(void)
+{
+    coordinator_api_error e;
+    char id[COORDINATOR_REQUEST_ID_BYTES_MAX + 2];
+    memset(id, 'a', sizeof id - 1);
+    id[COORDINATOR_REQUEST_ID_BYTES_MAX] = '\0';
+    CHECK(coordinator_request_id_check(id, &e) == SHOAL_OK);
+    CHECK(coordinator_request_id_check("!~0-9_Za.:/", &e) == SHOAL_OK);
+    id[COORDINATOR_REQUEST_ID_BYTES_MAX] = 'a';
+    id[COORDINATOR_REQUEST_ID_BYTES_MAX + 1] = '\0';
+    CHECK(coordinator_request_id_check(id, &e) == SHOAL_ERR_INVALID);
+    CHECK(e.status == 400 && strcmp(e.param, "X-Request-Id") == 0);
+    CHECK_MSG(strstr(e.message, "129 bytes") && strstr(e.message, "1 to 128"), "%s", e.message);
+    CHECK(coordinator_request_id_check("", &e) == SHOAL_ERR_INVALID);
+    static const char *const bad_ids[] = {"a b", "a\"b", "a\\b", "a\tb", "a\x7f", "caf\xc3\xa9"};
+    for (size_t i = 0; i < sizeof bad_ids / sizeof bad_ids[0]; i++) {
+        CHECK_MSG(coordinator_request_id_check(bad_ids[i], &e) == SHOAL_ERR_INVALID, "'%s'",
+                  bad_ids[i]);
+        CHECK_MSG(strstr(e.message, "visible ASCII"), "%s", e.message);
+    }
+    CHECK(coordinator_request_id_check("a b", &e) == SHOAL_ERR_INVALID);
+    CHECK_MSG(strstr(e.message, "0x20 at 1"), "%s", e.message);
+}
+
 static void cache_salt_user_and_the_model_name(void)
 {
     coordinator_request r;
@@ -751,6 +776,7 @@ int main(void)
     TEST_RUN(stream_options_need_stream);
     TEST_RUN(seeds_take_the_whole_64_bit_range);
     TEST_RUN(cache_salt_user_and_the_model_name);
+    TEST_RUN(request_ids_are_visible_ascii_of_bounded_length);
     TEST_RUN(messages_take_roles_text_parts_and_bounds);
     TEST_RUN(completion_prompts_are_text_or_token_ids);
     TEST_RUN(malformed_bodies_are_refused_before_parsing);

@@ -159,7 +159,7 @@ static coordinator_token_logprob lp_of(int32_t token, float lp)
 static void a_chat_body_carries_choices_usage_and_token_ids(void)
 {
     coordinator_response_meta m;
-    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_CHAT, "qwen \"3\"", tok, 2, 0xabcdefull,
+    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_CHAT, "qwen \"3\"", tok, 2, NULL, 0xabcdefull,
                                    1700000000);
     int32_t ids[2] = {9707, 151645};
     coordinator_token_logprob lps[2] = {lp_of(9707, -0.5f), lp_of(151645, -0.25f)};
@@ -213,7 +213,7 @@ static void a_chat_body_carries_choices_usage_and_token_ids(void)
 static void a_completion_body_has_text_and_legacy_logprobs(void)
 {
     coordinator_response_meta m;
-    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_COMPLETION, "m", tok, 1, 7, 1);
+    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_COMPLETION, "m", tok, 1, NULL, 7, 1);
     int32_t ids[2] = {9707, 11};
     int32_t prompt[1] = {42};
     coordinator_token_logprob lps[2] = {lp_of(9707, -1.0f), lp_of(11, -2.0f)};
@@ -242,10 +242,27 @@ static void a_completion_body_has_text_and_legacy_logprobs(void)
     coordinator_buf_fini(&b);
 }
 
+/* The id of a body names the client's X-Request-Id where it gave one;
+ * the answer's header echoes it as given. */
+static void a_client_request_id_names_the_response(void)
+{
+    coordinator_response_meta m;
+    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_CHAT, "m", tok, 0, "trace-7f", 1, 5);
+    CHECK(strcmp(m.id, "chatcmpl-trace-7f") == 0 && strcmp(m.request_id, "trace-7f") == 0);
+    char longest[COORDINATOR_REQUEST_ID_BYTES_MAX + 1];
+    memset(longest, 'x', COORDINATOR_REQUEST_ID_BYTES_MAX);
+    longest[COORDINATOR_REQUEST_ID_BYTES_MAX] = '\0';
+    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_COMPLETION, "m", tok, 0, longest, 1, 5);
+    CHECK(strlen(m.id) == 5 + COORDINATOR_REQUEST_ID_BYTES_MAX && strncmp(m.id, "cmpl-x", 6) == 0);
+    CHECK(strcmp(m.request_id, longest) == 0);
+    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_CHAT, "m", tok, 0, NULL, 0xabcull, 5);
+    CHECK(strcmp(m.id, "chatcmpl-0000000000000abc") == 0 && strcmp(m.request_id, m.id) == 0);
+}
+
 static void a_chat_stream_is_role_text_finish_usage_done(void)
 {
     coordinator_response_meta m;
-    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_CHAT, "m", tok, 0, 1, 5);
+    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_CHAT, "m", tok, 0, NULL, 1, 5);
     int32_t prompt[2] = {7, 8};
     int32_t tid[1] = {9707};
     coordinator_buf b;
@@ -306,7 +323,7 @@ static void streamed_logprobs_equal_the_whole_bodys(void)
 {
     for (int kind = COORDINATOR_REQUEST_CHAT; kind <= COORDINATOR_REQUEST_COMPLETION; kind++) {
         coordinator_response_meta m;
-        coordinator_response_meta_init(&m, kind, "m", tok, 3, 1, 1);
+        coordinator_response_meta_init(&m, kind, "m", tok, 3, NULL, 1, 1);
         coordinator_token_logprob lps[3] = {lp_of(9707, -0.125f), lp_of(11, -3.5f),
                                             lp_of(0xe4 - 0x21 + 0x22, -1.0f)};
         int32_t ids[3] = {9707, 11, lps[2].token};
@@ -421,6 +438,7 @@ int main(void)
     TEST_RUN(errors_have_openai_shape);
     TEST_RUN(a_chat_body_carries_choices_usage_and_token_ids);
     TEST_RUN(a_completion_body_has_text_and_legacy_logprobs);
+    TEST_RUN(a_client_request_id_names_the_response);
     TEST_RUN(a_chat_stream_is_role_text_finish_usage_done);
     TEST_RUN(streamed_logprobs_equal_the_whole_bodys);
     TEST_RUN(a_token_of_part_of_a_character_shows_replacement_and_its_bytes);

@@ -1,10 +1,11 @@
 // The API through the official `openai` client against shoal-coordinator
 // with two CPU workers: chat and completions, streamed and not, token-id
 // prompts, return_token_ids, logprobs, stop strings, n and seeds, cached
-// tokens and cache_salt, thinking, tokenize/detokenize, models, health and
-// metrics. The model's weights are random: outputs are checked for
+// tokens and cache_salt, thinking, tokenize/detokenize, models, health
+// (with workers stopped), a client's X-Request-Id, and metrics. The model's weights are random: outputs are checked for
 // consistency (streamed == whole, greedy is deterministic, ids decode to
 // the text, stop strings cut at their first occurrence), not for meaning.
+import fs from 'node:fs';
 import { MODEL, Server, assert, collect, eq, run, stopCleanly, until } from './harness.mjs';
 
 const server = await Server.start();
@@ -29,6 +30,76 @@ const tests = [
     assert(text.includes('shoal_worker_kv_pages{worker="0",device="cpu",state="free"}'),
       'kv pages per worker');
     assert(text.includes('# TYPE shoal_time_to_first_token_seconds histogram'), 'ttft');
+  }],
+
+  ['health_counts_the_workers_serving_and_is_503_when_none_does', async () => {
+    // A cluster of its own that takes a silent worker for dead soon: one
+    // worker stopped leaves /health 200 ("degraded", one not serving),
+    // both stopped make it a 503 a load balancer takes out of rotation.
+    const small = await Server.start(['--dead-after-ms', '1000', '--heartbeat-ms', '50']);
+    const workers = fs.readdirSync(`/proc/${small.proc.pid}/task`).flatMap((t) =>
+      fs.readFileSync(`/proc/${small.proc.pid}/task/${t}/children`, 'utf8').trim().split(/\s+/))
+      .filter(Boolean).map(Number);
+    eq(workers.length, 2, `the coordinator's two workers (${workers})`);
+    try {
+      let h = await small.request('GET', '/health');
+      eq(h.status, 200, 'all serving');
+      eq(h.json, { status: 'ok', workers: 2, serving: 2, not_serving: 0 }, 'the body');
+      h = await small.request('GET', '/health?all=1');
+      eq(h.json.worker, [{ index: 0, health: 'serving' }, { index: 1, health: 'serving' }],
+        '?all=1 names each worker');
+      // A stopped worker falls silent; past --dead-after-ms the supervisor
+      // kills and restarts it: silent, dead and starting all count as not
+      // serving.
+      const down = ['not answering', 'dead', 'starting'];
+      process.kill(workers[1], 'SIGSTOP');
+      let seen;
+      await until(async () => {
+        seen = await small.request('GET', '/health?all=1');
+        return seen.json.serving === 1;
+      }, 10000, 'the stopped worker not serving');
+      eq(seen.status, 200, 'one of two serving is still 200');
+      eq([seen.json.status, seen.json.not_serving], ['degraded', 1], 'degraded, one not serving');
+      assert(seen.json.worker.some((w) => down.includes(w.health)), JSON.stringify(seen.json));
+      process.kill(workers[0], 'SIGSTOP');
+      await until(async () => {
+        seen = await small.request('GET', '/health');
+        return seen.status === 503;
+      }, 10000, 'none serving');
+      eq([seen.json.status, seen.json.serving, seen.json.not_serving], ['unavailable', 0, 2],
+        'the body');
+      eq(seen.headers['retry-after'], '5', 'Retry-After on the 503');
+      for (const w of workers) try { process.kill(w, 'SIGCONT'); } catch { /* restarted */ }
+      await until(async () => (await small.request('GET', '/health')).status === 200, 60000,
+        'serving again');
+    } finally {
+      for (const w of workers) try { process.kill(w, 'SIGCONT'); } catch { /* gone */ }
+      await small.stop();
+    }
+  }],
+
+  ['a_client_request_id_is_kept_and_a_bad_one_refused', async (s) => {
+    const body = JSON.stringify({ model: MODEL, messages: HELLO, max_tokens: 2 });
+    const r = await s.request('POST', '/v1/chat/completions',
+      { body, headers: { 'X-Request-Id': 'trace-42.a' } });
+    eq(r.status, 200, r.text.slice(0, 200));
+    eq(r.headers['x-request-id'], 'trace-42.a', 'echoed');
+    eq(r.json.id, 'chatcmpl-trace-42.a', 'the body id names it');
+    const st = await s.request('POST', '/v1/completions', { headers: { 'X-Request-Id': 'sse-1' },
+      body: JSON.stringify({ model: MODEL, prompt: 'hi', max_tokens: 2, stream: true }) });
+    eq(st.headers['x-request-id'], 'sse-1', 'echoed on a stream');
+    assert(st.text.includes('"id":"cmpl-sse-1"'), st.text.slice(0, 300));
+    const own = await s.request('POST', '/v1/chat/completions', { body });
+    assert(/^chatcmpl-[0-9a-f]{16}$/.test(own.headers['x-request-id']), 'ours without one');
+    for (const bad of ['x'.repeat(129), 'a"b']) {
+      const e = await s.request('POST', '/v1/chat/completions',
+        { body, headers: { 'X-Request-Id': bad } });
+      eq(e.status, 400, `refused: ${bad.slice(0, 10)}`);
+      eq(e.json.error.param, 'X-Request-Id', 'names the header');
+    }
+    const longest = await s.request('POST', '/v1/chat/completions',
+      { body, headers: { 'X-Request-Id': 'y'.repeat(128) } });
+    eq(longest.headers['x-request-id'], 'y'.repeat(128), 'the longest kept');
   }],
 
   ['greedy_chat_is_deterministic_and_equals_its_stream', async () => {

@@ -206,6 +206,7 @@ const tests = [
         if (r.status === 200) return false; // the holders' headers not all read yet
         isError(r, 503, undefined, 'a small body past the budget');
         eq(r.json.error.code, 'bodies_over_budget', 'its code');
+        eq(r.headers['retry-after'], '5', 'Retry-After on the 503');
         assert(r.json.error.message.includes('--max-body-memory-mib'), 'the message names the flag');
         return true;
       }, 10000, 'the budget full');
@@ -291,7 +292,8 @@ const tests = [
       body: chat({ max_tokens: 2 }) });
     eq(ok.status, 200, 'with the key');
     eq(ok.headers['access-control-allow-origin'], '*', 'on an answer');
-    eq(ok.headers['access-control-expose-headers'], 'X-Request-Id', 'the request id is readable');
+    eq(ok.headers['access-control-expose-headers'], 'X-Request-Id, Retry-After',
+      'the request id and Retry-After are readable');
     const sse = await s.request('POST', '/v1/chat/completions', { headers: AUTH,
       body: chat({ max_tokens: 2, stream: true }) });
     eq(sse.headers['access-control-allow-origin'], '*', 'on a stream');
@@ -366,6 +368,7 @@ const tests = [
       await client.chat.completions.create({ model: MODEL, messages: MSGS, n: 16, max_tokens: 2 });
     } catch (e) { err = e; }
     eq(err?.status, 429, 'the second request');
+    eq(err?.headers?.get('retry-after'), '1', 'Retry-After on the 429');
     eq(err?.constructor?.name, 'RateLimitError', 'RateLimitError');
     const small = await client.chat.completions.create({ model: MODEL, messages: MSGS, n: 4,
       max_tokens: 2, temperature: 0 });
