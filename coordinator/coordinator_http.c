@@ -334,6 +334,7 @@ static shoal_err http_open(const coordinator_http_options *o, coordinator_cluste
         .max_model_len = coordinator_cluster_max_model_len(cluster),
         .vocab = coordinator_cluster_vocab(cluster),
         .default_max_tokens = o->default_max_tokens,
+        .ignore_unknown_fields = o->ignore_unknown_fields,
     };
     coordinator_metrics_init(&h->metrics);
     uint64_t seed = 0;

@@ -47,6 +47,7 @@ typedef struct coordinator_http_options {
     int connections_max;     /* 0: COORDINATOR_CONNECTIONS_MAX */
     int streams_max;         /* choices in flight; 0: COORDINATOR_STREAMS_MAX */
     int default_max_tokens;  /* when a request gives none; 0: the rest of the context */
+    bool ignore_unknown_fields; /* a field no request reads: a warning, not a 400 */
     int idle_timeout_s;      /* an idle keep-alive connection is closed after; 0: 60 */
     /* CORS: the origin browsers may call from ("*": any, as vLLM's
      * default); NULL or "": no CORS headers, and OPTIONS is a 405 */

@@ -7,6 +7,7 @@
 #include "coordinator_http_internal.h"
 
 #include "common/common_hash.h"
+#include "common/common_log.h"
 #include "common/common_rng.h"
 
 #include <stdio.h>
@@ -119,6 +120,10 @@ static enum MHD_Result generate(http_req *r)
         build_prompt(r, &e) ||
         coordinator_request_fit(&r->req, r->prompt_len, &h->limits, &r->max_tokens, &e))
         return http_send_error(r, &e);
+    if (r->req.ignored_fields[0])
+        LOG_WARN("http: %s: ignored unknown field%s %s (--ignore-unknown-fields)",
+                 kind == COORDINATOR_REQUEST_CHAT ? "/v1/chat/completions" : "/v1/completions",
+                 strchr(r->req.ignored_fields, ',') ? "s" : "", r->req.ignored_fields);
     const char *client_id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Id");
     if (client_id && coordinator_request_id_check(client_id, &e))
         return http_send_error(r, &e);

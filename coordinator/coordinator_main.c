@@ -57,6 +57,8 @@ static void usage(FILE *f)
         "  --max-streams N         choices in flight before 429 (default %d)\n"
         "  --max-tokens-default N  max_tokens of a request that gives none (default: the\n"
         "                          rest of the context)\n"
+        "  --ignore-unknown-fields a request field this server does not read is ignored\n"
+        "                          with a warning in the log (vLLM's behaviour), not a 400\n"
         "  --drain-timeout-s N     on SIGTERM, how long requests in flight may run (default 30)\n"
         "Workers:\n"
         "  --model DIR             Hugging Face model directory (tokenizer.json too)\n"
@@ -171,6 +173,7 @@ enum {
     OPT_BODIES,
     OPT_STREAMS,
     OPT_MAX_TOKENS,
+    OPT_IGNORE_UNKNOWN,
     OPT_DRAIN,
     OPT_MODEL,
     OPT_WORKERS,
@@ -198,6 +201,7 @@ static const struct option own_opts[OPT_OWN_COUNT] = {
     {"max-body-memory-mib", required_argument, 0, OPT_BODIES},
     {"max-streams", required_argument, 0, OPT_STREAMS},
     {"max-tokens-default", required_argument, 0, OPT_MAX_TOKENS},
+    {"ignore-unknown-fields", no_argument, 0, OPT_IGNORE_UNKNOWN},
     {"drain-timeout-s", required_argument, 0, OPT_DRAIN},
     {"model", required_argument, 0, OPT_MODEL},
     {"workers", required_argument, 0, OPT_WORKERS},
@@ -359,6 +363,10 @@ static shoal_err coordinator_parse_args(int argc, char **argv, coordinator_optio
         if (c == OPT_HELP) {
             o->help = true;
             return SHOAL_OK;
+        }
+        if (c == OPT_IGNORE_UNKNOWN) { /* the one switch among the own flags */
+            o->http.ignore_unknown_fields = true;
+            continue;
         }
         shoal_err err = SHOAL_ERR_NOT_FOUND;
         if (c >= OPT_TABLE && c < OPT_TABLE + COMMON_WORKER_FLAG_COUNT)

@@ -692,6 +692,88 @@ static shoal_err keep_last_keys(cJSON *node, coordinator_api_error *err)
     return SHOAL_OK;
 }
 
+/* ---- the fields a request may give ---- */
+
+/* What each kind reads (NULL-terminated). A field of no list is
+ * unknown: a 400, or with ignore_unknown_fields a warning. "user",
+ * "metadata" and "store" (false) change nothing at OpenAI either unless a
+ * completion is stored, which store: true asks and is refused. */
+static const char *const generation_fields[] = {
+    "model", "max_tokens", "n", "best_of", "temperature", "top_p", "min_p", "top_k",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
+    "stop_token_ids", "logprobs", "stream", "stream_options", "ignore_eos",
+    "skip_special_tokens", "return_token_ids", "user", "cache_salt", "add_special_tokens",
+    "tools", "functions", "tool_choice", "response_format", "logit_bias", NULL};
+static const char *const chat_fields[] = {
+    "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt",
+    "chat_template_kwargs", "parallel_tool_calls", "metadata", "store", NULL};
+static const char *const completion_fields[] = {"prompt", "echo", "suffix", NULL};
+static const char *const tokenize_fields[] = {
+    "model", "messages", "prompt", "content", "add_special", "add_special_tokens",
+    "return_token_strs", "add_generation_prompt", "chat_template_kwargs", NULL};
+static const char *const detokenize_fields[] = {"model", "tokens", "skip_special_tokens", NULL};
+
+/* Fields of OpenAI's or vLLM's API that change what a request produces
+ * and that this server does not do yet: refused by name whatever
+ * ignore_unknown_fields says, since ignoring them would answer another
+ * request than the one asked. */
+static const char *const unsupported_fields[] = {
+    "min_tokens", "include_stop_str_in_output", "continue_final_message", "prompt_logprobs",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+    "guided_whitespace_pattern", "structured_outputs", "allowed_token_ids", "bad_words",
+    "use_beam_search", "length_penalty", "truncate_prompt_tokens", "logits_processors",
+    "chat_template", "documents", "prediction", "audio", "web_search_options",
+    "spaces_between_special_tokens", "return_tokens_as_token_ids", NULL};
+
+static bool listed(const char *const *list, const char *name)
+{
+    for (; *list; list++)
+        if (strcmp(*list, name) == 0)
+            return true;
+    return false;
+}
+
+static shoal_err check_fields(const cJSON *root, const coordinator_request_limits *limits,
+                              coordinator_request *r, coordinator_api_error *err)
+{
+    const char *const *own = r->kind == COORDINATOR_REQUEST_CHAT         ? chat_fields
+                             : r->kind == COORDINATOR_REQUEST_COMPLETION ? completion_fields
+                             : r->kind == COORDINATOR_REQUEST_TOKENIZE   ? tokenize_fields
+                                                                         : detokenize_fields;
+    bool generates = r->kind == COORDINATOR_REQUEST_CHAT || r->kind == COORDINATOR_REQUEST_COMPLETION;
+    char names[sizeof r->ignored_fields] = "";
+    size_t len = 0;
+    int unknown = 0;
+    const char *first = NULL;
+    for (const cJSON *f = root->child; f; f = f->next) {
+        if (strcmp(f->string, "store") == 0 && !cJSON_IsFalse(f) && !cJSON_IsNull(f))
+            return bad(err, "store", "'store' must be false: this server stores no completions");
+        if (cJSON_IsNull(f) || listed(own, f->string) ||
+            (generates && listed(generation_fields, f->string)))
+            continue; /* null is "not given" for every field */
+        if (generates && listed(unsupported_fields, f->string))
+            return bad(err, f->string, "'%s' is not supported by this server", f->string);
+        if (!first)
+            first = f->string;
+        if (unknown++ < 8 && len + strlen(f->string) + 5 < sizeof names)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", len ? ", " : "",
+                                    f->string);
+    }
+    if (unknown == 0)
+        return SHOAL_OK;
+    if (unknown > 8 || len == 0)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s(%d in all)", len ? " " : "",
+                                unknown);
+    if (!limits->ignore_unknown_fields)
+        return bad(err, unknown == 1 ? first : NULL,
+                   "unknown field%s %s: this server does not honour %s (start the coordinator "
+                   "with --ignore-unknown-fields to ignore unknown fields with a warning, as "
+                   "vLLM does)",
+                   unknown == 1 ? "" : "s", names, unknown == 1 ? "it" : "them");
+    memcpy(r->ignored_fields, names, sizeof names);
+    return SHOAL_OK;
+}
+
 static shoal_err check_model(const cJSON *root, const coordinator_request_limits *limits,
                              coordinator_api_error *err)
 {
@@ -745,7 +827,8 @@ shoal_err coordinator_request_parse(coordinator_request_kind kind, const char *b
         e = bad(err, NULL, "the request body must be a JSON object, not %s", type_name(root));
         goto out_fail;
     }
-    if ((e = keep_last_keys(root, err)) || (e = check_model(root, limits, err)))
+    if ((e = keep_last_keys(root, err)) || (e = check_model(root, limits, err)) ||
+        (e = check_fields(root, limits, r, err)))
         goto out_fail;
 
     switch (kind) {

@@ -4,9 +4,12 @@
  * /tokenize and /detokenize into a coordinator_request, and refuses what
  * cannot run with an OpenAI-style error that names the field (HTTP 400,
  * or 404 for a model that is not served). Fields and their ranges follow
- * OpenAI's API and vLLM's extensions of it; a field this server does not
- * know is ignored, as vLLM does, since clients send newer ones. null means
- * "not given" for every optional field.
+ * OpenAI's API and vLLM's extensions of it. A field this server does not
+ * read is a 400 naming it, or, with limits.ignore_unknown_fields, ignored
+ * and named for a warning (vLLM's behaviour); a field of theirs that
+ * changes the output and that this server does not do (min_tokens,
+ * guided_json, ...) is a 400 either way. null means "not given" for every
+ * optional field.
  *
  * What is checked, before anything is allocated for the request: the body
  * is valid UTF-8, JSON of at most COORDINATOR_JSON_DEPTH_MAX levels; every
@@ -60,6 +63,10 @@ typedef struct coordinator_request_limits {
     int max_model_len;      /* prompt + output tokens of one stream */
     int vocab;              /* token ids are below this (the model's vocabulary) */
     int default_max_tokens; /* 0: the rest of the context, as vLLM */
+    /* A field no kind of request reads: a 400 naming it (false), or
+     * ignored and named in coordinator_request.ignored_fields (true,
+     * vLLM's behaviour), for the caller to log. */
+    bool ignore_unknown_fields;
 } coordinator_request_limits;
 
 /* Sampling, as OpenAI and vLLM name it; the defaults turn each off. */
@@ -113,6 +120,10 @@ typedef struct coordinator_request {
     bool return_token_ids;    /* vLLM's: prompt_token_ids and each choice's token_ids */
     const char *cache_salt;   /* NULL if none; 1..COORDINATOR_NAME_BYTES_MAX bytes */
     size_t cache_salt_bytes;
+
+    /* The unknown fields ignored (limits.ignore_unknown_fields), quoted
+     * and joined ("'a', 'b'"), or "" for none. */
+    char ignored_fields[256];
 
     /* private */
     void *json_;

@@ -293,11 +293,40 @@ const tests = [
     eq(big.json.tokens, small.json.tokens, 'the same tokens as the small body');
   }],
 
-  ['unknown_fields_are_ignored', async () => {
+  ['unknown_fields_are_refused_by_name_unless_ignored_with_a_warning', async () => {
     const r = await client.chat.completions.create({ model: MODEL, messages: HELLO,
-      max_tokens: 3, temperature: 0, store: false, metadata: { a: 'b' },
-      some_field_from_the_future: { x: [1, 2] }, user: 'someone', parallel_tool_calls: false });
+      max_tokens: 3, temperature: 0, store: false, metadata: { a: 'b' }, user: 'someone',
+      parallel_tool_calls: false, service_tier: null });
     eq(r.usage.completion_tokens <= 3, true, 'served');
+    let err;
+    try {
+      await client.chat.completions.create({ model: MODEL, messages: HELLO, max_tokens: 3,
+        some_field_from_the_future: { x: [1, 2] } });
+    } catch (e) { err = e; }
+    eq([err?.status, err?.param], [400, 'some_field_from_the_future'], 'refused by name');
+    assert(err.message.includes('--ignore-unknown-fields'), err.message);
+    try {
+      err = undefined;
+      await client.completions.create({ model: MODEL, prompt: 'hi', max_tokens: 3, min_tokens: 2 });
+    } catch (e) { err = e; }
+    eq([err?.status, err?.param], [400, 'min_tokens'], 'a vLLM field not done here');
+    const lax = await Server.start(['--ignore-unknown-fields']);
+    try {
+      const c = lax.client();
+      const ok = await c.chat.completions.create({ model: MODEL, messages: HELLO, max_tokens: 3,
+        some_field_from_the_future: 1, another_one: 'x' });
+      eq(ok.usage.completion_tokens <= 3, true, 'ignored');
+      await until(async () => lax.logText.includes(
+        "ignored unknown fields 'some_field_from_the_future', 'another_one'"), 5000,
+      'the warning in the log');
+      try {
+        err = undefined;
+        await c.chat.completions.create({ model: MODEL, messages: HELLO, guided_json: {} });
+      } catch (e) { err = e; }
+      eq([err?.status, err?.param], [400, 'guided_json'], 'still refused: it changes the output');
+    } finally {
+      await lax.stop();
+    }
   }],
 
   ['requests_are_counted_by_status_and_tokens_in_metrics', async (s) => {
