@@ -332,7 +332,7 @@ static enum MHD_Result metrics(http_req *r)
         snprintf(w[i].device, sizeof w[i].device, "%s", s->device);
     }
     coordinator_metrics_cluster c = {
-        .worker_count = st->workers, .workers = w, .resumed = st->resumed};
+        .model_name = h->model, .worker_count = st->workers, .workers = w, .resumed = st->resumed};
     atomic_store(&h->metrics.http_running, atomic_load(&h->active));
     atomic_store(&h->metrics.http_body_bytes, (int64_t)atomic_load(&h->bodies_bytes));
     res = coordinator_metrics_render(&h->metrics, &c, &b)

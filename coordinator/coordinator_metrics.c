@@ -97,38 +97,121 @@ static uint64_t load(const _Atomic uint64_t *a)
     return atomic_load_explicit(a, memory_order_relaxed);
 }
 
-static void header(coordinator_buf *out, const char *name, const char *type, const char *help)
+/* A family's series are written as <prefix><name>{<labels>}: prefix
+ * "shoal_" with no labels, or "vllm:" with vLLM's model_name label. */
+typedef struct family {
+    const char *prefix;
+    const char *labels; /* "" or `model_name="..."` */
+} family;
+
+static const family shoal_family = {"shoal_", ""};
+
+static void header(coordinator_buf *out, family f, const char *name, const char *type,
+                   const char *help)
 {
-    coordinator_buf_printf(out, "# HELP shoal_%s %s\n# TYPE shoal_%s %s\n", name, help, name, type);
+    coordinator_buf_printf(out, "# HELP %s%s %s\n# TYPE %s%s %s\n", f.prefix, name, help, f.prefix,
+                           name, type);
 }
 
-static void counter(coordinator_buf *out, const char *name, const char *help, uint64_t v)
+static void sample(coordinator_buf *out, family f, const char *name, const char *value)
 {
-    header(out, name, "counter", help);
-    coordinator_buf_printf(out, "shoal_%s %llu\n", name, (unsigned long long)v);
+    coordinator_buf_printf(out, "%s%s%s%s%s %s\n", f.prefix, name, f.labels[0] ? "{" : "", f.labels,
+                           f.labels[0] ? "}" : "", value);
 }
 
-static void gauge(coordinator_buf *out, const char *name, const char *help, long long v)
+static void counter(coordinator_buf *out, family f, const char *name, const char *help,
+                    uint64_t v)
 {
-    header(out, name, "gauge", help);
-    coordinator_buf_printf(out, "shoal_%s %lld\n", name, v);
+    char text[24];
+    snprintf(text, sizeof text, "%llu", (unsigned long long)v);
+    header(out, f, name, "counter", help);
+    sample(out, f, name, text);
 }
 
-static void histogram(coordinator_buf *out, const char *name, const char *help,
+static void gauge(coordinator_buf *out, family f, const char *name, const char *help, long long v)
+{
+    char text[24];
+    snprintf(text, sizeof text, "%lld", v);
+    header(out, f, name, "gauge", help);
+    sample(out, f, name, text);
+}
+
+static void histogram(coordinator_buf *out, family f, const char *name, const char *help,
                       const coordinator_histogram *h)
 {
-    header(out, name, "histogram", help);
+    header(out, f, name, "histogram", help);
+    const char *sep = f.labels[0] ? "," : "";
     uint64_t cumulative = 0;
-    for (int b = 0; b < h->bucket_count; b++) {
+    for (int b = 0; b <= h->bucket_count; b++) {
         cumulative += load(&h->counts[b]);
-        coordinator_buf_printf(out, "shoal_%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[b],
-                               (unsigned long long)cumulative);
+        char le[32];
+        if (b < h->bucket_count)
+            snprintf(le, sizeof le, "%g", h->bounds[b]);
+        else
+            snprintf(le, sizeof le, "+Inf");
+        coordinator_buf_printf(out, "%s%s_bucket{%s%sle=\"%s\"} %llu\n", f.prefix, name, f.labels,
+                               sep, le, (unsigned long long)cumulative);
     }
-    cumulative += load(&h->counts[h->bucket_count]);
-    coordinator_buf_printf(out, "shoal_%s_bucket{le=\"+Inf\"} %llu\n", name,
-                           (unsigned long long)cumulative);
-    coordinator_buf_printf(out, "shoal_%s_sum %.9f\n", name, (double)load(&h->sum_ns) * 1e-9);
-    coordinator_buf_printf(out, "shoal_%s_count %llu\n", name, (unsigned long long)cumulative);
+    char name_sum[96], name_count[96], text[32];
+    snprintf(name_sum, sizeof name_sum, "%s_sum", name);
+    snprintf(name_count, sizeof name_count, "%s_count", name);
+    snprintf(text, sizeof text, "%.9f", (double)load(&h->sum_ns) * 1e-9);
+    sample(out, f, name_sum, text);
+    snprintf(text, sizeof text, "%llu", (unsigned long long)cumulative);
+    sample(out, f, name_count, text);
+}
+
+/* vLLM's names of the same figures, so that dashboards made for vLLM
+ * (its v1 engine's names) read shoal: requests are streams (a choice is
+ * one), the KV cache's use is the active pages' share of all workers'
+ * pages (cached pages are reusable, as vLLM's free-queue blocks are). */
+static void vllm_series(const coordinator_metrics *m, const coordinator_metrics_cluster *c,
+                        coordinator_buf *out)
+{
+    char labels[COORDINATOR_METRICS_MODEL_LABEL_BYTES + 16];
+    char model[COORDINATOR_METRICS_MODEL_LABEL_BYTES];
+    size_t n = 0;
+    for (const char *p = c->model_name ? c->model_name : ""; *p && n + 3 < sizeof model; p++) {
+        if (*p == '\\' || *p == '"' || *p == '\n') { /* the text format's escapes */
+            model[n++] = '\\';
+            model[n++] = *p == '\n' ? 'n' : *p;
+        } else {
+            model[n++] = *p;
+        }
+    }
+    model[n] = '\0';
+    snprintf(labels, sizeof labels, "model_name=\"%s\"", model);
+    family f = {"vllm:", labels};
+    long long running = 0, waiting = 0, active = 0, total = 0, preempted = 0;
+    for (int i = 0; i < c->worker_count; i++) {
+        running += c->workers[i].running;
+        waiting += c->workers[i].waiting;
+        active += c->workers[i].pages_active;
+        total += c->workers[i].pages_total;
+        preempted += (long long)c->workers[i].preemptions;
+    }
+    gauge(out, f, "num_requests_running", "Streams the workers are running.", running);
+    gauge(out, f, "num_requests_waiting", "Streams waiting in the workers' queues.", waiting);
+    char usage[32];
+    snprintf(usage, sizeof usage, "%.6f", total ? (double)active / (double)total : 0.0);
+    header(out, f, "kv_cache_usage_perc", "gauge",
+           "KV-cache usage: active pages over all pages, 1 is full.");
+    sample(out, f, "kv_cache_usage_perc", usage);
+    counter(out, f, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+            load(&m->prefix_queries));
+    counter(out, f, "prefix_cache_hits_total", "Prompt tokens served from the prefix cache.",
+            load(&m->prefix_hits));
+    counter(out, f, "prompt_tokens_total", "Prompt tokens of ended requests.",
+            load(&m->prompt_tokens));
+    counter(out, f, "generation_tokens_total", "Tokens generated for ended requests.",
+            load(&m->generation_tokens));
+    counter(out, f, "num_preemptions_total", "Streams the workers preempted.",
+            (uint64_t)preempted);
+    histogram(out, f, "time_to_first_token_seconds", "Time to first token, per choice.", &m->ttft);
+    histogram(out, f, "inter_token_latency_seconds", "Time between consecutive output tokens.",
+              &m->itl);
+    histogram(out, f, "e2e_request_latency_seconds", "From arrival to the end of a request.",
+              &m->duration);
 }
 
 /* A device name as a label value: only [A-Za-z0-9_.-], so it needs no
@@ -273,7 +356,7 @@ bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_
                                 coordinator_buf *out)
 {
     coordinator_buf_clear(out);
-    header(out, "http_requests_total", "counter", "HTTP requests answered, by route and status.");
+    header(out, shoal_family, "http_requests_total", "counter", "HTTP requests answered, by route and status.");
     for (int r = 0; r < COORDINATOR_ENDPOINT__COUNT; r++) {
         for (int s = 0; s <= COORDINATOR_METRICS_STATUSES; s++) {
             uint64_t v = load(&m->requests[r][s]);
@@ -289,27 +372,27 @@ bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_
                                    endpoint_paths[r], status, (unsigned long long)v);
         }
     }
-    counter(out, "prompt_tokens_total",
+    counter(out, shoal_family, "prompt_tokens_total",
             "Prompt tokens of ended generation requests, those the client left included.",
             load(&m->prompt_tokens));
-    counter(out, "generation_tokens_total",
+    counter(out, shoal_family, "generation_tokens_total",
             "Tokens generated for ended requests, those the client left included.",
             load(&m->generation_tokens));
-    counter(out, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+    counter(out, shoal_family, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
             load(&m->prefix_queries));
-    counter(out, "prefix_cache_hits_total", "Prompt tokens served from the prefix cache.",
+    counter(out, shoal_family, "prefix_cache_hits_total", "Prompt tokens served from the prefix cache.",
             load(&m->prefix_hits));
-    counter(out, "stream_chunks_total", "SSE events sent on streamed responses.",
+    counter(out, shoal_family, "stream_chunks_total", "SSE events sent on streamed responses.",
             load(&m->stream_chunks));
-    histogram(out, "time_to_first_token_seconds",
+    histogram(out, shoal_family, "time_to_first_token_seconds",
               "From a request's arrival to its first token, per choice.", &m->ttft);
-    histogram(out, "inter_token_latency_seconds",
+    histogram(out, shoal_family, "inter_token_latency_seconds",
               "Between consecutive tokens of a choice, as they reach the coordinator.", &m->itl);
-    histogram(out, "request_duration_seconds", "From arrival to the end of a generation request.",
+    histogram(out, shoal_family, "request_duration_seconds", "From arrival to the end of a generation request.",
               &m->duration);
-    gauge(out, "http_requests_running", "HTTP requests being served.",
+    gauge(out, shoal_family, "http_requests_running", "HTTP requests being served.",
           (long long)atomic_load_explicit(&m->http_running, memory_order_relaxed));
-    gauge(out, "http_body_bytes",
+    gauge(out, shoal_family, "http_body_bytes",
           "Buffers of request bodies being read, against --max-body-memory-mib.",
           (long long)atomic_load_explicit(&m->http_body_bytes, memory_order_relaxed));
     long long running = 0, waiting = 0;
@@ -317,15 +400,16 @@ bool coordinator_metrics_render(const coordinator_metrics *m, const coordinator_
         running += c->workers[i].running;
         waiting += c->workers[i].waiting;
     }
-    gauge(out, "streams_running", "Streams the workers are running.", running);
-    gauge(out, "streams_waiting", "Streams waiting in the workers' queues.", waiting);
-    counter(out, "streams_resumed_total", "Streams moved off a dead worker.", c->resumed);
+    gauge(out, shoal_family, "streams_running", "Streams the workers are running.", running);
+    gauge(out, shoal_family, "streams_waiting", "Streams waiting in the workers' queues.", waiting);
+    counter(out, shoal_family, "streams_resumed_total", "Streams moved off a dead worker.", c->resumed);
 
     for (size_t i = 0; i < sizeof worker_metrics / sizeof worker_metrics[0]; i++) {
         const worker_metric *wm = &worker_metrics[i];
         if (i == 0 || strcmp(wm->name, worker_metrics[i - 1].name) != 0)
-            header(out, wm->name, wm->type, wm->help);
+            header(out, shoal_family, wm->name, wm->type, wm->help);
         worker_series(out, c, wm->name, wm->label, wm->field);
     }
+    vllm_series(m, c, out);
     return !coordinator_buf_failed(out);
 }

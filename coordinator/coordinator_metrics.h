@@ -29,7 +29,14 @@
  *   (--learn-conversations),
  *   worker_generated_tokens_total,
  *   worker_preemptions_total                 per worker{worker,device}
- *   streams_resumed_total                    streams moved off a dead worker */
+ *   streams_resumed_total                    streams moved off a dead worker
+ *
+ * And under vLLM's names (prefixed vllm:, label model_name), for the
+ * dashboards made for it: num_requests_running, num_requests_waiting,
+ * kv_cache_usage_perc, prefix_cache_queries_total, prefix_cache_hits_total,
+ * prompt_tokens_total, generation_tokens_total, num_preemptions_total, and
+ * the histograms time_to_first_token_seconds, inter_token_latency_seconds
+ * and e2e_request_latency_seconds. */
 #ifndef SHOAL_COORDINATOR_METRICS_H
 #define SHOAL_COORDINATOR_METRICS_H
 
@@ -118,7 +125,10 @@ typedef struct coordinator_metrics_worker {
     uint64_t states_skipped;
 } coordinator_metrics_worker;
 
+enum { COORDINATOR_METRICS_MODEL_LABEL_BYTES = 512 };
+
 typedef struct coordinator_metrics_cluster {
+    const char *model_name; /* the served name: vLLM's model_name label (cut to fit its bytes) */
     int worker_count;
     const coordinator_metrics_worker *workers;
     uint64_t resumed;

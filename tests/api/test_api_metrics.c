@@ -140,6 +140,50 @@ static void workers_have_pages_streams_and_counters(void)
     coordinator_buf_fini(&b);
 }
 
+/* The same figures under vLLM's names, labelled with the model's name
+ * (escaped as the text format wants). */
+static void vllm_names_carry_the_same_figures(void)
+{
+    coordinator_metrics m;
+    coordinator_metrics_init(&m);
+    coordinator_metrics_tokens(&m, 40, 9, 0);
+    atomic_store(&m.prefix_queries, 40);
+    atomic_store(&m.prefix_hits, 16);
+    coordinator_metrics_observe(&m.ttft, 1000000);
+    coordinator_metrics_observe(&m.itl, 30000000);
+    coordinator_metrics_observe(&m.itl, 30000000);
+    coordinator_metrics_worker w[2] = {
+        {.index = 0, .device = "0", .running = 3, .waiting = 1, .pages_total = 100,
+         .pages_active = 30, .pages_free = 60, .preemptions = 2},
+        {.index = 1, .device = "1", .running = 2, .pages_total = 300, .pages_active = 10,
+         .preemptions = 1},
+    };
+    coordinator_metrics_cluster c = {
+        .model_name = "qwen\"3\\x", .worker_count = 2, .workers = w};
+    coordinator_buf b;
+    coordinator_buf_init(&b);
+    CHECK(coordinator_metrics_render(&m, &c, &b));
+    const char *t = b.data;
+#define L "{model_name=\"qwen\\\"3\\\\x\"}"
+    CHECK_MSG(sample(t, "vllm:num_requests_running" L) == 5, "%s", strstr(t, "vllm:"));
+    CHECK(sample(t, "vllm:num_requests_waiting" L) == 1);
+    CHECK(sample(t, "vllm:kv_cache_usage_perc" L) == 0.1); /* 40 of 400 pages active */
+    CHECK(sample(t, "vllm:prefix_cache_queries_total" L) == 40);
+    CHECK(sample(t, "vllm:prefix_cache_hits_total" L) == 16);
+    CHECK(sample(t, "vllm:prompt_tokens_total" L) == 40);
+    CHECK(sample(t, "vllm:generation_tokens_total" L) == 9);
+    CHECK(sample(t, "vllm:num_preemptions_total" L) == 3);
+    CHECK(sample(t, "vllm:time_to_first_token_seconds_count" L) == 1);
+    CHECK(sample(t, "vllm:inter_token_latency_seconds_count" L) == 2);
+    CHECK(sample(t, "vllm:inter_token_latency_seconds_bucket{model_name=\"qwen\\\"3\\\\x\","
+                    "le=\"0.04\"}") == 2);
+    CHECK(sample(t, "vllm:e2e_request_latency_seconds_count" L) == 0);
+    CHECK_HAS(t, "# TYPE vllm:time_to_first_token_seconds histogram\n");
+    CHECK_HAS(t, "# TYPE vllm:kv_cache_usage_perc gauge\n");
+#undef L
+    coordinator_buf_fini(&b);
+}
+
 static coordinator_metrics shared;
 
 static void *record(void *arg)
@@ -176,6 +220,7 @@ int main(void)
     TEST_RUN(counters_and_requests_by_status);
     TEST_RUN(histograms_are_cumulative_with_sum_and_count);
     TEST_RUN(workers_have_pages_streams_and_counters);
+    TEST_RUN(vllm_names_carry_the_same_figures);
     TEST_RUN(concurrent_recording_loses_nothing);
     return TEST_EXIT();
 }

@@ -30,6 +30,11 @@ const tests = [
     assert(text.includes('shoal_worker_kv_pages{worker="0",device="cpu",state="free"}'),
       'kv pages per worker');
     assert(text.includes('# TYPE shoal_time_to_first_token_seconds histogram'), 'ttft');
+    // and under vLLM's names, for its dashboards
+    assert(text.includes('# TYPE vllm:time_to_first_token_seconds histogram'), 'vllm ttft');
+    for (const n of ['num_requests_running', 'num_requests_waiting', 'kv_cache_usage_perc',
+      'prefix_cache_hits_total', 'prefix_cache_queries_total'])
+      assert(new RegExp(`^vllm:${n}\\{model_name="${MODEL}"\\} [0-9.]+$`, 'm').test(text), n);
   }],
 
   ['health_counts_the_workers_serving_and_is_503_when_none_does', async () => {
