@@ -185,11 +185,12 @@ static bool class_node(parser *p, cp_set *set, uint32_t *id)
 {
     bool ok = false;
     if (!set_drop_surrogates(set) ||
-        !grow((void **)&p->ranges, &p->cap_ranges, p->n_ranges + set->n, sizeof *p->ranges)) {
+        !grow((void **)&p->ranges, &p->cap_ranges, p->n_ranges + set->n + 1, sizeof *p->ranges)) {
         nomem(p);
         goto out;
     }
-    memcpy(p->ranges + p->n_ranges, set->r, set->n * sizeof *set->r);
+    if (set->n > 0) /* an empty class ([^\s\S]) has no ranges and matches nothing */
+        memcpy(p->ranges + p->n_ranges, set->r, set->n * sizeof *set->r);
     node nd = {.kind = NODE_CLASS, .off = p->n_ranges, .n = set->n};
     p->n_ranges += set->n;
     ok = new_node(p, nd, id);
@@ -873,7 +874,8 @@ static bool closure(subset *sb, const uint32_t *seeds, size_t n, size_t *count)
             sb->members[sb->n_members + kept++] = s;
         }
     }
-    qsort(sb->members + sb->n_members, kept, sizeof *sb->members, u32_cmp);
+    if (kept > 1)
+        qsort(sb->members + sb->n_members, kept, sizeof *sb->members, u32_cmp);
     *count = kept;
     return true;
 }
