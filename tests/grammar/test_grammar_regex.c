@@ -261,6 +261,141 @@ static void agrees_with_pcre2_on_every_construct(void)
     CHECK(matched > checked / 10);
 }
 
+static size_t utf8_put(uint32_t cp, char *out)
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* A code point near the places where UTF-8 ranges split: the ends of each
+ * encoding length, of the surrogates, of a 6-bit continuation group. */
+static uint32_t edge_cp(shoal_rng *rng)
+{
+    static const uint32_t edges[] = {0x0,    0x7F,   0x80,   0x7FF,   0x800,   0xFFF,
+                                     0x1000, 0xD7FF, 0xE000, 0xFFFF,  0x10000, 0x3FFFF,
+                                     0x40000, 0xFFFFF, 0x100000, 0x10FFFF};
+    uint32_t k = shoal_rng_below(rng, 4), cp;
+    if (k == 0)
+        cp = edges[shoal_rng_below(rng, sizeof edges / sizeof edges[0])];
+    else if (k == 1)
+        cp = shoal_rng_below(rng, 0x800);
+    else if (k == 2)
+        cp = shoal_rng_below(rng, 0x10000);
+    else
+        cp = shoal_rng_below(rng, 0x110000);
+    int32_t d = (int32_t)shoal_rng_below(rng, 5) - 2;
+    if ((int64_t)cp + d >= 0 && cp + d <= 0x10FFFF)
+        cp += d;
+    if (cp >= 0xD800 && cp <= 0xDFFF)
+        cp = shoal_rng_below(rng, 2) ? 0xD7FF - shoal_rng_below(rng, 3) : 0xE000 + shoal_rng_below(rng, 3);
+    return cp;
+}
+
+/* Writes a class endpoint: \uXXXX in the BMP, the character past it. */
+static size_t class_end(uint32_t cp, char *out)
+{
+    if (cp < 0x10000)
+        return (size_t)sprintf(out, "\\u%04x", cp);
+    return utf8_put(cp, out);
+}
+
+static void random_ranges_agree_with_pcre2(void)
+{
+    shoal_rng rng;
+    shoal_rng_seed(&rng, 99);
+    long checked = 0, matched = 0;
+    for (int r = 0; r < 400; r++) {
+        uint32_t a = edge_cp(&rng), b = edge_cp(&rng), c = edge_cp(&rng), d = edge_cp(&rng);
+        if (a > b) {
+            uint32_t t = a;
+            a = b;
+            b = t;
+        }
+        if (c > d) {
+            uint32_t t = c;
+            c = d;
+            d = t;
+        }
+        char re[64];
+        size_t n = 0;
+        re[n++] = '[';
+        if (r % 3 == 0)
+            re[n++] = '^';
+        n += class_end(a, re + n);
+        re[n++] = '-';
+        n += class_end(b, re + n);
+        if (r % 2) {
+            n += class_end(c, re + n);
+            re[n++] = '-';
+            n += class_end(d, re + n);
+        }
+        re[n++] = ']';
+        re[n] = 0;
+        grammar_dfa *dfa = NULL;
+        shoal_diag diag = {{0}};
+        CHECK_MSG(grammar_dfa_compile(re, n, NULL, &dfa, &diag) == SHOAL_OK, "%s", diag.msg);
+        if (!dfa)
+            continue;
+        char pre[128];
+        to_pcre(re, pre, sizeof pre);
+        int perr;
+        PCRE2_SIZE poff;
+        pcre2_code *code = pcre2_compile((PCRE2_SPTR)pre, PCRE2_ZERO_TERMINATED,
+                                         PCRE2_ANCHORED | PCRE2_ENDANCHORED | PCRE2_UTF, &perr,
+                                         &poff, NULL);
+        SHOAL_ASSERT(code);
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
+        const uint32_t near[] = {a, b, c, d};
+        int fails = 0;
+        for (int i = 0; i < 200 && fails < 3; i++) {
+            uint32_t cp;
+            if (i < 16) {
+                cp = near[i / 4] + (uint32_t)(i % 4) - 1; /* each end, one below, two above */
+                if (cp > 0x10FFFF)
+                    continue;
+            } else if (i < 100) {
+                cp = near[i % 4] ^ (1u << shoal_rng_below(&rng, 21)); /* one bit away */
+                if (cp > 0x10FFFF)
+                    continue;
+            } else {
+                cp = edge_cp(&rng);
+            }
+            char s[4];
+            size_t sn = utf8_put(cp, s);
+            bool want = pcre_match(code, md, (const uint8_t *)s, sn);
+            bool got = dfa_match(dfa, (const uint8_t *)s, sn);
+            checked++;
+            matched += want;
+            if (want != got)
+                fails++;
+            CHECK_MSG(want == got, "%s on U+%04X: pcre2 %d, dfa %d", re, cp, want, got);
+        }
+        pcre2_match_data_free(md);
+        pcre2_code_free(code);
+        grammar_dfa_free(dfa);
+    }
+    printf("  %ld code points, %ld in their class\n", checked, matched);
+    CHECK(matched > checked / 5 && matched < checked);
+}
+
 typedef struct bad_case {
     const char *re;
     size_t len; /* 0: strlen */
@@ -357,6 +492,7 @@ static void pruned_states_all_reach_a_match(void)
 int main(void)
 {
     TEST_RUN(agrees_with_pcre2_on_every_construct);
+    TEST_RUN(random_ranges_agree_with_pcre2);
     TEST_RUN(syntax_errors_name_the_offset);
     TEST_RUN(state_limits_trip_and_name_the_limit);
     TEST_RUN(pruned_states_all_reach_a_match);
