@@ -165,7 +165,7 @@ shoal_err grammar_index_build(const grammar_dfa *dfa, const grammar_vocab *vocab
                                  (unsigned long long)limits->index_bytes_max, s, n_states);
             goto out;
         }
-        if (!(n_pairs + count <= cap_pairs)) {
+        if (n_pairs + count > cap_pairs) {
             size_t cap = cap_pairs ? cap_pairs : 1024;
             while (cap < n_pairs + count)
                 cap *= 2;
@@ -184,6 +184,11 @@ shoal_err grammar_index_build(const grammar_dfa *dfa, const grammar_vocab *vocab
             }
         idx->must_end[s] = accepting && only_end;
         idx->pair_off[s + 1] = n_pairs;
+    }
+    if (n_pairs > 0 && n_pairs < cap_pairs) { /* hold what index_bytes_max counted, no more */
+        pair *q = realloc(idx->pairs, n_pairs * sizeof *q);
+        if (q)
+            idx->pairs = q;
     }
     idx->bytes = rows_bytes + n_pairs * sizeof(pair);
     *out = idx;

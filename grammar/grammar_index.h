@@ -64,7 +64,9 @@ const uint32_t *grammar_index_mask(const grammar_index *idx, int32_t state);
  * search over the state's allowed tokens. */
 int32_t grammar_index_next(const grammar_index *idx, int32_t state, uint32_t token);
 
-/* How many tokens state allows (end ids included). */
+/* How many tokens state allows (end ids included). None where the regex
+ * matches nothing, or where no token of the vocabulary spells what the
+ * regex needs next: the caller must not sample from an empty mask. */
 uint32_t grammar_index_allowed(const grammar_index *idx, int32_t state);
 
 /* Whether the stream must end in state: it is accepting and allows nothing
