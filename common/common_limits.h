@@ -208,4 +208,20 @@
 /* Prefixes listed per worker by `shoalctl pages` (largest, most reused). */
 #define SHOALCTL_PREFIXES_SHOWN 5
 
+/* Structured outputs (grammar/). A regex's quantifier counts {n,m} stop at
+ * 256: a JSON schema's maxLength or maxItems rarely passes it, and each
+ * count copies its operand into the NFA. Group nesting stops at 64, which
+ * bounds the parser's recursion. The NFA and DFA state bounds are the
+ * defaults of grammar_limits: 100,000 DFA states are ~10 MB of transitions
+ * at 24 byte classes; a schema-shaped regex needs a few hundred. The token
+ * index keeps one bitmask row per DFA state (vocab/8 bytes: 19 KiB for
+ * Qwen3's 151,669 ids) plus 8 bytes per allowed (token, next state) pair;
+ * 1 GiB holds ~50,000 rows. */
+#define SHOAL_GRAMMAR_REPEAT_MAX 256
+#define SHOAL_GRAMMAR_DEPTH_MAX 64
+#define SHOAL_GRAMMAR_REGEX_BYTES_MAX (64u * 1024u)
+#define SHOAL_GRAMMAR_NFA_STATES_MAX 1000000u
+#define SHOAL_GRAMMAR_DFA_STATES_MAX 100000u
+#define SHOAL_GRAMMAR_INDEX_BYTES_MAX (1024ull * 1024 * 1024)
+
 #endif
