@@ -346,8 +346,9 @@ static const coordinator_token_logprob no_logprobs[1];
 
 static enum MHD_Result send_completion(http_req *r)
 {
-    coordinator_choice_out outs[COORDINATOR_CHOICES_MAX];
-    if (r->n < 1 || r->n > COORDINATOR_CHOICES_MAX)
+    coordinator_choice_out *outs =
+        r->n >= 1 && r->n <= COORDINATOR_CHOICES_MAX ? malloc((size_t)r->n * sizeof *outs) : NULL;
+    if (!outs)
         return http_send_nomem(r);
     for (int i = 0; i < r->n; i++) {
         http_choice *c = &r->choices[i];
@@ -368,6 +369,7 @@ static enum MHD_Result send_completion(http_req *r)
                                         r->req.return_token_ids ? r->prompt : NULL, r->prompt_len);
     enum MHD_Result res = ok ? http_send_json(r, 200, &b) : http_send_nomem(r);
     coordinator_buf_fini(&b);
+    free(outs);
     return res;
 }
 

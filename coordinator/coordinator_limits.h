@@ -48,10 +48,11 @@
  * bound far under cJSON's own (1000) keeps its recursion shallow. */
 #define COORDINATOR_JSON_DEPTH_MAX 32
 
-/* Choices of one request (n). OpenAI allows up to 128; each choice is a
- * stream that takes a worker's slot and pages, so one request may not take
- * a whole worker. */
-#define COORDINATOR_CHOICES_MAX 16
+/* Choices of one request (n): as many as the streams in flight
+ * (COORDINATOR_STREAMS_MAX, below); --max-streams bounds it further (a
+ * request of more choices than that is a 400, never a 429). Choices past
+ * the workers' --parallel wait in their queues like any stream. */
+#define COORDINATOR_CHOICES_MAX COORDINATOR_STREAMS_MAX
 
 /* The bytes of all request bodies being read at once (--max-body-memory-mib
  * lowers it): a body that would pass it is answered 503, retry shortly.

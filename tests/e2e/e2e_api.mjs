@@ -221,6 +221,16 @@ const tests = [
     eq(c2.choices[0].message.content, ct.slice(0, ct.indexOf(cstop)), 'chat stop');
   }],
 
+  ['n_is_bounded_by_max_streams_only', async () => {
+    // more choices than one worker runs at once (--parallel 64 each): the
+    // rest wait in the queues like any stream
+    const r = await client.completions.create({ model: MODEL, prompt: 'count', max_tokens: 2,
+      n: 160, seed: 7 });
+    eq(r.choices.length, 160, 'every choice');
+    eq(r.choices.map((c) => c.index), [...Array(160).keys()], 'in order');
+    assert(r.choices.every((c) => c.finish_reason === 'length'), 'each ran its two tokens');
+  }],
+
   ['n_choices_with_a_seed_are_reproducible_and_differ', async () => {
     const req = { model: MODEL, messages: HELLO, max_tokens: 12, temperature: 1.0, seed: 1234,
       n: 3 };
