@@ -102,6 +102,7 @@ typedef struct http_choice {
     bool started;       /* its first chunk went out */
     bool finish_sent;
     const char *finish_reason;
+    coordinator_stop_reason stop_reason;
     int tokens;
     uint64_t last_ns;
     coordinator_detok detok;

@@ -42,6 +42,7 @@ void http_write_chunks(http_req *r)
             coordinator_chunk k = {.index = i,
                                    .text = "",
                                    .finish_reason = c->finish_reason,
+                                   .stop_reason = c->stop_reason,
                                    .usage_null = r->req.include_usage};
             if (r->req.return_token_ids)
                 k.token_ids = c->ids; /* an empty list */

@@ -219,12 +219,17 @@ static void emit_text(http_choice *c, const char *text, size_t bytes)
     }
     char out[COORDINATOR_DETOK_PUSH_BYTES_MAX + COORDINATOR_STOP_BYTES_MAX];
     size_t n = 0;
-    if (coordinator_stop_feed(c->stop, text, bytes, out, &n) >= 0) {
+    int k = coordinator_stop_feed(c->stop, text, bytes, out, &n);
+    coordinator_buf_append(&c->text, out, n);
+    if (k >= 0) {
+        const coordinator_request *q = &c->r->req;
         c->done = true;
         c->cancel_wanted = true;
         c->finish_reason = "stop";
+        c->stop_reason = (coordinator_stop_reason){.text = q->stop[k], .text_bytes = q->stop_bytes[k]};
+        if (q->include_stop_str_in_output) /* vLLM's: the match is part of the text */
+            coordinator_buf_append(&c->text, q->stop[k], q->stop_bytes[k]);
     }
-    coordinator_buf_append(&c->text, out, n);
 }
 
 static void take_event(http_req *r, http_choice *c, const shm_event *ev, uint64_t t)
@@ -268,6 +273,10 @@ static void take_event(http_req *r, http_choice *c, const shm_event *ev, uint64_
     }
     c->done = true;
     c->finish_reason = ev->finish == 2 ? "length" : ev->finish == 3 ? "abort" : "stop";
+    if (ev->finish == 1 && ev->token >= 0) /* a stop id of the request, not the model's end */
+        for (int i = 0; i < r->req.stop_id_count; i++)
+            if (r->req.stop_ids[i] == ev->token)
+                c->stop_reason = (coordinator_stop_reason){.by_token = true, .token = ev->token};
 }
 
 /* Takes every queued event. Returns false if a choice failed or memory
@@ -360,6 +369,7 @@ static enum MHD_Result send_completion(http_req *r)
             .logprobs = r->req.logprobs ? (c->lps ? c->lps : no_logprobs) : NULL,
             .logprob_count = c->lps_len,
             .finish_reason = c->finish_reason,
+            .stop_reason = c->stop_reason,
         };
     }
     coordinator_usage u = http_usage_of(r);

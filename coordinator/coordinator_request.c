@@ -585,6 +585,7 @@ static shoal_err parse_generation(const cJSON *root, const coordinator_request_l
     }
     const char *user = NULL;
     if ((e = get_bool(root, "ignore_eos", &r->ignore_eos, err)) ||
+        (e = get_bool(root, "include_stop_str_in_output", &r->include_stop_str_in_output, err)) ||
         (e = get_bool(root, "skip_special_tokens", &r->skip_special_tokens, err)) ||
         (e = get_bool(root, "return_token_ids", &r->return_token_ids, err)) ||
         (e = get_string(root, "user", 0, &user, NULL, err)) ||
@@ -703,6 +704,7 @@ static const char *const generation_fields[] = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
     "stop_token_ids", "logprobs", "stream", "stream_options", "ignore_eos",
     "skip_special_tokens", "return_token_ids", "user", "cache_salt", "add_special_tokens",
+    "include_stop_str_in_output",
     "tools", "functions", "tool_choice", "response_format", "logit_bias", NULL};
 static const char *const chat_fields[] = {
     "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt",
@@ -718,7 +720,7 @@ static const char *const detokenize_fields[] = {"model", "tokens", "skip_special
  * ignore_unknown_fields says, since ignoring them would answer another
  * request than the one asked. */
 static const char *const unsupported_fields[] = {
-    "min_tokens", "include_stop_str_in_output", "continue_final_message", "prompt_logprobs",
+    "min_tokens", "continue_final_message", "prompt_logprobs",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
     "guided_whitespace_pattern", "structured_outputs", "allowed_token_ids", "bad_words",
     "use_beam_search", "length_penalty", "truncate_prompt_tokens", "logits_processors",

@@ -208,6 +208,13 @@ bool coordinator_response_body(coordinator_buf *out, const coordinator_response_
             cJSON_AddStringToObject(ch, "finish_reason", c->finish_reason);
         else
             cJSON_AddNullToObject(ch, "finish_reason");
+        if (c->stop_reason.text)
+            cJSON_AddItemToObject(ch, "stop_reason",
+                                  string_n(c->stop_reason.text, c->stop_reason.text_bytes));
+        else if (c->stop_reason.by_token)
+            cJSON_AddNumberToObject(ch, "stop_reason", c->stop_reason.token);
+        else
+            cJSON_AddNullToObject(ch, "stop_reason");
         if (c->token_ids) {
             if (!chat && prompt_ids)
                 cJSON_AddItemToObject(ch, "prompt_token_ids", int_array(prompt_ids, prompt_len));
@@ -446,6 +453,15 @@ void coordinator_response_chunk(coordinator_buf *out, const coordinator_response
         coordinator_buf_json_string(out, c->finish_reason, strlen(c->finish_reason));
     else
         coordinator_buf_str(out, "null");
+    if (c->finish_reason) { /* vLLM's: on the chunk that ends the choice */
+        coordinator_buf_str(out, ",\"stop_reason\":");
+        if (c->stop_reason.text)
+            coordinator_buf_json_string(out, c->stop_reason.text, c->stop_reason.text_bytes);
+        else if (c->stop_reason.by_token)
+            coordinator_buf_int(out, c->stop_reason.token);
+        else
+            coordinator_buf_str(out, "null");
+    }
     if (!chat && c->prompt_ids) {
         coordinator_buf_str(out, ",\"prompt_token_ids\":");
         ids_json(out, c->prompt_ids, c->prompt_len);

@@ -60,6 +60,16 @@ void coordinator_response_meta_init(coordinator_response_meta *m, coordinator_re
                                     int top_logprobs, const char *client_id, uint64_t id_bits,
                                     long long created);
 
+/* What ended a choice with finish_reason "stop", as vLLM's stop_reason
+ * says it: a stop string (text set), a stop token id of stop_token_ids
+ * (by_token), or null (neither: the model's end of text). */
+typedef struct coordinator_stop_reason {
+    const char *text; /* the stop string, not NUL-terminated, or NULL */
+    size_t text_bytes;
+    bool by_token;
+    int32_t token;
+} coordinator_stop_reason;
+
 /* One finished choice of a non-streamed response. */
 typedef struct coordinator_choice_out {
     const char *text;
@@ -69,6 +79,7 @@ typedef struct coordinator_choice_out {
     const coordinator_token_logprob *logprobs; /* NULL unless logprobs were asked for */
     int logprob_count;
     const char *finish_reason; /* "stop", "length", or NULL */
+    coordinator_stop_reason stop_reason;
 } coordinator_choice_out;
 
 /* The body of a finished (non-streamed) chat completion or completion
@@ -90,6 +101,7 @@ typedef struct coordinator_chunk {
     const coordinator_token_logprob *logprobs; /* for the new tokens, or NULL */
     int logprob_count;
     const char *finish_reason; /* set on the last chunk of the choice */
+    coordinator_stop_reason stop_reason; /* with finish_reason */
     const int32_t *prompt_ids; /* return_token_ids: with the first chunk, or NULL */
     int prompt_len;
     bool usage_null; /* include_usage: every chunk but the last says "usage":null */

@@ -219,6 +219,24 @@ const tests = [
     const c2 = await client.chat.completions.create({ model: MODEL, messages: HELLO,
       max_tokens: 30, temperature: 0, ignore_eos: true, stop: cstop });
     eq(c2.choices[0].message.content, ct.slice(0, ct.indexOf(cstop)), 'chat stop');
+    // vLLM's stop_reason: the stop string, a stop id, or null
+    eq(r.choices[0].stop_reason, stop, 'stop_reason names the stop string');
+    eq((await client.completions.create(base)).choices[0].stop_reason, null, 'null at length');
+    const ids = (await client.completions.create({ ...base, return_token_ids: true }))
+      .choices[0].token_ids;
+    const byId = await client.completions.create({ ...base, stop_token_ids: [ids[5]] });
+    eq(byId.choices[0].stop_reason, ids[5], 'stop_reason names the stop id');
+    eq(byId.choices[0].finish_reason, 'stop', 'finish_reason of a stop id');
+    // include_stop_str_in_output keeps the match at the text's end
+    const kept = await client.completions.create({ ...base, stop, include_stop_str_in_output: true });
+    eq(kept.choices[0].text, want + stop, 'the stop string kept');
+    const keptSt = await collect(await client.completions.create({ ...base, stop, stream: true,
+      include_stop_str_in_output: true }));
+    eq(keptSt.text[0], want + stop, 'streamed, the stop string kept');
+    const raw = await server.request('POST', '/v1/completions', { body: JSON.stringify({ ...base,
+      stop, stream: true }) });
+    assert(raw.text.includes(`"finish_reason":"stop","stop_reason":${JSON.stringify(stop)}`),
+      `the last chunk's stop_reason: ${raw.text.slice(-400)}`);
   }],
 
   ['n_is_bounded_by_max_streams_only', async () => {
