@@ -109,6 +109,36 @@ static shoal_err build_prompt(http_req *r, coordinator_api_error *e)
     return err;
 }
 
+/* echo: each choice's text starts with the prompt, as given (a text
+ * prompt) or decoded (token ids), ahead of what the stop strings see; a
+ * stream sends it with the first chunk. false if memory ran out. */
+static bool echo_prompt(http_req *r)
+{
+    const coordinator_request *q = &r->req;
+    const char *text = q->prompt_text;
+    size_t len = q->prompt_text_bytes;
+    char *decoded = NULL;
+    if (!text) {
+        unsigned flags = q->skip_special_tokens ? COORDINATOR_DECODE_SKIP_SPECIAL : 0;
+        coordinator_tokenizer_decode(r->h->tok, r->prompt, (size_t)r->prompt_len, flags, NULL, 0,
+                                     &len);
+        decoded = malloc(len + 1);
+        if (!decoded || coordinator_tokenizer_decode(r->h->tok, r->prompt, (size_t)r->prompt_len,
+                                                     flags, decoded, len + 1, &len) != SHOAL_OK) {
+            free(decoded);
+            return false;
+        }
+        text = decoded;
+    }
+    bool ok = true;
+    for (int i = 0; i < r->n; i++) {
+        coordinator_buf_append(&r->choices[i].text, text, len);
+        ok = ok && !coordinator_buf_failed(&r->choices[i].text);
+    }
+    free(decoded);
+    return ok;
+}
+
 static enum MHD_Result generate(http_req *r)
 {
     coordinator_http *h = r->h;
@@ -159,6 +189,8 @@ static enum MHD_Result generate(http_req *r)
             coordinator_stop_new(q->stop, q->stop_bytes, q->stop_count, &c->stop) != SHOAL_OK)
             return http_send_nomem(r);
     }
+    if (q->echo && !echo_prompt(r))
+        return http_send_nomem(r);
     coordinator_stream_request sr;
     memset(&sr, 0, sizeof sr);
     sr.prompt = r->prompt;

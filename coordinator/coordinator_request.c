@@ -425,8 +425,12 @@ static shoal_err refuse_unsupported(const cJSON *root, coordinator_request_kind 
     if ((it = field(root, "logit_bias")) && (!cJSON_IsObject(it) || cJSON_GetArraySize(it) > 0))
         return bad(err, "logit_bias", "logit_bias is not supported by this server");
     if (kind == COORDINATOR_REQUEST_COMPLETION) {
-        if ((it = field(root, "echo")) && !cJSON_IsFalse(it))
-            return bad(err, "echo", "echo is not supported by this server");
+        if ((it = field(root, "echo")) && !cJSON_IsBool(it))
+            return bad(err, "echo", "'echo' must be a boolean");
+        if (cJSON_IsTrue(it) && (it = field(root, "logprobs")) && !cJSON_IsFalse(it))
+            return bad(err, "echo",
+                       "'echo' with 'logprobs' needs the prompt's log-probabilities, which this "
+                       "server does not compute; leave out one of them");
         if ((it = field(root, "suffix")) && !(cJSON_IsString(it) && it->valuestring[0] == '\0'))
             return bad(err, "suffix", "suffix is not supported by this server");
     }
@@ -552,6 +556,8 @@ static shoal_err parse_generation(const cJSON *root, const coordinator_request_l
         return e;
     /* Log-probabilities: a boolean and top_logprobs in chat, a count in
      * completions. */
+    if (r->kind == COORDINATOR_REQUEST_COMPLETION && (e = get_bool(root, "echo", &r->echo, err)))
+        return e;
     if (r->kind == COORDINATOR_REQUEST_CHAT) {
         if ((e = get_bool(root, "logprobs", &r->logprobs, err)))
             return e;

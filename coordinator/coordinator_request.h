@@ -117,6 +117,7 @@ typedef struct coordinator_request {
     int32_t stop_ids[COORDINATOR_STOP_IDS_MAX];
     bool ignore_eos;          /* vLLM's ignore_eos */
     bool include_stop_str_in_output; /* vLLM's: a matched stop string stays in the text */
+    bool echo; /* completions: each choice's text starts with the prompt */
     bool skip_special_tokens; /* vLLM's; default true */
     bool return_token_ids;    /* vLLM's: prompt_token_ids and each choice's token_ids */
     const char *cache_salt;   /* NULL if none; 1..COORDINATOR_NAME_BYTES_MAX bytes */

@@ -667,7 +667,14 @@ static void unsupported_features_are_refused_by_name(void)
     refused(CHAT, CHAT_PREFIX "\"functions\":[{}]}", "functions");
     refused(CHAT, CHAT_PREFIX "\"response_format\":{\"type\":\"json_object\"}}", "response_format");
     refused(CHAT, CHAT_PREFIX "\"logit_bias\":{\"5\":10}}", "logit_bias");
-    refused(CMPL, CMPL_PREFIX "\"echo\":true}", "echo");
+    refused(CMPL, CMPL_PREFIX "\"echo\":true,\"logprobs\":1}", "echo");
+    refused(CMPL, CMPL_PREFIX "\"echo\":1}", "echo");
+    accepted(CMPL, CMPL_PREFIX "\"echo\":true,\"logprobs\":null}");
+    coordinator_request r;
+    coordinator_api_error e;
+    CHECK_EQ_INT(parse(CMPL, CMPL_PREFIX "\"echo\":true}", &r, &e), 200);
+    CHECK(r.echo);
+    coordinator_request_fini(&r);
     refused(CMPL, CMPL_PREFIX "\"suffix\":\"x\"}", "suffix");
 }
 

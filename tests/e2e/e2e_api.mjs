@@ -239,6 +239,25 @@ const tests = [
       `the last chunk's stop_reason: ${raw.text.slice(-400)}`);
   }],
 
+  ['echo_starts_each_choice_with_the_prompt', async (s) => {
+    const base = { model: MODEL, prompt: 'The sea is', max_tokens: 6, temperature: 0 };
+    const plain = (await client.completions.create(base)).choices[0].text;
+    const r = await client.completions.create({ ...base, echo: true, n: 2 });
+    for (const c of r.choices) eq(c.text, 'The sea is' + plain, 'prompt, then the output');
+    eq(r.usage.completion_tokens, 12, 'two choices of 6: the echo is not counted as output');
+    const st = await collect(await client.completions.create({ ...base, echo: true,
+      stream: true }));
+    eq(st.text[0], 'The sea is' + plain, 'streamed');
+    // a token-id prompt is echoed decoded
+    const ids = (await s.request('POST', '/tokenize', { body: JSON.stringify({ model: MODEL,
+      prompt: 'The sea is' }) })).json.tokens;
+    const byIds = await client.completions.create({ ...base, prompt: ids, echo: true });
+    eq(byIds.choices[0].text, 'The sea is' + plain, 'token ids decoded');
+    // a stop string inside the prompt does not end the choice
+    const stopIn = await client.completions.create({ ...base, echo: true, stop: 'sea' });
+    assert(stopIn.choices[0].text.startsWith('The sea is'), stopIn.choices[0].text);
+  }],
+
   ['n_is_bounded_by_max_streams_only', async () => {
     // more choices than one worker runs at once (--parallel 64 each): the
     // rest wait in the queues like any stream
