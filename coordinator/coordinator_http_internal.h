@@ -112,6 +112,10 @@ typedef struct http_choice {
     int ids_len, ids_cap;
     coordinator_token_logprob *lps;
     int lps_len, lps_cap;
+    /* A streamed choice whose output is read for tool calls: all of its
+     * text, and how much of it went out as content. */
+    coordinator_buf tool_text;
+    size_t tool_sent;
 } http_choice;
 
 typedef enum req_state {
@@ -155,6 +159,11 @@ struct http_req {
     queued *work;
     int work_cap;
     coordinator_response_meta meta;
+    /* The output is read for tool calls (tools given, tool_choice auto),
+     * in the chat template's format; call ids come from call_rng. */
+    bool tool_parse;
+    coordinator_chat_format tool_format;
+    uint64_t call_rng;
     coordinator_buf out;
     size_t out_pos;
     bool ended;

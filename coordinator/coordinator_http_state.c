@@ -32,6 +32,7 @@ static void req_free(http_req *r)
         http_choice *c = &r->choices[i];
         coordinator_stop_free(c->stop);
         coordinator_buf_fini(&c->text);
+        coordinator_buf_fini(&c->tool_text);
         free(c->ids);
         free(c->lps);
     }
@@ -347,10 +348,17 @@ static const coordinator_token_logprob no_logprobs[1];
 static enum MHD_Result send_completion(http_req *r)
 {
     coordinator_choice_out outs[COORDINATOR_CHOICES_MAX];
+    coordinator_toolcall_result calls[COORDINATOR_CHOICES_MAX];
     if (r->n < 1 || r->n > COORDINATOR_CHOICES_MAX)
         return http_send_nomem(r);
+    memset(calls, 0, sizeof calls);
+    bool nomem = false;
     for (int i = 0; i < r->n; i++) {
         http_choice *c = &r->choices[i];
+        if (r->tool_parse &&
+            coordinator_toolcall_parse(r->tool_format, c->text.data ? c->text.data : "",
+                                       c->text.len, &r->call_rng, &calls[i]) != SHOAL_OK)
+            nomem = true;
         outs[i] = (coordinator_choice_out){
             .text = c->text.data ? c->text.data : "",
             .text_bytes = c->text.len,
@@ -358,16 +366,20 @@ static enum MHD_Result send_completion(http_req *r)
             .token_count = c->ids_len,
             .logprobs = r->req.logprobs ? (c->lps ? c->lps : no_logprobs) : NULL,
             .logprob_count = c->lps_len,
-            .finish_reason = c->finish_reason,
+            .finish_reason = calls[i].count > 0 ? "tool_calls" : c->finish_reason,
+            .tool_calls = &calls[i],
         };
     }
     coordinator_usage u = http_usage_of(r);
     coordinator_buf b;
     coordinator_buf_init(&b);
-    bool ok = coordinator_response_body(&b, &r->meta, outs, r->n, &u,
+    bool ok = !nomem &&
+              coordinator_response_body(&b, &r->meta, outs, r->n, &u,
                                         r->req.return_token_ids ? r->prompt : NULL, r->prompt_len);
     enum MHD_Result res = ok ? http_send_json(r, 200, &b) : http_send_nomem(r);
     coordinator_buf_fini(&b);
+    for (int i = 0; i < r->n; i++)
+        coordinator_toolcall_result_fini(&calls[i]);
     return res;
 }
 

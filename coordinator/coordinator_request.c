@@ -389,8 +389,8 @@ static shoal_err parse_message_tools(const cJSON *msg, size_t index, coordinator
             snprintf(param, sizeof param, "messages[%zu].tool_calls[%d].function.name", index, j);
             if (!cJSON_IsString(name) || name->valuestring[0] == '\0')
                 return bad(err, param, "'%s' must be a non-empty string", param);
-            snprintf(param, sizeof param, "messages[%zu].tool_calls[%d].function.arguments",
-                     index, j);
+            snprintf(param, sizeof param, "messages[%zu].tool_calls[%d].function.arguments", index,
+                     j);
             if (!cJSON_IsString(args))
                 return bad(err, param, "'%s' must be a string of JSON, not %s", param,
                            args ? type_name(args) : "missing");
@@ -721,8 +721,7 @@ static shoal_err parse_generation(const cJSON *root, const coordinator_request_l
 }
 
 /* tools, tool_choice and parallel_tool_calls. */
-static shoal_err parse_tools(const cJSON *root, coordinator_request *r,
-                             coordinator_api_error *err)
+static shoal_err parse_tools(const cJSON *root, coordinator_request *r, coordinator_api_error *err)
 {
     char param[64];
     const cJSON *tools = field(root, "tools");
@@ -768,8 +767,7 @@ static shoal_err parse_tools(const cJSON *root, coordinator_request *r,
                            type_name(params));
             snprintf(param, sizeof param, "tools[%d].function.strict", i);
             if (strict && !cJSON_IsBool(strict))
-                return bad(err, param, "'%s' must be a boolean, not %s", param,
-                           type_name(strict));
+                return bad(err, param, "'%s' must be a boolean, not %s", param, type_name(strict));
             i++;
         }
         if (n > 0) {

@@ -107,7 +107,7 @@ typedef struct coordinator_request {
     int tool_count; /* 0..COORDINATOR_TOOLS_MAX */
     /* "auto" by default when tools are given, else "none". */
     coordinator_tool_choice tool_choice;
-    bool parallel_tool_calls; /* accepted; default true (the model's choice either way) */
+    bool parallel_tool_calls;           /* accepted; default true (the model's choice either way) */
     bool add_special_tokens;            /* default: true for text prompts, false for chat */
     bool return_token_strs;             /* tokenize */
 

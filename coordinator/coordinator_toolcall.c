@@ -147,9 +147,8 @@ static shoal_err parse_llama3(const char *text, size_t bytes, coordinator_toolca
     return SHOAL_OK;
 }
 
-shoal_err coordinator_toolcall_parse(coordinator_chat_format format, const char *text,
-                                     size_t bytes, uint64_t *id_rng,
-                                     coordinator_toolcall_result *out)
+shoal_err coordinator_toolcall_parse(coordinator_chat_format format, const char *text, size_t bytes,
+                                     uint64_t *id_rng, coordinator_toolcall_result *out)
 {
     memset(out, 0, sizeof *out);
     shoal_err e = format == COORDINATOR_CHAT_QWEN3 ? parse_qwen3(text, bytes, out)

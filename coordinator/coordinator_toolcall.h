@@ -56,9 +56,8 @@ typedef struct coordinator_toolcall_result {
  * numbers the call ids come from (common_rng). Text with more than
  * COORDINATOR_TOOL_CALLS_MAX blocks is all content. Errors:
  * SHOAL_ERR_NOMEM (out is then empty). */
-shoal_err coordinator_toolcall_parse(coordinator_chat_format format, const char *text,
-                                     size_t bytes, uint64_t *id_rng,
-                                     coordinator_toolcall_result *out);
+shoal_err coordinator_toolcall_parse(coordinator_chat_format format, const char *text, size_t bytes,
+                                     uint64_t *id_rng, coordinator_toolcall_result *out);
 
 /* Frees what out holds; it is empty afterwards. Idempotent. */
 void coordinator_toolcall_result_fini(coordinator_toolcall_result *out);

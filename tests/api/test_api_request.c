@@ -600,15 +600,16 @@ static void unsupported_features_are_refused_by_name(void)
 }
 
 #define WEATHER                                                                                    \
-    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather "    \
-    "now\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"              \
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather "     \
+    "now\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"                \
     "\"string\"}}},\"strict\":false}}"
 
 static void tools_are_read_and_each_field_refused_by_name(void)
 {
     coordinator_request r;
     coordinator_api_error e;
-    CHECK_EQ_INT(parse(CHAT, CHAT_PREFIX "\"tools\":[" WEATHER "," TOOL("f-2_x") "]}", &r, &e), 200);
+    CHECK_EQ_INT(parse(CHAT, CHAT_PREFIX "\"tools\":[" WEATHER "," TOOL("f-2_x") "]}", &r, &e),
+                 200);
     CHECK(r.tools != NULL && r.tool_count == 2);
     CHECK(r.tool_choice == COORDINATOR_TOOL_CHOICE_AUTO && r.parallel_tool_calls);
     coordinator_request_fini(&r);
@@ -683,9 +684,9 @@ static void tool_choice_that_needs_constrained_decoding_is_refused(void)
 {
     coordinator_request r;
     coordinator_api_error e;
-    CHECK_EQ_INT(parse(CHAT, CHAT_PREFIX "\"tools\":[" WEATHER "],\"tool_choice\":\"required\"}",
-                       &r, &e),
-                 400);
+    CHECK_EQ_INT(
+        parse(CHAT, CHAT_PREFIX "\"tools\":[" WEATHER "],\"tool_choice\":\"required\"}", &r, &e),
+        400);
     CHECK(strcmp(e.param, "tool_choice") == 0);
     CHECK_HAS(e.message, "needs constrained decoding, which this server does not do yet");
     coordinator_request_fini(&r);
@@ -711,22 +712,26 @@ static void tool_choice_that_needs_constrained_decoding_is_refused(void)
     refused(CHAT, CHAT_PREFIX "\"tool_choice\":7}", "tool_choice");
 }
 
-#define CALL(args) \
-    "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\"," \
+#define CALL(args)                                                                                 \
+    "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","             \
     "\"arguments\":" args "}}"
-#define ASSISTANT_CALLS(calls) "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[" calls "]}"
+#define ASSISTANT_CALLS(calls)                                                                     \
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[" calls "]}"
 
 static void tool_calls_and_results_of_a_history_are_read(void)
 {
     coordinator_request r;
     coordinator_api_error e;
-    CHECK_EQ_INT(parse(CHAT,
-                       "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}," ASSISTANT_CALLS(
-                           CALL("\"{\\\"city\\\": \\\"Paris\\\"}\"") "," CALL("\"\"")) ","
-                       "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny\"},"
-                       "{\"role\":\"assistant\",\"tool_calls\":[" CALL("\"{}\"") "]}]}",
-                       &r, &e),
-                 200);
+    CHECK_EQ_INT(
+        parse(CHAT,
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}," ASSISTANT_CALLS(
+                  CALL("\"{\\\"city\\\": \\\"Paris\\\"}\"") "," CALL(
+                      "\"\"")) ","
+                               "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":"
+                               "\"sunny\"},"
+                               "{\"role\":\"assistant\",\"tool_calls\":[" CALL("\"{}\"") "]}]}",
+              &r, &e),
+        200);
     CHECK_EQ_INT(r.message_count, 4);
     const coordinator_chat_message *a = &r.messages[1];
     CHECK(strcmp(a->content, "") == 0 && a->tool_call_count == 2);
@@ -754,17 +759,17 @@ static void tool_calls_and_results_of_a_history_are_read(void)
     refused(CHAT, ONE(CALL("\"{\\\"city\\\":\"")), "messages[0].tool_calls[0].function.arguments");
     refused(CHAT, ONE(CALL("\"{} x\"")), "messages[0].tool_calls[0].function.arguments");
     refused(CHAT,
-            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[" CALL("\"{}\"") "]}]}",
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[" CALL(
+                "\"{}\"") "]}]}",
             "messages[0].tool_calls");
     refused(CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":5}]}",
             "messages[0].tool_call_id");
     /* the count of one message's calls: at the bound and past it */
-    for (int count = COORDINATOR_TOOL_CALLS_MAX; count <= COORDINATOR_TOOL_CALLS_MAX + 1;
-         count++) {
+    for (int count = COORDINATOR_TOOL_CALLS_MAX; count <= COORDINATOR_TOOL_CALLS_MAX + 1; count++) {
         size_t cap = 128 * (size_t)(count + 2);
         char *json = malloc(cap);
-        size_t n = (size_t)snprintf(json, cap,
-                                    "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[");
+        size_t n =
+            (size_t)snprintf(json, cap, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[");
         for (int i = 0; i < count; i++)
             n += (size_t)snprintf(json + n, cap - n, "%s" CALL("\"{}\""), i ? "," : "");
         snprintf(json + n, cap - n, "]}]}");
@@ -785,12 +790,15 @@ static void a_tool_round_trip_renders_into_the_prompt(void)
     coordinator_api_error e;
     int32_t ids[1000];
     size_t n = 0;
-    CHECK_EQ_INT(parse(CHAT,
-                       "{\"tools\":[" WEATHER "],\"messages\":[{\"role\":\"user\",\"content\":"
-                       "\"weather?\"}," ASSISTANT_CALLS(CALL("\"{\\\"city\\\":\\\"Paris\\\"}\"")) ","
-                       "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}]}",
-                       &r, &e),
-                 200);
+    CHECK_EQ_INT(
+        parse(CHAT,
+              "{\"tools\":[" WEATHER "],\"messages\":[{\"role\":\"user\",\"content\":"
+              "\"weather?\"}," ASSISTANT_CALLS(
+                  CALL("\"{\\\"city\\\":\\\"Paris\\\"}\"")) ","
+                                                            "{\"role\":\"tool\",\"tool_call_id\":"
+                                                            "\"call_1\",\"content\":\"sunny\"}]}",
+              &r, &e),
+        200);
     CHECK_EQ_INT(coordinator_request_prompt(&r, tok, chat, work, ids, 1000, &n, &e), SHOAL_OK);
     char text[8192];
     size_t len = 0;

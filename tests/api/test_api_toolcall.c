@@ -96,7 +96,7 @@ static void braces_and_tags_inside_strings_are_text(void)
 static void a_block_that_is_not_a_call_leaves_all_the_text_as_content(void)
 {
     plain(QWEN3, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}\n</tool_call>"); /* bad JSON */
-    plain(QWEN3, "<tool_call>\n{\"arguments\": {}}\n</tool_call>");                /* no name */
+    plain(QWEN3, "<tool_call>\n{\"arguments\": {}}\n</tool_call>");                 /* no name */
     plain(QWEN3, "<tool_call>\n{\"name\": 3, \"arguments\": {}}\n</tool_call>");
     plain(QWEN3, "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{}\"}\n</tool_call>");
     plain(QWEN3, "<tool_call>\n{\"name\": \"f\"}\n</tool_call>");
@@ -123,8 +123,7 @@ static void an_unterminated_last_block_runs_to_the_end(void)
 static void more_blocks_than_the_bound_are_content(void)
 {
     static const char block[] = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
-    for (int count = COORDINATOR_TOOL_CALLS_MAX; count <= COORDINATOR_TOOL_CALLS_MAX + 1;
-         count++) {
+    for (int count = COORDINATOR_TOOL_CALLS_MAX; count <= COORDINATOR_TOOL_CALLS_MAX + 1; count++) {
         char *text = malloc((size_t)count * sizeof block + 1);
         text[0] = '\0';
         for (int i = 0; i < count; i++)
