@@ -77,7 +77,19 @@ struct coordinator_http {
     pthread_cond_t slot_free;
     http_req *live;
     text_slot *slots;
+#ifdef SHOAL_TESTING
+    /* Test builds: SHOAL_TEST_OUTPUT_TEXT, which replaces every choice's
+     * text, TEST_OUTPUT_BYTES a token (the tokens stay the model's), so
+     * that a model of random weights can be made to answer with, say, a
+     * tool call. NULL: the model's own text. */
+    const char *test_output;
+    size_t test_output_bytes;
+#endif
 };
+
+#ifdef SHOAL_TESTING
+enum { TEST_OUTPUT_BYTES = 4 };
+#endif
 
 /* One event as the cluster's thread queued it. */
 typedef struct queued {

@@ -253,6 +253,15 @@ static void take_event(http_req *r, http_choice *c, const shm_event *ev, uint64_
         char piece[COORDINATOR_DETOK_PUSH_BYTES_MAX];
         size_t n = 0;
         coordinator_detok_push(&c->detok, ev->token, piece, sizeof piece, &n);
+#ifdef SHOAL_TESTING
+        if (h->test_output) {
+            size_t at = (size_t)(c->tokens - 1) * TEST_OUTPUT_BYTES;
+            n = at >= h->test_output_bytes                      ? 0
+                : h->test_output_bytes - at < TEST_OUTPUT_BYTES ? h->test_output_bytes - at
+                                                                : TEST_OUTPUT_BYTES;
+            memcpy(piece, h->test_output + at, n);
+        }
+#endif
         emit_text(c, piece, n);
         if (c->done)
             return;
@@ -260,7 +269,12 @@ static void take_event(http_req *r, http_choice *c, const shm_event *ev, uint64_
     if (!ev->finish || ev->finish == COORDINATOR_FINISH_ERROR)
         return; /* an error is the request's (c->failed, under the lock) */
     char tail[COORDINATOR_DETOK_FINISH_BYTES_MAX];
-    emit_text(c, tail, coordinator_detok_finish(&c->detok, tail));
+    size_t tail_bytes = coordinator_detok_finish(&c->detok, tail);
+#ifdef SHOAL_TESTING
+    if (h->test_output)
+        tail_bytes = 0;
+#endif
+    emit_text(c, tail, tail_bytes);
     if (c->done)
         return;
     if (c->stop) {

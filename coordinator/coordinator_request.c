@@ -780,8 +780,9 @@ static shoal_err parse_tools(const cJSON *root, coordinator_request *r, coordina
     shoal_err e = get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err);
     if (e)
         return e;
+    /* /tokenize renders the tools and generates nothing: no choice to make. */
     const cJSON *choice = field(root, "tool_choice");
-    if (!choice)
+    if (!choice || r->kind != COORDINATOR_REQUEST_CHAT)
         return SHOAL_OK;
     if (cJSON_IsString(choice)) {
         if (strcmp(choice->valuestring, "none") == 0) {

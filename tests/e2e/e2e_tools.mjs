@@ -6,7 +6,10 @@
 // tool's result are accepted and rendered into the prompt that /tokenize
 // shows), a request with tools runs whole and streamed alike, the
 // refusals name their field, and reading calls out of the output is
-// tested in C (tests/api/test_api_toolcall.c, test_api_response.c).
+// tested in C (tests/api/test_api_toolcall.c, test_api_response.c). In a
+// test build (-DSHOAL_TESTING=ON) a second coordinator's choices answer
+// with a text of tool calls (SHOAL_TEST_OUTPUT_TEXT, four bytes a token),
+// so calls go out whole and streamed to the client's stream helpers.
 import { MODEL, Server, assert, collect, eq, run, stopCleanly } from './harness.mjs';
 
 const server = await Server.start();
@@ -39,6 +42,10 @@ async function refused(req, param, fragment, what) {
   eq(err.param, param, `${what}: param (${err.message})`);
   if (fragment) assert(err.message.includes(fragment), `${what}: message '${err.message}'`);
 }
+
+const CALLS_TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": ' +
+  '{"city": "Paris", "note": "a } in a string"}}\n</tool_call>\n<tool_call>\n' +
+  '{"name": "get_time", "arguments": {}}\n</tool_call>';
 
 const tests = [
   ['a_tool_call_history_is_accepted_and_answered', async () => {
@@ -86,6 +93,53 @@ const tests = [
       const done = await helper.finalChatCompletion();
       eq(done.choices[0].message.content, a.choices[0].message.content,
         `${tool_choice}: the stream helper's message`);
+    }
+  }],
+
+  ['calls_in_the_output_go_out_whole_and_streamed', async () => {
+    const calling = await Server.start([], { SHOAL_TEST_OUTPUT_TEXT: CALLS_TEXT });
+    try {
+      const c = calling.client();
+      const req = { model: MODEL, messages: [ASK], tools: TOOLS, max_tokens: 64,
+        ignore_eos: true, temperature: 0 };
+      const probe = await c.chat.completions.create({ ...req, tool_choice: 'none' });
+      if (probe.choices[0].message.content !== CALLS_TEXT) {
+        console.log('skip calls_in_the_output_go_out_whole_and_streamed: needs the test hooks ' +
+          '(a build with -DSHOAL_TESTING=ON)');
+        return;
+      }
+      // tool_choice none: the text as it is, no calls
+      eq(probe.choices[0].finish_reason, 'length', 'none: finish_reason');
+      assert(!probe.choices[0].message.tool_calls?.length, 'none: no tool_calls');
+      const check = (msg, finish, what) => {
+        eq(finish, 'tool_calls', `${what}: finish_reason`);
+        eq(msg.tool_calls.length, 2, `${what}: two calls`);
+        eq(msg.tool_calls.map((t) => [t.type, t.function.name, t.function.arguments]),
+          [['function', 'get_weather', '{"city":"Paris","note":"a } in a string"}'],
+            ['function', 'get_time', '{}']], `${what}: the calls`);
+        for (const t of msg.tool_calls)
+          assert(/^call_[A-Za-z0-9]{24}$/.test(t.id), `${what}: id ${t.id}`);
+        assert(msg.tool_calls[0].id !== msg.tool_calls[1].id, `${what}: two ids`);
+      };
+      const whole = await c.chat.completions.create(req);
+      eq(whole.choices[0].message.content, 'Let me check.', 'whole: content');
+      check(whole.choices[0].message, whole.choices[0].finish_reason, 'whole');
+      // the stream helper accumulates the deltas into the same message
+      const helper = c.chat.completions.stream(req);
+      const deltas = [];
+      helper.on('chunk', (chunk) => {
+        for (const ch of chunk.choices) if (ch.delta?.tool_calls) deltas.push(ch.delta.tool_calls);
+      });
+      const done = await helper.finalChatCompletion();
+      check(done.choices[0].message, done.choices[0].finish_reason, 'stream helper');
+      // the text before the calls was streamed as it came, untrimmed
+      eq(done.choices[0].message.content, 'Let me check.\n', 'stream: content');
+      eq(deltas.length, 2, 'one delta a call');
+      // n = 2: each choice reads its own calls
+      const two = await c.chat.completions.create({ ...req, n: 2 });
+      for (const ch of two.choices) check(ch.message, ch.finish_reason, `choice ${ch.index}`);
+    } finally {
+      await calling.stop();
     }
   }],
 
