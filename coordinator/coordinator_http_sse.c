@@ -28,6 +28,8 @@
 static void tool_hold(http_req *r, http_choice *c, const char **out, size_t *bytes)
 {
     coordinator_buf_append(&c->tool_text, c->text.data ? c->text.data : "", c->text.len);
+    if (coordinator_buf_failed(&c->tool_text))
+        r->out.failed = true; /* out of memory: the stream ends in an error */
     size_t plain = coordinator_toolcall_plain_prefix(
         r->tool_format, c->tool_text.data ? c->tool_text.data : "", c->tool_text.len);
     *out = c->tool_text.data ? c->tool_text.data + c->tool_sent : "";
