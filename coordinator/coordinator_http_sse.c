@@ -13,8 +13,9 @@
 /* Tool calls in a stream. A call is sent whole, once its choice has
  * ended: the text that may become a call (from Qwen3's first <tool_call>,
  * or a Llama 3 answer that begins as a JSON object) is held back, the
- * text before it goes out as content as it comes, and at the end the held
- * text is parsed as a whole body's would be. Each call is then one delta
+ * text before it goes out as content as it comes (untrimmed, unlike a
+ * body's: its white space went out before a call followed), and at the
+ * end the held text is parsed as a whole body's would be. Each call is then one delta
  * {"tool_calls": [{"index", "id", "type", "function": {"name",
  * "arguments"}}]} before the finish chunk (finish_reason "tool_calls"); if
  * there is no call the held text goes out as content. One delta per call,
