@@ -307,6 +307,10 @@ static shoal_err http_open(const coordinator_http_options *o, coordinator_cluste
                               "(%zu bytes): raise it or lower --max-body-bytes",
                               o->bodies_bytes_max, one_body);
     coordinator_http *h = calloc(1, sizeof *h);
+#ifdef SHOAL_TESTING /* a test's output: test builds only (coordinator_http_internal.h) */
+    if (h && (h->test_output = getenv("SHOAL_TEST_OUTPUT_TEXT")) != NULL)
+        h->test_output_bytes = strlen(h->test_output);
+#endif
     if (!h)
         return shoal_diag_set(diag, SHOAL_ERR_NOMEM, "http: no memory");
     pthread_mutex_init(&h->lock, NULL);

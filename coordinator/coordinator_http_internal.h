@@ -77,7 +77,19 @@ struct coordinator_http {
     pthread_cond_t slot_free;
     http_req *live;
     text_slot *slots;
+#ifdef SHOAL_TESTING
+    /* Test builds: SHOAL_TEST_OUTPUT_TEXT, which replaces every choice's
+     * text, TEST_OUTPUT_BYTES a token (the tokens stay the model's), so
+     * that a model of random weights can be made to answer with, say, a
+     * tool call. NULL: the model's own text. */
+    const char *test_output;
+    size_t test_output_bytes;
+#endif
 };
+
+#ifdef SHOAL_TESTING
+enum { TEST_OUTPUT_BYTES = 4 };
+#endif
 
 /* One event as the cluster's thread queued it. */
 typedef struct queued {
@@ -113,6 +125,10 @@ typedef struct http_choice {
     int ids_len, ids_cap;
     coordinator_token_logprob *lps;
     int lps_len, lps_cap;
+    /* A streamed choice whose output is read for tool calls: all of its
+     * text, and how much of it went out as content. */
+    coordinator_buf tool_text;
+    size_t tool_sent;
 } http_choice;
 
 typedef enum req_state {
@@ -156,6 +172,11 @@ struct http_req {
     queued *work;
     int work_cap;
     coordinator_response_meta meta;
+    /* The output is read for tool calls (tools given, tool_choice auto),
+     * in the chat template's format; call ids come from call_rng. */
+    bool tool_parse;
+    coordinator_chat_format tool_format;
+    uint64_t call_rng;
     coordinator_buf out;
     size_t out_pos;
     bool ended;

@@ -175,6 +175,13 @@ static enum MHD_Result generate(http_req *r)
     r->streams_counted = r->n;
     coordinator_response_meta_init(&r->meta, kind, h->model, h->tok, q->top_logprobs, client_id,
                                    random64(h), (long long)time(NULL));
+    /* With tool_choice "none" the tools were rendered all the same (as
+     * vLLM does); only "auto" reads the output for calls. */
+    r->tool_parse = kind == COORDINATOR_REQUEST_CHAT && q->tools &&
+                    q->tool_choice == COORDINATOR_TOOL_CHOICE_AUTO && h->chat;
+    if (r->tool_parse)
+        r->tool_format = coordinator_chat_format_of(h->chat);
+    r->call_rng = random64(h);
     r->choices = calloc((size_t)r->n, sizeof *r->choices);
     if (!r->choices)
         return http_send_nomem(r);
@@ -183,6 +190,7 @@ static enum MHD_Result generate(http_req *r)
         c->r = r;
         c->index = i;
         coordinator_buf_init(&c->text);
+        coordinator_buf_init(&c->tool_text);
         coordinator_detok_init(&c->detok, h->tok,
                                q->skip_special_tokens ? COORDINATOR_DECODE_SKIP_SPECIAL : 0);
         if (q->stop_count &&

@@ -6,7 +6,68 @@
  * there is nothing to send. */
 #include "coordinator_http_internal.h"
 
+#include "coordinator_toolcall.h"
+
 #include <string.h>
+
+/* Tool calls in a stream. A call is sent whole, once its choice has
+ * ended: the text that may become a call (from Qwen3's first <tool_call>,
+ * or a Llama 3 answer that begins as a JSON object) is held back, the
+ * text before it goes out as content as it comes (untrimmed, unlike a
+ * body's: its white space went out before a call followed), and at the
+ * end the held text is parsed as a whole body's would be. Each call is then one delta
+ * {"tool_calls": [{"index", "id", "type", "function": {"name",
+ * "arguments"}}]} before the finish chunk (finish_reason "tool_calls"); if
+ * there is no call the held text goes out as content. One delta per call,
+ * with all its arguments, is a stream that the openai clients' stream
+ * helpers accumulate like any other; streaming the arguments as they are
+ * written would need the JSON parsed incrementally, and gives the client
+ * nothing it can run before the call is whole. */
+
+/* This turn's new text of a choice read for tool calls: into tool_text,
+ * and *out / *bytes set to what may go out as content now. */
+static void tool_hold(http_req *r, http_choice *c, const char **out, size_t *bytes)
+{
+    coordinator_buf_append(&c->tool_text, c->text.data ? c->text.data : "", c->text.len);
+    if (coordinator_buf_failed(&c->tool_text))
+        r->out.failed = true; /* out of memory: the stream ends in an error */
+    size_t plain = coordinator_toolcall_plain_prefix(
+        r->tool_format, c->tool_text.data ? c->tool_text.data : "", c->tool_text.len);
+    *out = c->tool_text.data ? c->tool_text.data + c->tool_sent : "";
+    *bytes = plain - c->tool_sent;
+    c->tool_sent = plain;
+}
+
+/* At a read choice's end: its calls as deltas, or the held text as
+ * content; the finish reason to send. */
+static const char *tool_finish(http_req *r, http_choice *c, int index)
+{
+    const char *text = c->tool_text.data ? c->tool_text.data : "";
+    coordinator_toolcall_result res;
+    if (coordinator_toolcall_parse(r->tool_format, text, c->tool_text.len, &r->call_rng, &res) !=
+        SHOAL_OK) {
+        r->out.failed = true; /* out of memory: the stream ends in an error */
+        return c->finish_reason;
+    }
+    for (int j = 0; j < res.count; j++) {
+        coordinator_chunk k = {.index = index,
+                               .tool_call = &res.calls[j],
+                               .tool_index = j,
+                               .usage_null = r->req.include_usage};
+        coordinator_response_chunk(&r->out, &r->meta, &k);
+    }
+    if (res.count == 0 && c->tool_sent < c->tool_text.len) {
+        coordinator_chunk k = {.index = index,
+                               .text = text + c->tool_sent,
+                               .text_bytes = c->tool_text.len - c->tool_sent,
+                               .usage_null = r->req.include_usage};
+        coordinator_response_chunk(&r->out, &r->meta, &k);
+    }
+    c->tool_sent = c->tool_text.len;
+    const char *finish = res.count > 0 ? "tool_calls" : c->finish_reason;
+    coordinator_toolcall_result_fini(&res);
+    return finish;
+}
 
 /* SSE chunks for what this turn produced, and the end of the stream. */
 void http_write_chunks(http_req *r)
@@ -15,12 +76,16 @@ void http_write_chunks(http_req *r)
     int chunks = 0;
     for (int i = 0; i < r->n; i++) {
         http_choice *c = &r->choices[i];
-        bool content = c->text.len || c->ids_len || c->lps_len;
+        const char *text = c->text.data ? c->text.data : "";
+        size_t text_bytes = c->text.len;
+        if (r->tool_parse && c->text.len)
+            tool_hold(r, c, &text, &text_bytes);
+        bool content = text_bytes || c->ids_len || c->lps_len;
         if (content) {
             coordinator_chunk k = {
                 .index = i,
-                .text = c->text.data ? c->text.data : "",
-                .text_bytes = c->text.len,
+                .text = text,
+                .text_bytes = text_bytes,
                 .token_ids = r->req.return_token_ids ? c->ids : NULL,
                 .token_count = c->ids_len,
                 .logprobs = r->req.logprobs ? c->lps : NULL,
@@ -38,10 +103,13 @@ void http_write_chunks(http_req *r)
             c->ids_len = 0;
             c->lps_len = 0;
         }
+        if (!content)
+            coordinator_buf_clear(&c->text); /* held back, in tool_text */
         if (c->done && !c->finish_sent) {
+            const char *finish = r->tool_parse ? tool_finish(r, c, i) : c->finish_reason;
             coordinator_chunk k = {.index = i,
                                    .text = "",
-                                   .finish_reason = c->finish_reason,
+                                   .finish_reason = finish,
                                    .stop_reason = c->stop_reason,
                                    .usage_null = r->req.include_usage};
             if (r->req.return_token_ids)

@@ -32,6 +32,7 @@ static void req_free(http_req *r)
         http_choice *c = &r->choices[i];
         coordinator_stop_free(c->stop);
         coordinator_buf_fini(&c->text);
+        coordinator_buf_fini(&c->tool_text);
         free(c->ids);
         free(c->lps);
     }
@@ -257,6 +258,15 @@ static void take_event(http_req *r, http_choice *c, const shm_event *ev, uint64_
         char piece[COORDINATOR_DETOK_PUSH_BYTES_MAX];
         size_t n = 0;
         coordinator_detok_push(&c->detok, ev->token, piece, sizeof piece, &n);
+#ifdef SHOAL_TESTING
+        if (h->test_output) {
+            size_t at = (size_t)(c->tokens - 1) * TEST_OUTPUT_BYTES;
+            n = at >= h->test_output_bytes                      ? 0
+                : h->test_output_bytes - at < TEST_OUTPUT_BYTES ? h->test_output_bytes - at
+                                                                : TEST_OUTPUT_BYTES;
+            memcpy(piece, h->test_output + at, n);
+        }
+#endif
         emit_text(c, piece, n);
         if (c->done)
             return;
@@ -264,7 +274,12 @@ static void take_event(http_req *r, http_choice *c, const shm_event *ev, uint64_
     if (!ev->finish || ev->finish == COORDINATOR_FINISH_ERROR)
         return; /* an error is the request's (c->failed, under the lock) */
     char tail[COORDINATOR_DETOK_FINISH_BYTES_MAX];
-    emit_text(c, tail, coordinator_detok_finish(&c->detok, tail));
+    size_t tail_bytes = coordinator_detok_finish(&c->detok, tail);
+#ifdef SHOAL_TESTING
+    if (h->test_output)
+        tail_bytes = 0;
+#endif
+    emit_text(c, tail, tail_bytes);
     if (c->done)
         return;
     if (c->stop) {
@@ -357,10 +372,18 @@ static enum MHD_Result send_completion(http_req *r)
 {
     coordinator_choice_out *outs =
         r->n >= 1 && r->n <= COORDINATOR_CHOICES_MAX ? malloc((size_t)r->n * sizeof *outs) : NULL;
-    if (!outs)
+    coordinator_toolcall_result *calls = outs ? calloc((size_t)r->n, sizeof *calls) : NULL;
+    if (!calls) {
+        free(outs);
         return http_send_nomem(r);
+    }
+    bool nomem = false;
     for (int i = 0; i < r->n; i++) {
         http_choice *c = &r->choices[i];
+        if (r->tool_parse &&
+            coordinator_toolcall_parse(r->tool_format, c->text.data ? c->text.data : "",
+                                       c->text.len, &r->call_rng, &calls[i]) != SHOAL_OK)
+            nomem = true;
         outs[i] = (coordinator_choice_out){
             .text = c->text.data ? c->text.data : "",
             .text_bytes = c->text.len,
@@ -368,17 +391,22 @@ static enum MHD_Result send_completion(http_req *r)
             .token_count = c->ids_len,
             .logprobs = r->req.logprobs ? (c->lps ? c->lps : no_logprobs) : NULL,
             .logprob_count = c->lps_len,
-            .finish_reason = c->finish_reason,
+            .finish_reason = calls[i].count > 0 ? "tool_calls" : c->finish_reason,
             .stop_reason = c->stop_reason,
+            .tool_calls = &calls[i],
         };
     }
     coordinator_usage u = http_usage_of(r);
     coordinator_buf b;
     coordinator_buf_init(&b);
-    bool ok = coordinator_response_body(&b, &r->meta, outs, r->n, &u,
+    bool ok = !nomem &&
+              coordinator_response_body(&b, &r->meta, outs, r->n, &u,
                                         r->req.return_token_ids ? r->prompt : NULL, r->prompt_len);
     enum MHD_Result res = ok ? http_send_json(r, 200, &b) : http_send_nomem(r);
     coordinator_buf_fini(&b);
+    for (int i = 0; i < r->n; i++)
+        coordinator_toolcall_result_fini(&calls[i]);
+    free(calls);
     free(outs);
     return res;
 }

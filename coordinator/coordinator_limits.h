@@ -78,6 +78,17 @@
  * returns at most (SHM_LOGPROBS_MAX). */
 #define COORDINATOR_LOGPROBS_MAX 20
 
+/* Tool definitions of one request (`tools`), and tool calls of one
+ * assistant message, parsed from a request or from a completion's text.
+ * OpenAI allows 128 tools; every definition is rendered into the prompt,
+ * so more would crowd the context. 64 calls is far past what a model makes
+ * in one turn, and bounds the ids and strings a response builds. */
+#define COORDINATOR_TOOLS_MAX 128
+#define COORDINATOR_TOOL_CALLS_MAX 64
+
+/* Characters of a function's name: OpenAI's bound, of [A-Za-z0-9_-]. */
+#define COORDINATOR_TOOL_NAME_CHARS_MAX 64
+
 /* Bytes of the model name a request names, of cache_salt, and of an API
  * key: far above real ones, low enough to copy onto the stack. */
 #define COORDINATOR_NAME_BYTES_MAX 256

@@ -337,6 +337,101 @@ static shoal_err join_parts(cJSON *msg, cJSON *parts, size_t index, const char *
     return SHOAL_OK;
 }
 
+/* A function name as OpenAI allows it: 1..64 of [A-Za-z0-9_-]. */
+static bool tool_name_valid(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > COORDINATOR_TOOL_NAME_CHARS_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+/* One message's tool_calls (assistant turns) and tool_call_id (tool
+ * turns). Each call's arguments, JSON text in a string, is parsed and
+ * rendered from the parsed value, as vLLM does (it json.loads them before
+ * the template runs), so the model sees what it would have written; text
+ * that is not JSON is a 400, as there. An empty string is {}. */
+static shoal_err parse_message_tools(const cJSON *msg, size_t index, coordinator_chat_message *m,
+                                     coordinator_request *r, coordinator_api_error *err)
+{
+    char param[64];
+    const cJSON *calls = field(msg, "tool_calls");
+    snprintf(param, sizeof param, "messages[%zu].tool_calls", index);
+    if (calls && cJSON_GetArraySize(calls) > 0) {
+        if (strcmp(m->role, "assistant") != 0)
+            return bad(err, param, "'%s': only assistant messages make tool calls", param);
+        m->tool_calls = &r->calls_[r->call_count_];
+        const cJSON *call;
+        int j = 0;
+        cJSON_ArrayForEach(call, calls)
+        {
+            coordinator_chat_tool_call *tc = &r->calls_[r->call_count_];
+            snprintf(param, sizeof param, "messages[%zu].tool_calls[%d]", index, j);
+            if (!cJSON_IsObject(call))
+                return bad(err, param, "'%s' must be an object, not %s", param, type_name(call));
+            const cJSON *id = field(call, "id"), *type = field(call, "type");
+            const cJSON *fn = field(call, "function");
+            if (id && !cJSON_IsString(id))
+                return bad(err, param, "'%s.id' must be a string, not %s", param, type_name(id));
+            if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "function") == 0))
+                return bad(err, param, "'%s.type' must be \"function\"", param);
+            snprintf(param, sizeof param, "messages[%zu].tool_calls[%d].function", index, j);
+            if (!cJSON_IsObject(fn))
+                return bad(err, param, "'%s' must be an object, not %s", param,
+                           fn ? type_name(fn) : "missing");
+            const cJSON *name = field(fn, "name"), *args = field(fn, "arguments");
+            snprintf(param, sizeof param, "messages[%zu].tool_calls[%d].function.name", index, j);
+            if (!cJSON_IsString(name) || name->valuestring[0] == '\0')
+                return bad(err, param, "'%s' must be a non-empty string", param);
+            snprintf(param, sizeof param, "messages[%zu].tool_calls[%d].function.arguments", index,
+                     j);
+            if (!cJSON_IsString(args))
+                return bad(err, param, "'%s' must be a string of JSON, not %s", param,
+                           args ? type_name(args) : "missing");
+            const char *text = args->valuestring;
+            size_t n = strlen(text);
+            cJSON *value = NULL;
+            if (n == 0) {
+                value = cJSON_CreateObject();
+                if (!value)
+                    return nomem(err);
+            } else {
+                const char *end = NULL;
+                value = cJSON_ParseWithLengthOpts(text, n, &end, false);
+                while (value && end < text + n &&
+                       (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+                    end++;
+                if (!value || end != text + n) {
+                    cJSON_Delete(value);
+                    return bad(err, param, "'%s' is not valid JSON: %.80s", param, text);
+                }
+            }
+            r->call_args_[r->call_count_] = value;
+            *tc = (coordinator_chat_tool_call){.id = id ? id->valuestring : NULL,
+                                               .name = name->valuestring,
+                                               .arguments = text,
+                                               .arguments_value = value};
+            r->call_count_++;
+            m->tool_call_count++;
+            j++;
+        }
+    }
+    const cJSON *call_id = field(msg, "tool_call_id");
+    snprintf(param, sizeof param, "messages[%zu].tool_call_id", index);
+    if (call_id) {
+        if (!cJSON_IsString(call_id))
+            return bad(err, param, "'%s' must be a string, not %s", param, type_name(call_id));
+        m->tool_call_id = call_id->valuestring;
+    }
+    return SHOAL_OK;
+}
+
 static shoal_err parse_messages(cJSON *arr, coordinator_request *r, coordinator_api_error *err)
 {
     if (!cJSON_IsArray(arr))
@@ -350,6 +445,33 @@ static shoal_err parse_messages(cJSON *arr, coordinator_request *r, coordinator_
     r->messages = calloc((size_t)n, sizeof *r->messages);
     if (!r->messages)
         return nomem(err);
+    /* Every message's tool calls go in one array, counted first. */
+    size_t calls = 0, at = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+    {
+        const cJSON *tc = cJSON_IsObject(it) ? field(it, "tool_calls") : NULL;
+        if (!tc) {
+            at++;
+            continue;
+        }
+        char param[64];
+        snprintf(param, sizeof param, "messages[%zu].tool_calls", at);
+        if (!cJSON_IsArray(tc))
+            return bad(err, param, "'%s' must be an array, not %s", param, type_name(tc));
+        int k = cJSON_GetArraySize(tc);
+        if (k > COORDINATOR_TOOL_CALLS_MAX)
+            return bad(err, param, "'%s' holds %d tool calls, over the limit of %d", param, k,
+                       COORDINATOR_TOOL_CALLS_MAX);
+        calls += (size_t)k;
+        at++;
+    }
+    if (calls) {
+        r->calls_ = calloc(calls, sizeof *r->calls_);
+        r->call_args_ = calloc(calls, sizeof *r->call_args_);
+        if (!r->calls_ || !r->call_args_)
+            return nomem(err);
+    }
     r->message_count = (size_t)n;
     size_t i = 0;
     cJSON *msg;
@@ -385,10 +507,9 @@ static shoal_err parse_messages(cJSON *arr, coordinator_request *r, coordinator_
             return bad(err, param, "'%s' must be a string or an array of text parts, not %s", param,
                        content ? type_name(content) : "missing");
         }
-        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
-        snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
-        if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0)
-            return bad(err, param, "tool calls are not supported by this server");
+        shoal_err e = parse_message_tools(msg, i, m, r, err);
+        if (e)
+            return e;
         const cJSON *reasoning = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
         snprintf(param, sizeof param, "messages[%zu].reasoning_content", i);
         if (reasoning && !cJSON_IsNull(reasoning)) {
@@ -407,14 +528,17 @@ static shoal_err refuse_unsupported(const cJSON *root, coordinator_request_kind 
                                     coordinator_api_error *err)
 {
     const cJSON *it;
-    if ((it = field(root, "tools")) && (!cJSON_IsArray(it) || cJSON_GetArraySize(it) > 0))
-        return bad(err, "tools", "tools are not supported by this server");
+    if (kind == COORDINATOR_REQUEST_COMPLETION && (it = field(root, "tools")) &&
+        (!cJSON_IsArray(it) || cJSON_GetArraySize(it) > 0))
+        return bad(err, "tools", "tools are for /v1/chat/completions, not /v1/completions");
+    /* `functions` and `function_call` are OpenAI's deprecated forms of
+     * tools and tool_choice. */
     if ((it = field(root, "functions")) && (!cJSON_IsArray(it) || cJSON_GetArraySize(it) > 0))
-        return bad(err, "functions", "functions are not supported by this server");
-    if ((it = field(root, "tool_choice")) &&
-        !(cJSON_IsString(it) &&
-          (strcmp(it->valuestring, "none") == 0 || strcmp(it->valuestring, "auto") == 0)))
-        return bad(err, "tool_choice", "tool_choice must be \"none\" or \"auto\" (no tools)");
+        return bad(err, "functions",
+                   "'functions' is not supported by this server; send them as 'tools'");
+    if ((it = field(root, "function_call")))
+        return bad(err, "function_call",
+                   "'function_call' is not supported by this server; use 'tool_choice'");
     if ((it = field(root, "response_format"))) {
         const cJSON *type =
             cJSON_IsObject(it) ? cJSON_GetObjectItemCaseSensitive(it, "type") : NULL;
@@ -603,12 +727,120 @@ static shoal_err parse_generation(const cJSON *root, const coordinator_request_l
     return SHOAL_OK;
 }
 
-/* chat_template_kwargs.enable_thinking, and add_generation_prompt. */
+/* tools, tool_choice and parallel_tool_calls. */
+static shoal_err parse_tools(const cJSON *root, coordinator_request *r, coordinator_api_error *err)
+{
+    char param[64];
+    const cJSON *tools = field(root, "tools");
+    if (tools) {
+        if (!cJSON_IsArray(tools))
+            return bad(err, "tools", "'tools' must be an array, not %s", type_name(tools));
+        int n = cJSON_GetArraySize(tools);
+        if (n > COORDINATOR_TOOLS_MAX)
+            return bad(err, "tools", "'tools' holds %d tools, over the limit of %d", n,
+                       COORDINATOR_TOOLS_MAX);
+        int i = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, tools)
+        {
+            snprintf(param, sizeof param, "tools[%d]", i);
+            if (!cJSON_IsObject(t))
+                return bad(err, param, "'%s' must be an object, not %s", param, type_name(t));
+            const cJSON *type = field(t, "type"), *fn = field(t, "function");
+            snprintf(param, sizeof param, "tools[%d].type", i);
+            if (!(cJSON_IsString(type) && strcmp(type->valuestring, "function") == 0))
+                return bad(err, param, "'%s' must be \"function\"", param);
+            snprintf(param, sizeof param, "tools[%d].function", i);
+            if (!cJSON_IsObject(fn))
+                return bad(err, param, "'%s' must be an object, not %s", param,
+                           fn ? type_name(fn) : "missing");
+            const cJSON *name = field(fn, "name"), *desc = field(fn, "description");
+            const cJSON *params = field(fn, "parameters"), *strict = field(fn, "strict");
+            snprintf(param, sizeof param, "tools[%d].function.name", i);
+            if (!cJSON_IsString(name))
+                return bad(err, param, "'%s' must be a string, not %s", param,
+                           name ? type_name(name) : "missing");
+            if (!tool_name_valid(name->valuestring))
+                return bad(err, param,
+                           "'%s' must be 1 to %d characters of a-z, A-Z, 0-9, _ and -, not "
+                           "'%.80s'",
+                           param, COORDINATOR_TOOL_NAME_CHARS_MAX, name->valuestring);
+            snprintf(param, sizeof param, "tools[%d].function.description", i);
+            if (desc && !cJSON_IsString(desc))
+                return bad(err, param, "'%s' must be a string, not %s", param, type_name(desc));
+            snprintf(param, sizeof param, "tools[%d].function.parameters", i);
+            if (params && !cJSON_IsObject(params))
+                return bad(err, param, "'%s' must be an object (a JSON Schema), not %s", param,
+                           type_name(params));
+            snprintf(param, sizeof param, "tools[%d].function.strict", i);
+            if (strict && !cJSON_IsBool(strict))
+                return bad(err, param, "'%s' must be a boolean, not %s", param, type_name(strict));
+            i++;
+        }
+        if (n > 0) {
+            r->tools = tools;
+            r->tool_count = n;
+            r->tool_choice = COORDINATOR_TOOL_CHOICE_AUTO;
+        }
+    }
+    r->parallel_tool_calls = true;
+    shoal_err e = get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err);
+    if (e)
+        return e;
+    /* /tokenize renders the tools and generates nothing: no choice to make. */
+    const cJSON *choice = field(root, "tool_choice");
+    if (!choice || r->kind != COORDINATOR_REQUEST_CHAT)
+        return SHOAL_OK;
+    if (cJSON_IsString(choice)) {
+        if (strcmp(choice->valuestring, "none") == 0) {
+            r->tool_choice = COORDINATOR_TOOL_CHOICE_NONE;
+            return SHOAL_OK;
+        }
+        if (strcmp(choice->valuestring, "auto") == 0)
+            return SHOAL_OK; /* auto with no tools is none */
+        if (strcmp(choice->valuestring, "required") == 0)
+            return bad(err, "tool_choice",
+                       "tool_choice \"required\" needs constrained decoding, which this server "
+                       "does not do yet; use \"auto\" or \"none\"");
+        return bad(err, "tool_choice",
+                   "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                   "\"function\", \"function\": {\"name\": ...}}, not \"%.80s\"",
+                   choice->valuestring);
+    }
+    const cJSON *type = cJSON_IsObject(choice) ? field(choice, "type") : NULL;
+    const cJSON *fn = cJSON_IsObject(choice) ? field(choice, "function") : NULL;
+    const cJSON *name = cJSON_IsObject(fn) ? field(fn, "name") : NULL;
+    if (!(cJSON_IsString(type) && strcmp(type->valuestring, "function") == 0) ||
+        !cJSON_IsString(name))
+        return bad(err, "tool_choice",
+                   "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                   "\"function\", \"function\": {\"name\": ...}}");
+    bool known = false;
+    const cJSON *t;
+    if (r->tools)
+        cJSON_ArrayForEach(t, r->tools)
+        {
+            known = known || strcmp(cJSON_GetObjectItemCaseSensitive(
+                                        cJSON_GetObjectItemCaseSensitive(t, "function"), "name")
+                                        ->valuestring,
+                                    name->valuestring) == 0;
+        }
+    if (!known)
+        return bad(err, "tool_choice.function.name",
+                   "'tool_choice' names the function '%.80s', which is not in 'tools'",
+                   name->valuestring);
+    return bad(err, "tool_choice",
+               "tool_choice naming a function needs constrained decoding, which this server does "
+               "not do yet; use \"auto\" or \"none\"");
+}
+
+/* chat_template_kwargs.enable_thinking, add_generation_prompt and the
+ * tools. */
 static shoal_err parse_chat_options(const cJSON *root, coordinator_request *r,
                                     coordinator_api_error *err)
 {
     shoal_err e = get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err);
-    if (e)
+    if (e || (e = parse_tools(root, r, err)))
         return e;
     const cJSON *kw = field(root, "chat_template_kwargs");
     if (!kw)
@@ -718,7 +950,7 @@ static const char *const chat_fields[] = {
 static const char *const completion_fields[] = {"prompt", "echo", "suffix", NULL};
 static const char *const tokenize_fields[] = {
     "model", "messages", "prompt", "content", "add_special", "add_special_tokens",
-    "return_token_strs", "add_generation_prompt", "chat_template_kwargs", NULL};
+    "return_token_strs", "add_generation_prompt", "chat_template_kwargs", "tools", NULL};
 static const char *const detokenize_fields[] = {"model", "tokens", "skip_special_tokens", NULL};
 
 /* Fields of OpenAI's or vLLM's API that change what a request produces
@@ -928,6 +1160,10 @@ shoal_err coordinator_request_id_check(const char *value, coordinator_api_error 
 
 void coordinator_request_fini(coordinator_request *r)
 {
+    for (size_t i = 0; r->call_args_ && i < r->call_count_; i++)
+        cJSON_Delete(r->call_args_[i]);
+    free(r->call_args_);
+    free(r->calls_);
     free(r->messages);
     free(r->prompt_ids);
     cJSON_Delete(r->json_);
@@ -971,7 +1207,8 @@ shoal_err coordinator_request_prompt(const coordinator_request *r, const coordin
                        "this model has no chat template that shoal can render; use "
                        "/v1/completions");
         coordinator_chat_options opt = {.add_generation_prompt = r->add_generation_prompt,
-                                        .thinking = r->thinking};
+                                        .thinking = r->thinking,
+                                        .tools = r->tools};
         shoal_diag diag = {{0}};
         size_t need = 0;
         e = coordinator_chat_render(chat, r->messages, r->message_count, &opt, NULL, 0, &need,

@@ -13,8 +13,9 @@
  *
  * What is checked, before anything is allocated for the request: the body
  * is valid UTF-8, JSON of at most COORDINATOR_JSON_DEPTH_MAX levels; every
- * field has its type and range; counts (messages, stop strings, stop ids,
- * n, top log-probabilities) are within coordinator_limits.h; a token-id
+ * field has its type and range; counts (messages, tools, tool calls of a
+ * message, stop strings, stop ids, n, top log-probabilities) are within
+ * coordinator_limits.h; a token-id
  * prompt has at most max_model_len ids, each below the vocabulary. Then
  * coordinator_request_prompt builds the prompt's ids (chat template and
  * tokenizer) with a bound of max_model_len tokens, and
@@ -69,6 +70,13 @@ typedef struct coordinator_request_limits {
     bool ignore_unknown_fields;
 } coordinator_request_limits;
 
+/* tool_choice. Only the two that need no constrained decoding exist:
+ * "required" and a named function are refused (400) at parse. */
+typedef enum coordinator_tool_choice {
+    COORDINATOR_TOOL_CHOICE_NONE, /* tools rendered, the output not parsed for calls */
+    COORDINATOR_TOOL_CHOICE_AUTO, /* the model decides; the output is parsed for calls */
+} coordinator_tool_choice;
+
 /* Sampling, as OpenAI and vLLM name it; the defaults turn each off. */
 typedef struct coordinator_request_sampling {
     float temperature;        /* >= 0, default 1; 0 is greedy */
@@ -99,6 +107,14 @@ typedef struct coordinator_request {
     /* Rendering and tokenizing the prompt. */
     bool add_generation_prompt;         /* chat: default true */
     coordinator_chat_thinking thinking; /* chat_template_kwargs.enable_thinking */
+    /* Tools (chat, and tokenize with messages): the `tools` array as sent,
+     * each entry checked ({"type": "function", "function": {"name", ...}}),
+     * in the parsed body; NULL when absent or empty. */
+    const struct cJSON *tools;
+    int tool_count; /* 0..COORDINATOR_TOOLS_MAX */
+    /* "auto" by default when tools are given, else "none". */
+    coordinator_tool_choice tool_choice;
+    bool parallel_tool_calls;           /* accepted; default true (the model's choice either way) */
     bool add_special_tokens;            /* default: true for text prompts, false for chat */
     bool return_token_strs;             /* tokenize */
 
@@ -129,6 +145,9 @@ typedef struct coordinator_request {
 
     /* private */
     void *json_;
+    coordinator_chat_tool_call *calls_; /* every message's tool_calls, one array */
+    struct cJSON **call_args_;          /* the parsed arguments of calls_ */
+    size_t call_count_;
 } coordinator_request;
 
 /* Parses and checks body (bytes long, need not be NUL-terminated) as a
@@ -136,7 +155,7 @@ typedef struct coordinator_request {
  * coordinator_request_fini. On failure r is empty (fini is still
  * allowed) and err says why: 400 (malformed JSON, a field of the wrong
  * type or out of range, a count past its bound, an unsupported feature
- * such as tools), 404 (another model). SHOAL_ERR_NOMEM gives a 500 err;
+ * such as tool_choice "required"), 404 (another model). SHOAL_ERR_NOMEM gives a 500 err;
  * every other failure is SHOAL_ERR_INVALID. */
 shoal_err coordinator_request_parse(coordinator_request_kind kind, const char *body, size_t bytes,
                                     const coordinator_request_limits *limits,

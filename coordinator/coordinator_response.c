@@ -193,7 +193,25 @@ bool coordinator_response_body(coordinator_buf *out, const coordinator_response_
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddItemToObject(msg, "content", string_n(c->text, c->text_bytes));
+            const coordinator_toolcall_result *tc = c->tool_calls;
+            if (tc && tc->count > 0) {
+                if (tc->has_content)
+                    cJSON_AddItemToObject(msg, "content", string_n(c->text, tc->content_bytes));
+                else
+                    cJSON_AddNullToObject(msg, "content");
+                cJSON *calls = cJSON_AddArrayToObject(msg, "tool_calls");
+                for (int j = 0; j < tc->count; j++) {
+                    cJSON *call = cJSON_CreateObject();
+                    cJSON_AddItemToArray(calls, call);
+                    cJSON_AddStringToObject(call, "id", tc->calls[j].id);
+                    cJSON_AddStringToObject(call, "type", "function");
+                    cJSON *fn = cJSON_AddObjectToObject(call, "function");
+                    cJSON_AddStringToObject(fn, "name", tc->calls[j].name);
+                    cJSON_AddStringToObject(fn, "arguments", tc->calls[j].arguments);
+                }
+            } else {
+                cJSON_AddItemToObject(msg, "content", string_n(c->text, c->text_bytes));
+            }
         } else {
             cJSON_AddItemToObject(ch, "text", string_n(c->text, c->text_bytes));
         }
@@ -431,7 +449,18 @@ void coordinator_response_chunk(coordinator_buf *out, const coordinator_response
     coordinator_buf_int(out, c->index);
     if (chat) {
         coordinator_buf_str(out, ",\"delta\":{");
-        if (c->role) {
+        if (c->tool_call) {
+            const coordinator_toolcall *t = c->tool_call;
+            coordinator_buf_str(out, "\"tool_calls\":[{\"index\":");
+            coordinator_buf_int(out, c->tool_index);
+            coordinator_buf_str(out, ",\"id\":");
+            coordinator_buf_json_string(out, t->id, strlen(t->id));
+            coordinator_buf_str(out, ",\"type\":\"function\",\"function\":{\"name\":");
+            coordinator_buf_json_string(out, t->name, strlen(t->name));
+            coordinator_buf_str(out, ",\"arguments\":");
+            coordinator_buf_json_string(out, t->arguments, strlen(t->arguments));
+            coordinator_buf_str(out, "}}]");
+        } else if (c->role) {
             coordinator_buf_str(out, "\"role\":\"assistant\",\"content\":");
             coordinator_buf_json_string(out, c->text, c->text_bytes);
         } else if (c->text_bytes || !c->finish_reason) {

@@ -17,6 +17,7 @@
 #include "coordinator_limits.h"
 #include "coordinator_request.h"
 #include "coordinator_tokenizer.h"
+#include "coordinator_toolcall.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -78,7 +79,11 @@ typedef struct coordinator_choice_out {
     int token_count;
     const coordinator_token_logprob *logprobs; /* NULL unless logprobs were asked for */
     int logprob_count;
-    const char *finish_reason; /* "stop", "length", or NULL */
+    const char *finish_reason; /* "stop", "length", "tool_calls", or NULL */
+    /* Chat: the calls read from text (NULL, or a count of 0: none). With
+     * calls the message's content is the result's (text's first
+     * content_bytes, or null) and its tool_calls list them. */
+    const coordinator_toolcall_result *tool_calls;
     coordinator_stop_reason stop_reason;
 } coordinator_choice_out;
 
@@ -105,6 +110,11 @@ typedef struct coordinator_chunk {
     const int32_t *prompt_ids; /* return_token_ids: with the first chunk, or NULL */
     int prompt_len;
     bool usage_null; /* include_usage: every chunk but the last says "usage":null */
+    /* Chat: a whole tool call as this chunk's delta, {"tool_calls":
+     * [{"index": tool_index, "id", "type": "function", "function": {"name",
+     * "arguments"}}]}, in place of content (NULL: none). */
+    const coordinator_toolcall *tool_call;
+    int tool_index;
 } coordinator_chunk;
 
 /* Appends one SSE event with this chunk to out. */

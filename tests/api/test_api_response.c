@@ -319,6 +319,82 @@ static void a_chat_stream_is_role_text_finish_usage_done(void)
     coordinator_buf_fini(&b);
 }
 
+/* A choice with tool calls: content is the text before them (or null),
+ * tool_calls list each with its id, and a stream sends each call whole
+ * as one tool_calls delta. */
+static void tool_calls_go_out_in_the_message_and_as_deltas(void)
+{
+    coordinator_response_meta m;
+    coordinator_response_meta_init(&m, COORDINATOR_REQUEST_CHAT, "m", tok, 0, NULL, 1, 5);
+    static const char text[] =
+        "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+        "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n"
+        "</tool_call>";
+    uint64_t rng = 7;
+    coordinator_toolcall_result res, none;
+    CHECK(coordinator_toolcall_parse(COORDINATOR_CHAT_QWEN3, text, sizeof text - 1, &rng, &res) ==
+          SHOAL_OK);
+    static const char only[] = "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>";
+    CHECK(coordinator_toolcall_parse(COORDINATOR_CHAT_QWEN3, only, sizeof only - 1, &rng, &none) ==
+          SHOAL_OK);
+    CHECK_EQ_INT(res.count, 2);
+    CHECK_EQ_INT(none.count, 1);
+    coordinator_choice_out ch[2] = {
+        {.text = text,
+         .text_bytes = sizeof text - 1,
+         .finish_reason = "tool_calls",
+         .tool_calls = &res},
+        {.text = only,
+         .text_bytes = sizeof only - 1,
+         .finish_reason = "tool_calls",
+         .tool_calls = &none},
+    };
+    coordinator_usage u = {1, 2, 0};
+    coordinator_buf b;
+    coordinator_buf_init(&b);
+    CHECK(coordinator_response_body(&b, &m, ch, 2, &u, NULL, 0));
+    cJSON *v = cJSON_Parse(b.data);
+    CHECK_MSG(v != NULL, "%s", b.data);
+    CHECK(strcmp(str(v, "choices.0.message.content"), "Checking.") == 0);
+    CHECK(strcmp(str(v, "choices.0.finish_reason"), "tool_calls") == 0);
+    CHECK(cJSON_GetArraySize(get(v, "choices.0.message.tool_calls")) == 2);
+    CHECK(strcmp(str(v, "choices.0.message.tool_calls.0.id"), res.calls[0].id) == 0);
+    CHECK(strcmp(str(v, "choices.0.message.tool_calls.0.type"), "function") == 0);
+    CHECK(strcmp(str(v, "choices.0.message.tool_calls.0.function.name"), "get_weather") == 0);
+    CHECK(strcmp(str(v, "choices.0.message.tool_calls.0.function.arguments"),
+                 "{\"city\":\"Paris\"}") == 0);
+    CHECK(strcmp(str(v, "choices.0.message.tool_calls.1.function.arguments"), "{}") == 0);
+    CHECK(cJSON_IsNull(get(v, "choices.1.message.content")));
+    CHECK(strcmp(str(v, "choices.1.message.tool_calls.0.function.name"), "now") == 0);
+    cJSON_Delete(v);
+    /* the stream's deltas */
+    coordinator_buf_clear(&b);
+    for (int j = 0; j < res.count; j++) {
+        coordinator_chunk c = {.index = 0, .tool_call = &res.calls[j], .tool_index = j};
+        coordinator_response_chunk(&b, &m, &c);
+    }
+    coordinator_chunk c = {.index = 0, .text = "", .finish_reason = "tool_calls"};
+    coordinator_response_chunk(&b, &m, &c);
+    cJSON *ev[4];
+    int n = events(b.data, ev, 4);
+    CHECK_EQ_INT(n, 3);
+    if (n == 3) {
+        CHECK(num(ev[1], "choices.0.delta.tool_calls.0.index") == 1);
+        CHECK(strcmp(str(ev[0], "choices.0.delta.tool_calls.0.id"), res.calls[0].id) == 0);
+        CHECK(strcmp(str(ev[0], "choices.0.delta.tool_calls.0.type"), "function") == 0);
+        CHECK(strcmp(str(ev[0], "choices.0.delta.tool_calls.0.function.name"), "get_weather") == 0);
+        CHECK(strcmp(str(ev[0], "choices.0.delta.tool_calls.0.function.arguments"),
+                     "{\"city\":\"Paris\"}") == 0);
+        CHECK(!get(ev[0], "choices.0.delta.content"));
+        CHECK(cJSON_IsNull(get(ev[0], "choices.0.finish_reason")));
+        CHECK(strcmp(str(ev[2], "choices.0.finish_reason"), "tool_calls") == 0);
+    }
+    free_events(ev, n);
+    coordinator_buf_fini(&b);
+    coordinator_toolcall_result_fini(&res);
+    coordinator_toolcall_result_fini(&none);
+}
+
 static void streamed_logprobs_equal_the_whole_bodys(void)
 {
     for (int kind = COORDINATOR_REQUEST_CHAT; kind <= COORDINATOR_REQUEST_COMPLETION; kind++) {
@@ -440,6 +516,7 @@ int main(void)
     TEST_RUN(a_completion_body_has_text_and_legacy_logprobs);
     TEST_RUN(a_client_request_id_names_the_response);
     TEST_RUN(a_chat_stream_is_role_text_finish_usage_done);
+    TEST_RUN(tool_calls_go_out_in_the_message_and_as_deltas);
     TEST_RUN(streamed_logprobs_equal_the_whole_bodys);
     TEST_RUN(a_token_of_part_of_a_character_shows_replacement_and_its_bytes);
     TEST_RUN(models_tokenize_and_detokenize_bodies);

@@ -2,13 +2,15 @@
  * tokenizer and chat template: the first byte picks the endpoint, the rest
  * is the body. Every body either becomes a request whose prompt, context
  * check and stop strings then run, or is refused with a 4xx (500 only for
- * memory) whose error body is valid UTF-8 JSON. Never a crash, never a
- * leak. */
+ * memory) whose error body is valid UTF-8 JSON. The body is also read as
+ * a model's output for tool calls, in both formats. Never a crash, never
+ * a leak. */
 #include "common/common_assert.h"
 #include "coordinator/coordinator_buf.h"
 #include "coordinator/coordinator_request.h"
 #include "coordinator/coordinator_response.h"
 #include "coordinator/coordinator_stop.h"
+#include "coordinator/coordinator_toolcall.h"
 #include "coordinator/coordinator_utf8.h"
 
 #include <cjson/cJSON.h>
@@ -82,10 +84,37 @@ static void check_stop(const coordinator_request *r, const int32_t *prompt, size
     coordinator_stop_free(s);
 }
 
+/* text read as an output for tool calls: content within it, each call's
+ * arguments a JSON object, and a stream's plain prefix within the text and
+ * never shrinking as the text grows. */
+static void check_toolcalls(coordinator_chat_format format, const char *text, size_t bytes)
+{
+    uint64_t rng = bytes;
+    coordinator_toolcall_result res;
+    SHOAL_ASSERT(coordinator_toolcall_parse(format, text, bytes, &rng, &res) == SHOAL_OK);
+    SHOAL_ASSERT(res.count >= 0 && res.count <= COORDINATOR_TOOL_CALLS_MAX);
+    SHOAL_ASSERT(res.content_bytes <= bytes && (res.count > 0 || res.content_bytes == bytes));
+    for (int i = 0; i < res.count; i++) {
+        SHOAL_ASSERT(res.calls[i].name[0] && strlen(res.calls[i].id) == 29);
+        cJSON *args = cJSON_Parse(res.calls[i].arguments);
+        SHOAL_ASSERT(cJSON_IsObject(args));
+        cJSON_Delete(args);
+    }
+    coordinator_toolcall_result_fini(&res);
+    size_t last = 0;
+    for (size_t n = 0; n <= bytes; n += 1 + n / 8) {
+        size_t p = coordinator_toolcall_plain_prefix(format, text, n);
+        SHOAL_ASSERT(p >= last && p <= n);
+        last = p;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
+    check_toolcalls(COORDINATOR_CHAT_QWEN3, (const char *)data + 1, size - 1);
+    check_toolcalls(COORDINATOR_CHAT_LLAMA3, (const char *)data + 1, size - 1);
     coordinator_request_kind kind = (coordinator_request_kind)(data[0] % 4);
     coordinator_request_limits limits = {
         .model = "m", .max_model_len = CONTEXT, .vocab = 151936, .default_max_tokens = 0};
@@ -101,6 +130,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     SHOAL_ASSERT(r.n >= 1 && r.n <= COORDINATOR_CHOICES_MAX);
     SHOAL_ASSERT(r.stop_count <= COORDINATOR_STOP_STRINGS_MAX);
+    SHOAL_ASSERT(r.tool_count <= COORDINATOR_TOOLS_MAX && (r.tools != NULL) == (r.tool_count > 0));
+    for (size_t i = 0; i < r.message_count; i++)
+        SHOAL_ASSERT(r.messages[i].tool_call_count <= COORDINATOR_TOOL_CALLS_MAX);
     SHOAL_ASSERT(r.top_logprobs >= 0 && r.top_logprobs <= COORDINATOR_LOGPROBS_MAX);
     SHOAL_ASSERT(!r.has_prompt_ids || r.prompt_id_count <= CONTEXT);
     size_t n = 0;
