@@ -224,4 +224,15 @@
 #define SHOAL_GRAMMAR_DFA_STATES_MAX 100000u
 #define SHOAL_GRAMMAR_INDEX_BYTES_MAX (1024ull * 1024 * 1024)
 
+/* JSON Schema to regex (grammar_schema). Optional properties are an
+ * alternation over which are present, and the text before the first one
+ * present is copied once per optional property: 8 keeps that copying small.
+ * Schemas nest at most 16 deep (each level opens a few regex groups, which
+ * stop at SHOAL_GRAMMAR_DEPTH_MAX). Untyped values and response_format
+ * json_object nest 3 deep: each level quadruples the regex (objects and
+ * arrays both repeat the value below), and depth 3 is ~10 KiB. */
+#define SHOAL_GRAMMAR_OPTIONAL_MAX 8
+#define SHOAL_GRAMMAR_SCHEMA_DEPTH_MAX 16
+#define SHOAL_GRAMMAR_JSON_DEPTH 3
+
 #endif
