@@ -248,19 +248,23 @@ bool coordinator_response_body(coordinator_buf *out, const coordinator_response_
 
 bool coordinator_response_error(coordinator_buf *out, const coordinator_api_error *err)
 {
-    /* A message quotes the client's input and is cut to fit its buffer,
-     * maybe inside a character: it goes out as valid UTF-8. */
-    char message[3 * sizeof err->message];
+    /* The message and the param quote the client's input and are cut to
+     * fit their buffers, maybe inside a character: they go out as valid
+     * UTF-8. */
+    char message[3 * sizeof err->message], param[3 * sizeof err->param];
     size_t len = strnlen(err->message, sizeof err->message);
     len =
         coordinator_utf8_lossy((const unsigned char *)err->message, len, (unsigned char *)message);
     message[len] = '\0';
+    len = strnlen(err->param, sizeof err->param);
+    len = coordinator_utf8_lossy((const unsigned char *)err->param, len, (unsigned char *)param);
+    param[len] = '\0';
     cJSON *root = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(e, "message", message);
     cJSON_AddStringToObject(e, "type", err->type ? err->type : "invalid_request_error");
-    if (err->param[0])
-        cJSON_AddStringToObject(e, "param", err->param);
+    if (param[0])
+        cJSON_AddStringToObject(e, "param", param);
     else
         cJSON_AddNullToObject(e, "param");
     if (err->code)

@@ -5,6 +5,7 @@
 #include "../test.h"
 #include "coordinator/coordinator_buf.h"
 #include "coordinator/coordinator_response.h"
+#include "coordinator/coordinator_utf8.h"
 #include "coordinator/coordinator_tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -138,6 +139,19 @@ static void errors_have_openai_shape(void)
     v = cJSON_Parse(b.data);
     CHECK(cJSON_IsNull(get(v, "error.param")));
     CHECK(strcmp(str(v, "error.code"), "invalid_api_key") == 0);
+    cJSON_Delete(v);
+    /* A field's name quoted from the body and cut inside a character (the
+     * param holds 63 bytes): the error still goes out as valid UTF-8. */
+    char name[80];
+    memset(name, 'a', 62);
+    strcpy(name + 62, "\xc3\xa9tail"); /* U+00E9 across the cut */
+    coordinator_api_error_set(&e, 400, "invalid_request_error", name, "unknown field '%s'", name);
+    CHECK((unsigned char)e.param[62] == 0xc3 && e.param[63] == '\0');
+    CHECK(coordinator_response_error(&b, &e));
+    CHECK(coordinator_utf8_valid_prefix((const unsigned char *)b.data, b.len) == b.len);
+    v = cJSON_Parse(b.data);
+    const char *param = str(v, "error.param");
+    CHECK(strlen(param) == 62 + 3 && strcmp(param + 62, "\xef\xbf\xbd") == 0);
     cJSON_Delete(v);
     coordinator_buf_fini(&b);
 }
