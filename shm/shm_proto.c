@@ -1,5 +1,6 @@
 #include "shm_proto.h"
 
+#include <math.h>
 #include <string.h>
 
 void shm_header_init(shm_header *h, shm_msg_type type, size_t bytes, uint32_t count)
@@ -25,6 +26,12 @@ size_t shm_msg_bytes(shm_msg_type type, uint32_t count)
     return 0;
 }
 
+size_t shm_submit_bytes(uint32_t prompt_tokens, uint32_t bias_count, uint32_t grammar_bytes)
+{
+    return sizeof(shm_submit) + (size_t)prompt_tokens * 4 + (size_t)bias_count * sizeof(shm_bias) +
+           grammar_bytes;
+}
+
 shoal_err shm_proto_check(const void *msg, size_t bytes, shm_msg_type *type, shoal_diag *diag)
 {
     shm_header h;
@@ -47,15 +54,37 @@ shoal_err shm_proto_check(const void *msg, size_t bytes, shm_msg_type *type, sho
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "message type %u with count %u", h.type,
                               h.count);
     size_t want = shm_msg_bytes((shm_msg_type)h.type, h.count);
+    if (h.type == SHM_MSG_SUBMIT && bytes >= want) {
+        const shm_submit *s = msg;
+        if (s->bias_count > SHM_LOGIT_BIAS_MAX || s->grammar_bytes > SHM_GRAMMAR_BYTES_MAX)
+            return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                                  "submit: %u logit_bias entries (at most %d), a grammar of %u "
+                                  "bytes (at most %u)",
+                                  s->bias_count, SHM_LOGIT_BIAS_MAX, s->grammar_bytes,
+                                  SHM_GRAMMAR_BYTES_MAX);
+        want = shm_submit_bytes(h.count, s->bias_count, s->grammar_bytes);
+    }
     if (h.bytes != bytes || bytes != want)
         return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
                               "message type %u: %zu bytes received, header says %u, expected %zu",
                               h.type, bytes, h.bytes, want);
     if (h.type == SHM_MSG_SUBMIT) {
         const shm_submit *s = msg;
-        if (s->stop_count < 0 || s->stop_count > SHM_STOP_IDS_MAX || s->max_tokens < 1)
-            return shoal_diag_set(diag, SHOAL_ERR_FORMAT, "submit: stop_count %d, max_tokens %d",
-                                  s->stop_count, s->max_tokens);
+        if (s->stop_count < 0 || s->stop_count > SHM_STOP_IDS_MAX || s->max_tokens < 1 ||
+            s->min_tokens < 0)
+            return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                                  "submit: stop_count %d, max_tokens %d, min_tokens %d",
+                                  s->stop_count, s->max_tokens, s->min_tokens);
+        const shm_bias *b = shm_submit_bias(s);
+        for (uint32_t i = 0; i < s->bias_count; i++) {
+            shm_bias e;
+            memcpy(&e, b + i, sizeof e);
+            if (e.token < 0 || e.bias != e.bias || e.bias > 100.0f ||
+                (e.bias < -100.0f && e.bias != -INFINITY))
+                return shoal_diag_set(diag, SHOAL_ERR_FORMAT,
+                                      "submit: logit_bias entry %u (token %d, bias %g)", i,
+                                      e.token, (double)e.bias);
+        }
     }
     const shm_load *load = h.type == SHM_MSG_HELLO  ? &((const shm_hello *)msg)->load
                            : h.type == SHM_MSG_STEP  ? &((const shm_step *)msg)->load

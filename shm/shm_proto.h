@@ -22,7 +22,8 @@
 #include <stdint.h>
 
 #define SHM_PROTO_MAGIC 0x6c616f68u /* "hoal" read little-endian */
-#define SHM_PROTO_VERSION 3 /* 2: shm_load counts the state store's work; 3: and its skips */
+#define SHM_PROTO_VERSION 4 /* 2: shm_load counts the state store's work; 3: and its skips;
+                              4: SUBMIT carries logit_bias, min_tokens and a grammar */
 
 /* Largest prompt a SUBMIT carries, and events a STEP carries: bounded so a
  * receiver can size its buffers (nng's receive limit is set from these). */
@@ -31,6 +32,8 @@
 #define SHM_STOP_IDS_MAX 16
 #define SHM_REJECT_TEXT_BYTES 256
 #define SHM_LOGPROBS_MAX 20 /* top log-probabilities per token (OpenAI's limit) */
+#define SHM_LOGIT_BIAS_MAX 1024 /* logit_bias entries of one stream */
+#define SHM_GRAMMAR_BYTES_MAX (64u * 1024u) /* SHOAL_GRAMMAR_REGEX_BYTES_MAX */
 
 typedef enum shm_msg_type {
     SHM_MSG_HELLO = 1,
@@ -103,8 +106,20 @@ typedef struct shm_sampling {
 } shm_sampling;
 _Static_assert(sizeof(shm_sampling) == 40, "shm_sampling layout");
 
+/* One logit_bias entry: bias is added to the token's logit before
+ * sampling (-inf: the token is never sampled). */
+typedef struct shm_bias {
+    int32_t token;
+    float bias;
+} shm_bias;
+_Static_assert(sizeof(shm_bias) == 8, "shm_bias layout");
+
+/* A SUBMIT is the struct, then count prompt tokens (int32), then
+ * bias_count shm_bias entries, then grammar_bytes bytes of a regular
+ * expression in grammar_regex's dialect (no NUL) that the output must
+ * match (0 bytes: unconstrained). */
 typedef struct shm_submit {
-    shm_header h; /* count = prompt tokens, which follow as int32 */
+    shm_header h; /* count = prompt tokens */
     uint64_t stream_id;
     int32_t max_tokens;
     int32_t stop_count;
@@ -118,8 +133,31 @@ typedef struct shm_submit {
      * random draws, which are keyed by the index) where it stopped. */
     int32_t index_base;
     common_hash salt;
+    /* Stop ids and end ids are not sampled before the stream's output
+     * (index_base counted) has min_tokens tokens. */
+    int32_t min_tokens;
+    uint32_t bias_count;
+    uint32_t grammar_bytes;
+    int32_t pad2;
 } shm_submit;
-_Static_assert(sizeof(shm_submit) == 16 + 16 + 40 + 64 + 8 + 32, "shm_submit layout");
+_Static_assert(sizeof(shm_submit) == 16 + 16 + 40 + 64 + 8 + 32 + 16, "shm_submit layout");
+
+/* Bytes of a SUBMIT with these trailing parts. */
+size_t shm_submit_bytes(uint32_t prompt_tokens, uint32_t bias_count, uint32_t grammar_bytes);
+
+/* The trailing parts of a checked SUBMIT. */
+static inline const int32_t *shm_submit_prompt(const shm_submit *s)
+{
+    return (const int32_t *)(s + 1);
+}
+static inline const shm_bias *shm_submit_bias(const shm_submit *s)
+{
+    return (const shm_bias *)(shm_submit_prompt(s) + s->h.count);
+}
+static inline const char *shm_submit_grammar(const shm_submit *s)
+{
+    return (const char *)(shm_submit_bias(s) + s->bias_count);
+}
 
 typedef struct shm_cancel {
     shm_header h;
@@ -164,18 +202,23 @@ typedef struct shm_heartbeat {
 _Static_assert(sizeof(shm_heartbeat) == 120, "shm_heartbeat layout");
 
 /* Largest message either side sends: a SUBMIT of the longest prompt. */
-#define SHM_MSG_BYTES_MAX (sizeof(shm_submit) + (size_t)SHM_PROMPT_TOKENS_MAX * 4)
+#define SHM_MSG_BYTES_MAX                                                                         \
+    (sizeof(shm_submit) + (size_t)SHM_PROMPT_TOKENS_MAX * 4 + SHM_LOGIT_BIAS_MAX * sizeof(shm_bias) + \
+     SHM_GRAMMAR_BYTES_MAX)
 
 /* Fills a header. */
 void shm_header_init(shm_header *h, shm_msg_type type, size_t bytes, uint32_t count);
 
-/* Bytes of a message of this type with `count` trailing items. */
+/* Bytes of a message of this type with `count` trailing items (a SUBMIT
+ * without logit_bias or grammar: shm_submit_bytes for one with them). */
 size_t shm_msg_bytes(shm_msg_type type, uint32_t count);
 
 /* Checks a received message of `bytes` bytes: magic, version, known type,
  * a size that is exactly the type's for its count (within the bounds
  * above), and in HELLO, STEP and HEARTBEAT a load with no negative count.
- * Strings in it must be NUL-terminated. On success *type is set.
+ * Strings in it must be NUL-terminated. A SUBMIT's logit_bias and grammar
+ * are within their bounds (token ids are checked against the vocabulary by
+ * the worker). On success *type is set.
  * SHOAL_ERR_FORMAT with a message otherwise; the message is not used. */
 shoal_err shm_proto_check(const void *msg, size_t bytes, shm_msg_type *type, shoal_diag *diag);
 

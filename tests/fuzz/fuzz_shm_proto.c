@@ -6,6 +6,7 @@
 #include "common/common_assert.h"
 #include "shm/shm_proto.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,8 +35,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     const shm_header *h = msg;
     SHOAL_ASSERT(type >= SHM_MSG_HELLO && type <= SHM_MSG_SHUTDOWN && h->type == type);
-    SHOAL_ASSERT(h->bytes == size && size == shm_msg_bytes(type, h->count) &&
-                 size <= SHM_MSG_BYTES_MAX);
+    size_t want = type == SHM_MSG_SUBMIT
+                      ? shm_submit_bytes(h->count, ((const shm_submit *)msg)->bias_count,
+                                         ((const shm_submit *)msg)->grammar_bytes)
+                      : shm_msg_bytes(type, h->count);
+    SHOAL_ASSERT(h->bytes == size && size == want && size <= SHM_MSG_BYTES_MAX);
     /* touch the last byte: ASan sees a size past the buffer */
     volatile uint8_t last = ((const uint8_t *)msg)[size - 1];
     (void)last;
@@ -47,7 +51,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case SHM_MSG_SUBMIT: {
         const shm_submit *s = msg;
         SHOAL_ASSERT(h->count >= 1 && h->count <= SHM_PROMPT_TOKENS_MAX);
-        SHOAL_ASSERT(s->stop_count >= 0 && s->stop_count <= SHM_STOP_IDS_MAX && s->max_tokens >= 1);
+        SHOAL_ASSERT(s->stop_count >= 0 && s->stop_count <= SHM_STOP_IDS_MAX && s->max_tokens >= 1 &&
+                     s->min_tokens >= 0);
+        SHOAL_ASSERT(s->bias_count <= SHM_LOGIT_BIAS_MAX &&
+                     s->grammar_bytes <= SHM_GRAMMAR_BYTES_MAX);
+        for (uint32_t i = 0; i < s->bias_count; i++) {
+            shm_bias b;
+            memcpy(&b, shm_submit_bias(s) + i, sizeof b);
+            SHOAL_ASSERT(b.token >= 0 && b.bias <= 100.0f &&
+                         (b.bias >= -100.0f || b.bias == -INFINITY));
+        }
+        SHOAL_ASSERT(shm_submit_grammar(s) + s->grammar_bytes == (const char *)msg + size);
         break;
     }
     case SHM_MSG_STEP:
